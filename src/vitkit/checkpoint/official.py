@@ -1,0 +1,285 @@
+"""The official JAX checkpoints (google-research/vision_transformer and big_vision) as ``.npz``.
+
+Accepted layouts:
+- the released files: flat ``/``-joined keys, pre-Linen module numbering inside a block
+  (``LayerNorm_0``, ``MultiHeadDotProductAttention_1``, ``LayerNorm_2``, ``MlpBlock_3``);
+- the Linen / big_vision numbering (``LayerNorm_0``, ``MultiHeadDotProductAttention_0``,
+  ``LayerNorm_1``, ``MlpBlock_0``), and big_vision's scanned blocks (``Transformer/encoderblock/``
+  with a leading layer axis) and top-level ``pos_embedding`` without a class-token row;
+- hybrids (``conv_root``, ``gn_root``, ``block{s}/unit{u}/...``).
+
+Layout conversion (flax -> torch): conv kernels HWIO -> OIHW, dense kernels (in, out) -> (out, in),
+attention q/k/v kernels (D, heads, D/heads) -> (D, D) rows fused into one qkv weight.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.config import ViTConfig
+from .io import CheckpointError
+
+_BLOCK_NAMES = {
+    # module role -> (pre-Linen name, Linen name)
+    "norm1": ("LayerNorm_0", "LayerNorm_0"),
+    "attn": ("MultiHeadDotProductAttention_1", "MultiHeadDotProductAttention_0"),
+    "norm2": ("LayerNorm_2", "LayerNorm_1"),
+    "mlp": ("MlpBlock_3", "MlpBlock_0"),
+}
+
+
+def is_official(keys: set[str]) -> bool:
+    return "embedding/kernel" in keys or any(k.startswith("params/embedding/") for k in keys)
+
+
+def _strip(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Drop big_vision's ``params/`` prefix and any optimiser state."""
+    if any(k.startswith("params/") for k in arrays):
+        return {k[len("params/") :]: v for k, v in arrays.items() if k.startswith("params/")}
+    return dict(arrays)
+
+
+def _unscan(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """big_vision ``scan=True`` stores all blocks stacked under ``Transformer/encoderblock/``."""
+    prefix = "Transformer/encoderblock/"
+    if not any(k.startswith(prefix) for k in arrays):
+        return arrays
+    out = {k: v for k, v in arrays.items() if not k.startswith(prefix)}
+    for k, v in arrays.items():
+        if k.startswith(prefix):
+            for i in range(v.shape[0]):
+                out[f"Transformer/encoderblock_{i}/{k[len(prefix) :]}"] = v[i]
+    return out
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> ViTConfig:
+    """Read the architecture off the arrays: width, patch, depth, heads, MLP size, classifier,
+    representation layer, hybrid stages and width, image size (square unless posemb says else)."""
+    a = arrays
+    if "MAPHead_0/probe" in a or any(k.startswith("MAPHead_0/") for k in a):
+        raise CheckpointError(f"{path}: attention-pooling (MAP) heads are not supported; only token and gap")
+    try:
+        kernel = a["embedding/kernel"]  # (ph, pw, C, D)
+    except KeyError:
+        raise CheckpointError(f"{path}: no 'embedding/kernel': not an official ViT checkpoint") from None
+    ph, pw, cin, width = kernel.shape
+    depth = len({m.group(1) for k in a if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))})
+    if depth == 0:
+        raise CheckpointError(f"{path}: no 'Transformer/encoderblock_*' arrays")
+    blk = "Transformer/encoderblock_0/"
+    attn = next((n for n in _BLOCK_NAMES["attn"] if f"{blk}{n}/query/kernel" in a), None)
+    mlp = next((n for n in _BLOCK_NAMES["mlp"] if f"{blk}{n}/Dense_0/kernel" in a), None)
+    if attn is None or mlp is None:
+        raise CheckpointError(f"{path}: block 0 has no attention or MLP arrays under names known to vitkit")
+    heads = a[f"{blk}{attn}/query/kernel"].shape[1]
+    mlp_dim = a[f"{blk}{mlp}/Dense_0/kernel"].shape[1]
+
+    resnet_units = None
+    resnet_width = 64
+    if "conv_root/kernel" in a:
+        resnet_width = a["conv_root/kernel"].shape[-1]
+        units = []
+        for s in range(1, 10):
+            n = len({m.group(1) for k in a if (m := re.match(rf"block{s}/unit(\d+)/", k))})
+            if n == 0:
+                break
+            units.append(n)
+        resnet_units = tuple(units)
+        cin = a["conv_root/kernel"].shape[2]
+
+    classifier = "token" if "cls" in a else "gap"
+    prefix = 1 if classifier == "token" else 0
+    pos_key = _posemb_key(a)
+    pos_embed = "learned" if pos_key else "none"
+    cls_pos_embed = True
+    stride = 1 if resnet_units is None else 4 * 2 ** (len(resnet_units) - 1)
+    img = (224, 224)
+    if pos_key:
+        num_pos = a[pos_key].shape[1]
+        if prefix and not _is_square(num_pos - prefix) and _is_square(num_pos):
+            cls_pos_embed = False  # big_vision: the class token is added after the position embedding
+        n_grid = num_pos - (prefix if cls_pos_embed else 0)
+        if not _is_square(n_grid):
+            raise CheckpointError(
+                f"{path}: {num_pos} position embeddings do not form a square grid (with {prefix} class token)"
+            )
+        side = math.isqrt(n_grid)
+        img = (side * ph * stride, side * pw * stride)
+    rep = a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None
+    num_classes = a["head/kernel"].shape[1] if "head/kernel" in a else 0
+    return ViTConfig(
+        img_size=img,
+        patch_size=(ph, pw),
+        in_chans=cin,
+        num_classes=num_classes,
+        width=width,
+        depth=depth,
+        num_heads=heads,
+        mlp_dim=mlp_dim,
+        classifier=classifier,
+        representation_size=rep,
+        pos_embed=pos_embed,
+        cls_pos_embed=cls_pos_embed,
+        act="gelu_tanh",
+        ln_eps=1e-6,
+        resnet_units=resnet_units,
+        resnet_width=resnet_width,
+    )
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def _posemb_key(a: dict[str, np.ndarray]) -> str | None:
+    for k in ("Transformer/posembed_input/pos_embedding", "pos_embedding"):
+        if k in a:
+            return k
+    return None
+
+
+def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> tuple[dict, ViTConfig]:
+    """Official arrays -> (vitkit state dict, inferred config). Every array must be used."""
+    a = _unscan(_strip(arrays))
+    cfg = infer_config(a, path)
+    used: set[str] = set()
+    sd: dict[str, torch.Tensor] = {}
+
+    def take(key: str) -> np.ndarray:
+        if key not in a:
+            raise CheckpointError(f"{path}: missing array {key!r}")
+        used.add(key)
+        return a[key]
+
+    def dense(dst: str, src: str) -> None:
+        sd[f"{dst}.weight"] = _t(take(f"{src}/kernel").T)
+        sd[f"{dst}.bias"] = _t(take(f"{src}/bias"))
+
+    def norm(dst: str, src: str) -> None:
+        sd[f"{dst}.weight"] = _t(take(f"{src}/scale").reshape(-1))
+        sd[f"{dst}.bias"] = _t(take(f"{src}/bias").reshape(-1))
+
+    def conv(dst: str, src: str, bias: bool = False) -> None:
+        sd[f"{dst}.weight"] = _t(take(f"{src}/kernel").transpose(3, 2, 0, 1))  # HWIO -> OIHW
+        if bias:
+            sd[f"{dst}.bias"] = _t(take(f"{src}/bias"))
+
+    D = cfg.width
+    conv("patch_embed.proj", "embedding", bias=True)
+    if cfg.resnet_units is not None:
+        bb = "patch_embed.backbone"
+        conv(f"{bb}.conv_root", "conv_root")
+        norm(f"{bb}.gn_root", "gn_root")
+        for s, n in enumerate(cfg.resnet_units):
+            for u in range(n):
+                src, dst = f"block{s + 1}/unit{u + 1}", f"{bb}.stages.{s}.{u}"
+                for c in ("conv1", "conv2", "conv3"):
+                    conv(f"{dst}.{c}", f"{src}/{c}")
+                for g in ("gn1", "gn2", "gn3"):
+                    norm(f"{dst}.{g}", f"{src}/{g}")
+                if f"{src}/conv_proj/kernel" in a:
+                    conv(f"{dst}.conv_proj", f"{src}/conv_proj")
+                    norm(f"{dst}.gn_proj", f"{src}/gn_proj")
+    if "cls" in a:
+        sd["cls_token"] = _t(take("cls"))
+    pos_key = _posemb_key(a)
+    if pos_key:
+        sd["pos_embed"] = _t(take(pos_key))
+
+    for i in range(cfg.depth):
+        blk = f"Transformer/encoderblock_{i}"
+        layout = 0 if f"{blk}/{_BLOCK_NAMES['attn'][0]}/query/kernel" in a else 1
+        names = {role: pair[layout] for role, pair in _BLOCK_NAMES.items()}
+        dst = f"blocks.{i}"
+        norm(f"{dst}.norm1", f"{blk}/{names['norm1']}")
+        norm(f"{dst}.norm2", f"{blk}/{names['norm2']}")
+        att = f"{blk}/{names['attn']}"
+        qkv_w = [take(f"{att}/{p}/kernel").reshape(D, D).T for p in ("query", "key", "value")]
+        qkv_b = [take(f"{att}/{p}/bias").reshape(D) for p in ("query", "key", "value")]
+        sd[f"{dst}.attn.qkv.weight"] = _t(np.concatenate(qkv_w, axis=0))  # (3D, D)
+        sd[f"{dst}.attn.qkv.bias"] = _t(np.concatenate(qkv_b))
+        sd[f"{dst}.attn.proj.weight"] = _t(take(f"{att}/out/kernel").reshape(D, D).T)
+        sd[f"{dst}.attn.proj.bias"] = _t(take(f"{att}/out/bias"))
+        dense(f"{dst}.mlp.fc1", f"{blk}/{names['mlp']}/Dense_0")
+        dense(f"{dst}.mlp.fc2", f"{blk}/{names['mlp']}/Dense_1")
+    norm("norm", "Transformer/encoder_norm")
+    if "pre_logits/kernel" in a:
+        dense("pre_logits", "pre_logits")
+    if "head/kernel" in a:
+        dense("head", "head")
+    unused = sorted(set(a) - used)
+    if unused:
+        raise CheckpointError(f"{path}: arrays vitkit does not know how to map: {unused[:10]}")
+    return sd, cfg
+
+
+def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prelinen") -> dict[str, np.ndarray]:
+    """vitkit state dict -> official flat arrays (``layout`` "prelinen" or "linen"); the inverse
+    of :func:`convert_official` for plain ViTs and hybrids."""
+    idx = 0 if layout == "prelinen" else 1
+    D, H = cfg.width, cfg.num_heads
+    out: dict[str, np.ndarray] = {}
+
+    def n(t: torch.Tensor) -> np.ndarray:
+        return t.detach().cpu().float().numpy()
+
+    def dense(dst: str, src: str) -> None:
+        out[f"{dst}/kernel"] = n(sd[f"{src}.weight"]).T
+        out[f"{dst}/bias"] = n(sd[f"{src}.bias"])
+
+    def norm(dst: str, src: str) -> None:
+        out[f"{dst}/scale"] = n(sd[f"{src}.weight"])
+        out[f"{dst}/bias"] = n(sd[f"{src}.bias"])
+
+    def conv(dst: str, src: str) -> None:
+        out[f"{dst}/kernel"] = n(sd[f"{src}.weight"]).transpose(2, 3, 1, 0)  # OIHW -> HWIO
+
+    conv("embedding", "patch_embed.proj")
+    out["embedding/bias"] = n(sd["patch_embed.proj.bias"])
+    if cfg.resnet_units is not None:
+        bb = "patch_embed.backbone"
+        conv("conv_root", f"{bb}.conv_root")
+        norm("gn_root", f"{bb}.gn_root")
+        for s, units in enumerate(cfg.resnet_units):
+            for u in range(units):
+                src, dst = f"{bb}.stages.{s}.{u}", f"block{s + 1}/unit{u + 1}"
+                for name in ("conv1", "conv2", "conv3", "conv_proj"):
+                    if f"{src}.{name}.weight" in sd:
+                        conv(f"{dst}/{name}", f"{src}.{name}")
+                for name in ("gn1", "gn2", "gn3", "gn_proj"):
+                    if f"{src}.{name}.weight" in sd:
+                        norm(f"{dst}/{name}", f"{src}.{name}")
+    if "cls_token" in sd:
+        out["cls"] = n(sd["cls_token"])
+    if "pos_embed" in sd:
+        out["Transformer/posembed_input/pos_embedding"] = n(sd["pos_embed"])
+    for i in range(cfg.depth):
+        blk = f"Transformer/encoderblock_{i}"
+        names = {role: pair[idx] for role, pair in _BLOCK_NAMES.items()}
+        src = f"blocks.{i}"
+        norm(f"{blk}/{names['norm1']}", f"{src}.norm1")
+        norm(f"{blk}/{names['norm2']}", f"{src}.norm2")
+        att = f"{blk}/{names['attn']}"
+        w, b = n(sd[f"{src}.attn.qkv.weight"]), n(sd[f"{src}.attn.qkv.bias"])
+        for j, p in enumerate(("query", "key", "value")):
+            out[f"{att}/{p}/kernel"] = w[j * D : (j + 1) * D].T.reshape(D, H, D // H)
+            out[f"{att}/{p}/bias"] = b[j * D : (j + 1) * D].reshape(H, D // H)
+        out[f"{att}/out/kernel"] = n(sd[f"{src}.attn.proj.weight"]).T.reshape(H, D // H, D)
+        out[f"{att}/out/bias"] = n(sd[f"{src}.attn.proj.bias"])
+        dense(f"{blk}/{names['mlp']}/Dense_0", f"{src}.mlp.fc1")
+        dense(f"{blk}/{names['mlp']}/Dense_1", f"{src}.mlp.fc2")
+    norm("Transformer/encoder_norm", "norm")
+    if "pre_logits.weight" in sd:
+        dense("pre_logits", "pre_logits")
+    if "head.weight" in sd:
+        dense("head", "head")
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}

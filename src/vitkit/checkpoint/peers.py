@@ -1,0 +1,263 @@
+"""timm and Hugging Face ``transformers`` ViT state dicts <-> vitkit.
+
+vitkit's parameter names follow timm's for the plain ViT, so the timm mapping is nearly the
+identity; Hugging Face splits q, k and v and names the sub-layers differently. The architecture
+is read from the tensors (and from the HF ``config.json`` when there is one).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.config import VIT_SIZES, ViTConfig
+from .io import CheckpointError
+
+_UNSUPPORTED_TIMM = ("fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "attn_pool.", "norm_pre.")
+
+
+def is_timm(keys: set[str]) -> bool:
+    return "patch_embed.proj.weight" in keys and any(k.startswith("blocks.0.") for k in keys)
+
+
+def is_hf(keys: set[str]) -> bool:
+    return any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for k in keys)
+
+
+def _heads_for(width: int) -> int:
+    for w, _, heads, _ in VIT_SIZES.values():
+        if w == width:
+            return heads
+    return max(1, width // 64)
+
+
+def _grid_img(num_pos: int, patch: tuple[int, int], stride: int, path: Any) -> tuple[int, int]:
+    side = round(num_pos**0.5)
+    if side * side != num_pos:
+        raise CheckpointError(f"{path}: {num_pos} position embeddings do not form a square grid")
+    return (side * patch[0] * stride, side * patch[1] * stride)
+
+
+# ---------------------------------------------------------------------------------------------
+# timm
+
+
+def _timm_backbone_key(k: str) -> str:
+    k = k.replace("patch_embed.backbone.stem.conv.", "patch_embed.backbone.conv_root.")
+    k = k.replace("patch_embed.backbone.stem.norm.", "patch_embed.backbone.gn_root.")
+    m = re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.(.*)", k)
+    if m:
+        s, u, rest = m.groups()
+        rest = re.sub(r"^norm(\d)\.", r"gn\1.", rest)
+        rest = rest.replace("downsample.conv.", "conv_proj.").replace("downsample.norm.", "gn_proj.")
+        k = f"patch_embed.backbone.stages.{s}.{u}.{rest}"
+    return k
+
+
+def _count_units(sd: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """Units per stage of a timm hybrid backbone, from ``patch_embed.backbone.stages.{s}.{u}.*``."""
+    counts: dict[int, int] = {}
+    for k in sd:
+        m = re.match(r"patch_embed\.backbone\.stages\.(\d+)\.(\d+)\.", k)
+        if m:
+            s, u = int(m.group(1)), int(m.group(2))
+            counts[s] = max(counts.get(s, 0), u + 1)
+    return tuple(counts[s] for s in sorted(counts))
+
+
+def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
+    """timm ``VisionTransformer`` state dict -> (vitkit state dict, config)."""
+    bad = sorted(k for k in sd if any(p in k for p in _UNSUPPORTED_TIMM))
+    if bad:
+        raise CheckpointError(
+            f"{path}: timm features vitkit's ViT does not have (norm after pooling, "
+            f"register tokens, qk-norm, layer scale...): {bad[:6]}"
+        )
+    out = {}
+    for k, v in sd.items():
+        k = k.replace("pre_logits.fc.", "pre_logits.")
+        out[_timm_backbone_key(k)] = v.float()
+    w = out["patch_embed.proj.weight"]  # (D, C, ph, pw)
+    width, cin, ph, pw = w.shape
+    depth = 1 + max(int(m.group(1)) for k in out if (m := re.match(r"blocks\.(\d+)\.", k)))
+    units = None
+    stride = 1
+    if "patch_embed.backbone.conv_root.weight" in out:
+        cin = out["patch_embed.backbone.conv_root.weight"].shape[1]
+        units = _count_units(out)
+        stride = 4 * 2 ** (len(units) - 1)
+    classifier = "token" if "cls_token" in out else "gap"
+    prefix = 1 if classifier == "token" else 0
+    img = (224, 224)
+    if "pos_embed" in out:
+        img = _grid_img(out["pos_embed"].shape[1] - prefix, (ph, pw), stride, path)
+    cfg = ViTConfig(
+        img_size=img,
+        patch_size=(ph, pw),
+        in_chans=cin,
+        num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0,
+        width=width,
+        depth=depth,
+        num_heads=num_heads or _heads_for(width),
+        mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
+        classifier=classifier,
+        representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
+        pos_embed="learned" if "pos_embed" in out else "none",
+        act="gelu",
+        ln_eps=1e-6,
+        resnet_units=units,
+        resnet_width=out["patch_embed.backbone.conv_root.weight"].shape[0] if units else 64,
+    )
+    return out, cfg
+
+
+def to_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``)."""
+    return {k.replace("pre_logits.", "pre_logits.fc."): v for k, v in sd.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face transformers (ViTModel / ViTForImageClassification)
+
+
+def convert_hf(
+    sd: dict[str, torch.Tensor], hf_config: dict[str, Any] | None = None, path: Any = "<hf>"
+) -> tuple[dict[str, torch.Tensor], ViTConfig, list[str]]:
+    """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes)."""
+    hf_config = hf_config or {}
+    p = "vit." if any(k.startswith("vit.") for k in sd) else ""
+    notes: list[str] = []
+    used: set[str] = set()
+
+    def take(k: str) -> torch.Tensor:
+        if k not in sd:
+            raise CheckpointError(f"{path}: missing tensor {k!r}")
+        used.add(k)
+        return sd[k].float()
+
+    out: dict[str, torch.Tensor] = {}
+    emb = f"{p}embeddings."
+    out["patch_embed.proj.weight"] = take(f"{emb}patch_embeddings.projection.weight")
+    out["patch_embed.proj.bias"] = take(f"{emb}patch_embeddings.projection.bias")
+    out["cls_token"] = take(f"{emb}cls_token")
+    out["pos_embed"] = take(f"{emb}position_embeddings")
+    depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(rf"{re.escape(p)}encoder\.layer\.(\d+)\.", k)))
+    for i in range(depth):
+        src, dst = f"{p}encoder.layer.{i}.", f"blocks.{i}."
+        for t in ("weight", "bias"):
+            out[dst + f"norm1.{t}"] = take(src + f"layernorm_before.{t}")
+            out[dst + f"norm2.{t}"] = take(src + f"layernorm_after.{t}")
+            out[dst + f"attn.qkv.{t}"] = torch.cat(
+                [take(src + f"attention.attention.{n}.{t}") for n in ("query", "key", "value")], dim=0
+            )
+            out[dst + f"attn.proj.{t}"] = take(src + f"attention.output.dense.{t}")
+            out[dst + f"mlp.fc1.{t}"] = take(src + f"intermediate.dense.{t}")
+            out[dst + f"mlp.fc2.{t}"] = take(src + f"output.dense.{t}")
+    out["norm.weight"] = take(f"{p}layernorm.weight")
+    out["norm.bias"] = take(f"{p}layernorm.bias")
+    has_head = "classifier.weight" in sd
+    if has_head:
+        out["head.weight"] = take("classifier.weight")
+        out["head.bias"] = take("classifier.bias")
+    pooler = f"{p}pooler.dense.weight"
+    if pooler in sd and not has_head:
+        # ViTModel's pooler (dense + tanh on the class token) is the paper's pre-logits layer.
+        out["pre_logits.weight"] = take(pooler)
+        out["pre_logits.bias"] = take(f"{p}pooler.dense.bias")
+    unused = sorted(set(sd) - used)
+    if unused:
+        notes.append(f"ignored tensors not used by image classification: {unused[:6]}")
+    width, cin, ph, pw = out["patch_embed.proj.weight"].shape
+    heads = hf_config.get("num_attention_heads") or _heads_for(width)
+    act = hf_config.get("hidden_act", "gelu")
+    if act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
+        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
+    img = _grid_img(out["pos_embed"].shape[1] - 1, (ph, pw), 1, path)
+    cfg = ViTConfig(
+        img_size=img,
+        patch_size=(ph, pw),
+        in_chans=cin,
+        num_classes=out["head.weight"].shape[0] if has_head else 0,
+        width=width,
+        depth=depth,
+        num_heads=heads,
+        mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
+        classifier="token",
+        representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
+        act="gelu" if act == "gelu" else "gelu_tanh",
+        ln_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
+    )
+    return out, cfg, notes
+
+
+def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
+    (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head)."""
+    if cfg.classifier != "token" or cfg.resnet_units or cfg.pos_embed != "learned":
+        raise CheckpointError("Hugging Face ViT holds only plain, class-token models with learned position embeddings")
+    has_head = "head.weight" in sd
+    if has_head and "pre_logits.weight" in sd:
+        raise CheckpointError("Hugging Face ViTForImageClassification has no pre-logits layer; drop it or the head")
+    p = "vit." if has_head else ""
+    D = cfg.width
+    out = {
+        f"{p}embeddings.cls_token": sd["cls_token"],
+        f"{p}embeddings.position_embeddings": sd["pos_embed"],
+        f"{p}embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
+        f"{p}embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
+        f"{p}layernorm.weight": sd["norm.weight"],
+        f"{p}layernorm.bias": sd["norm.bias"],
+    }
+    for i in range(cfg.depth):
+        src, dst = f"blocks.{i}.", f"{p}encoder.layer.{i}."
+        for t in ("weight", "bias"):
+            out[dst + f"layernorm_before.{t}"] = sd[src + f"norm1.{t}"]
+            out[dst + f"layernorm_after.{t}"] = sd[src + f"norm2.{t}"]
+            qkv = sd[src + f"attn.qkv.{t}"]
+            for j, n in enumerate(("query", "key", "value")):
+                out[dst + f"attention.attention.{n}.{t}"] = qkv[j * D : (j + 1) * D]
+            out[dst + f"attention.output.dense.{t}"] = sd[src + f"attn.proj.{t}"]
+            out[dst + f"intermediate.dense.{t}"] = sd[src + f"mlp.fc1.{t}"]
+            out[dst + f"output.dense.{t}"] = sd[src + f"mlp.fc2.{t}"]
+    if has_head:
+        out["classifier.weight"] = sd["head.weight"]
+        out["classifier.bias"] = sd["head.bias"]
+    elif "pre_logits.weight" in sd:
+        out["pooler.dense.weight"] = sd["pre_logits.weight"]
+        out["pooler.dense.bias"] = sd["pre_logits.bias"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def hf_config_for(cfg: ViTConfig) -> dict[str, Any]:
+    """The ``config.json`` a Hugging Face ``ViTConfig`` needs for :func:`to_hf`'s output."""
+    return {
+        "model_type": "vit",
+        "hidden_size": cfg.width,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": "gelu" if cfg.act == "gelu" else "gelu_pytorch_tanh",
+        "layer_norm_eps": cfg.ln_eps,
+        "image_size": cfg.img_size[0],
+        "patch_size": cfg.patch_size[0],
+        "num_channels": cfg.in_chans,
+        "qkv_bias": True,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "num_labels": max(cfg.num_classes, 1),
+    }
+
+
+def read_hf_dir(path: Path) -> dict[str, Any] | None:
+    cfg = path / "config.json"
+    if cfg.is_file():
+        import json
+
+        try:
+            return json.loads(cfg.read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
+    return None

@@ -1,0 +1,24 @@
+"""vitkit models: ViT, R+ViT hybrids and BiT ResNets."""
+
+from .config import ResNetConfig, ViTConfig
+from .flops import count_params, model_flops
+from .posembed import resample_pos_embed, sincos_2d_pos_embed
+from .registry import build_model, canonical_name, create_model, list_models, model_config
+from .resnet import ResNetV2
+from .vit import VisionTransformer
+
+__all__ = [
+    "ResNetConfig",
+    "ResNetV2",
+    "ViTConfig",
+    "VisionTransformer",
+    "build_model",
+    "canonical_name",
+    "count_params",
+    "create_model",
+    "list_models",
+    "model_config",
+    "model_flops",
+    "resample_pos_embed",
+    "sincos_2d_pos_embed",
+]

@@ -1,0 +1,196 @@
+"""Model configuration: one frozen dataclass for every ViT, hybrid and BiT ResNet vitkit builds.
+
+Sizes are data (paper Table 1 plus the Ti and S sizes of later work from the same group); names
+such as ``"B/16"`` or ``"R50+ViT-B/16"`` are parsed into a :class:`ViTConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Pooling = Literal["token", "gap"]
+PosEmbed = Literal["learned", "sincos2d", "none"]
+Activation = Literal["gelu_tanh", "gelu"]
+
+# name -> (width D, depth L, heads, MLP size); Table 1 of the paper, Ti and S from later work.
+VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "Ti": (192, 12, 3, 768),
+    "S": (384, 12, 6, 1536),
+    "M": (512, 12, 8, 2048),
+    "B": (768, 12, 12, 3072),
+    "L": (1024, 24, 16, 4096),
+    "H": (1280, 32, 16, 5120),
+}
+
+# ResNet depth -> units per stage (bottleneck units). The hybrids drop stage 4 (R50: 3, 4, 9).
+RESNET_UNITS: dict[int, tuple[int, ...]] = {
+    26: (2, 2, 2, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int], what: str = "size") -> tuple[int, int]:
+    """``7 -> (7, 7)``; ``(h, w)`` unchanged; anything else is a clear ``ValueError``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f"{what} must be an int or a pair of ints, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a Vision Transformer (paper section 3.1) or a hybrid.
+
+    ``resnet_units`` set makes a hybrid: the patches come from a BiT ResNet feature map of stride
+    ``4 * 2 ** (len(resnet_units) - 1)`` and ``patch_size`` is taken over that map (usually 1).
+    """
+
+    img_size: tuple[int, int] = (224, 224)
+    patch_size: tuple[int, int] = (16, 16)
+    in_chans: int = 3
+    num_classes: int = 1000
+    width: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    classifier: Pooling = "token"
+    representation_size: int | None = None
+    pos_embed: PosEmbed = "learned"
+    cls_pos_embed: bool = True  # False: the class token gets no position embedding (big_vision)
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    act: Activation = "gelu_tanh"
+    ln_eps: float = 1e-6
+    resnet_units: tuple[int, ...] | None = None
+    resnet_width: int = 64  # width of the ResNet stem (64 * width factor)
+    dynamic_img_size: bool = False  # resize position embeddings at run time for other input sizes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
+        object.__setattr__(self, "patch_size", to_2tuple(self.patch_size, "patch_size"))
+        if self.resnet_units is not None:
+            object.__setattr__(self, "resnet_units", tuple(int(u) for u in self.resnet_units))
+        if self.num_classes is None:
+            object.__setattr__(self, "num_classes", 0)
+        if self.classifier not in ("token", "gap"):
+            raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
+        if self.pos_embed not in ("learned", "sincos2d", "none"):
+            raise ValueError(f"pos_embed must be 'learned', 'sincos2d' or 'none', got {self.pos_embed!r}")
+        if self.act not in ("gelu_tanh", "gelu"):
+            raise ValueError(f"act must be 'gelu_tanh' or 'gelu', got {self.act!r}")
+        if self.width % self.num_heads:
+            raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        for name in ("width", "depth", "num_heads", "mlp_dim", "in_chans"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check_divisible(self.img_size, self.total_stride, what="img_size")
+
+    @property
+    def stem_stride(self) -> int:
+        """Downsampling of the ResNet stem of a hybrid (1 for a plain ViT)."""
+        if self.resnet_units is None:
+            return 1
+        return 4 * 2 ** (len(self.resnet_units) - 1)
+
+    @property
+    def total_stride(self) -> tuple[int, int]:
+        """Input pixels per token along (h, w)."""
+        return (self.patch_size[0] * self.stem_stride, self.patch_size[1] * self.stem_stride)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Token grid (rows, cols) at ``img_size``."""
+        sh, sw = self.total_stride
+        return (self.img_size[0] // sh, self.img_size[1] // sw)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.classifier == "token" else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["patch_size"] = list(self.patch_size)
+        if self.resnet_units is not None:
+            d["resnet_units"] = list(self.resnet_units)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig fields {unknown}; known: {sorted(known)}")
+        d = dict(d)
+        for key in ("img_size", "patch_size"):
+            if key in d:
+                d[key] = tuple(d[key])
+        if d.get("resnet_units") is not None:
+            d["resnet_units"] = tuple(d["resnet_units"])
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+        return dataclasses.replace(self, **overrides)
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """BiT ResNet v2 (pre-activation, weight-standardised convolutions, GroupNorm): the paper's CNN
+    baseline (Kolesnikov et al., 2020)."""
+
+    units: tuple[int, ...] = (3, 4, 6, 3)
+    width_factor: int = 1
+    img_size: tuple[int, int] = (224, 224)
+    in_chans: int = 3
+    num_classes: int = 1000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
+        object.__setattr__(self, "units", tuple(int(u) for u in self.units))
+        if self.num_classes is None:
+            object.__setattr__(self, "num_classes", 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["units"] = list(self.units)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ResNetConfig fields {unknown}; known: {sorted(known)}")
+        d = dict(d)
+        d["img_size"] = tuple(d.get("img_size", (224, 224)))
+        d["units"] = tuple(d.get("units", (3, 4, 6, 3)))
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> ResNetConfig:
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+        return dataclasses.replace(self, **overrides)
+
+
+def check_divisible(size: tuple[int, int], stride: tuple[int, int], what: str = "image size") -> None:
+    """Raise a clear error when an image size is not a whole number of patches."""
+    h, w = size
+    sh, sw = stride
+    if h < sh or w < sw or h % sh or w % sw:
+        raise ValueError(
+            f"{what} {h}x{w} is not divisible by the patch size {sh}x{sw} "
+            f"(nearest valid: {max(sh, round(h / sh) * sh)}x{max(sw, round(w / sw) * sw)})"
+        )

@@ -1,0 +1,104 @@
+"""The table of named models: paper names ("ViT-B/16", "R50+ViT-B/16") and vitkit's ("vit_b16")."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+from torch import nn
+
+from .config import RESNET_UNITS, VIT_SIZES, ResNetConfig, ViTConfig
+from .resnet import ResNetV2
+from .vit import VisionTransformer
+
+# Hybrids: name -> (ResNet units, ViT size). The R50 of the paper keeps 3 stages with 3, 4, 9 units.
+HYBRIDS: dict[str, tuple[tuple[int, ...], str]] = {
+    "r50_vit_b16": ((3, 4, 9), "B"),
+    "r50_vit_l32": ((3, 4, 6, 3), "L"),
+    "r26_vit_s32": ((2, 2, 2, 2), "S"),
+}
+
+LISTED = [
+    "vit_ti16",
+    "vit_s16",
+    "vit_s32",
+    "vit_b8",
+    "vit_b16",
+    "vit_b32",
+    "vit_l16",
+    "vit_l32",
+    "vit_h14",
+    "r50_vit_b16",
+    "r50_vit_l32",
+    "r26_vit_s32",
+    "bit_r50x1",
+    "bit_r50x3",
+    "bit_r101x1",
+    "bit_r101x3",
+    "bit_r152x2",
+    "bit_r152x4",
+]
+
+_SIZE_KEYS = {k.lower(): k for k in VIT_SIZES}
+
+
+def list_models() -> list[str]:
+    """The registered model names (any ``vit_<size><patch>`` also works in :func:`create_model`)."""
+    return list(LISTED)
+
+
+def canonical_name(name: str) -> str:
+    """Paper spellings to vitkit names: "ViT-B/16" -> "vit_b16", "R50+ViT-B/16" -> "r50_vit_b16",
+    "BiT-M-R50x1" -> "bit_r50x1"."""
+    s = name.strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(?:r(\d+)\+)?(?:vit-?)?(ti|s|m|b|l|h)/(\d+)", s)
+    if m:
+        prefix = f"r{m.group(1)}_" if m.group(1) else ""
+        return f"{prefix}vit_{m.group(2)}{m.group(3)}"
+    m = re.fullmatch(r"bit(?:-[sml])?[-_]?r(\d+)x(\d+)", s)
+    if m:
+        return f"bit_r{m.group(1)}x{m.group(2)}"
+    return s.replace("-", "_")
+
+
+def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
+    """The config of a named model with ``overrides`` applied; unknown names suggest close ones."""
+    key = canonical_name(name)
+    if key in HYBRIDS:
+        units, size = HYBRIDS[key]
+        width, depth, heads, mlp = VIT_SIZES[size]
+        base = ViTConfig(
+            patch_size=1, width=width, depth=depth, num_heads=heads, mlp_dim=mlp, resnet_units=units, resnet_width=64
+        )
+        return base.replace(**overrides)
+    m = re.fullmatch(r"vit_(ti|s|m|b|l|h)(\d+)", key)
+    if m:
+        width, depth, heads, mlp = VIT_SIZES[_SIZE_KEYS[m.group(1)]]
+        patch = int(m.group(2))
+        base = ViTConfig(patch_size=patch, width=width, depth=depth, num_heads=heads, mlp_dim=mlp)
+        return base.replace(**overrides)
+    m = re.fullmatch(r"bit_r(\d+)x(\d+)", key)
+    if m and int(m.group(1)) in RESNET_UNITS:
+        return ResNetConfig(units=RESNET_UNITS[int(m.group(1))], width_factor=int(m.group(2))).replace(**overrides)
+    close = difflib.get_close_matches(key, LISTED, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ValueError(f"unknown model {name!r}{hint} (vitkit.list_models() lists them all)")
+
+
+def build_model(cfg: ViTConfig | ResNetConfig) -> nn.Module:
+    """Instantiate a config."""
+    if isinstance(cfg, ResNetConfig):
+        return ResNetV2(cfg)
+    return VisionTransformer(cfg)
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build a named model with random weights.
+
+    ``overrides`` are :class:`ViTConfig` fields (``img_size``, ``patch_size``, ``in_chans``,
+    ``num_classes``, ``classifier``, ``representation_size``, ``pos_embed``, ``drop_rate``,
+    ``attn_drop_rate``, ``drop_path_rate``, ``act``, ``ln_eps``, sizes...) or, for BiT ResNets,
+    :class:`ResNetConfig` fields.
+    """
+    return build_model(model_config(name, **overrides))

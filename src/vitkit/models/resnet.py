@@ -1,0 +1,232 @@
+"""BiT ResNets: weight-standardised convolutions and GroupNorm (Kolesnikov et al., 2020).
+
+Two families live here:
+- :class:`HybridStem`: the CNN front end of the paper's hybrids (R50+ViT-B/16: stage 4 removed,
+  stage 3 given 9 units). It follows the official ``models_resnet.py`` exactly: post-activation
+  bottlenecks, GroupNorm with 32 groups and eps 1e-6, TF "SAME" padding (asymmetric for stride 2).
+- :class:`ResNetV2`: the pre-activation BiT ResNet v2 the paper compares with (BiT-L is a
+  ResNet152x4); ``bit_r50x1`` and wider in the registry.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ResNetConfig
+
+
+def same_pad(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
+    """TF/flax ``padding="SAME"``: the total padding is split with the extra pixel after."""
+    pads = []
+    for size in (x.shape[-1], x.shape[-2]):  # F.pad wants (left, right, top, bottom)
+        total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
+        pads += [total // 2, total - total // 2]
+    if not any(pads):
+        return x
+    return F.pad(x, pads, value=value)
+
+
+class StdConv2d(nn.Conv2d):
+    """Convolution with weight standardisation per output channel.
+
+    ``eps_in_sqrt=False`` (the official ViT hybrid): ``(w - mean) / (std + eps)``;
+    ``eps_in_sqrt=True`` (BiT): ``(w - mean) / sqrt(var + eps)``. ``tf_same`` pads as TF does.
+    """
+
+    def __init__(
+        self,
+        in_chans: int,
+        out_chans: int,
+        kernel_size: int,
+        stride: int = 1,
+        eps: float = 1e-5,
+        eps_in_sqrt: bool = False,
+        tf_same: bool = True,
+        padding: int = 0,
+    ) -> None:
+        super().__init__(in_chans, out_chans, kernel_size, stride=stride, padding=padding, bias=False)
+        self.eps = eps
+        self.eps_in_sqrt = eps_in_sqrt
+        self.tf_same = tf_same
+
+    def standardized_weight(self) -> torch.Tensor:
+        w = self.weight
+        var, mean = torch.var_mean(w, dim=(1, 2, 3), keepdim=True, unbiased=False)
+        if self.eps_in_sqrt:
+            return (w - mean) / torch.sqrt(var + self.eps)
+        return (w - mean) / (torch.sqrt(var) + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tf_same:
+            x = same_pad(x, self.kernel_size[0], self.stride[0])
+        return F.conv2d(x, self.standardized_weight(), None, self.stride, self.padding)
+
+
+def group_norm(chans: int, eps: float = 1e-6) -> nn.GroupNorm:
+    return nn.GroupNorm(32, chans, eps=eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hybrid stem (official vit_jax models_resnet.py layout).
+
+
+class HybridUnit(nn.Module):
+    """Post-activation bottleneck: 1x1 -> 3x3 (stride) -> 1x1, projection shortcut when needed."""
+
+    def __init__(self, in_chans: int, mid: int, stride: int) -> None:
+        super().__init__()
+        out = 4 * mid
+        self.conv1 = StdConv2d(in_chans, mid, 1)
+        self.gn1 = group_norm(mid)
+        self.conv2 = StdConv2d(mid, mid, 3, stride=stride)
+        self.gn2 = group_norm(mid)
+        self.conv3 = StdConv2d(mid, out, 1)
+        self.gn3 = group_norm(out)
+        self.conv_proj = self.gn_proj = None
+        if in_chans != out or stride != 1:
+            self.conv_proj = StdConv2d(in_chans, out, 1, stride=stride)
+            self.gn_proj = group_norm(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual = x if self.conv_proj is None else self.gn_proj(self.conv_proj(x))
+        y = F.relu(self.gn1(self.conv1(x)))
+        y = F.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return F.relu(residual + y)
+
+
+class HybridStem(nn.Module):
+    """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the ResNet stages; output stride 4 * 2^(S-1)."""
+
+    def __init__(self, units: tuple[int, ...], width: int = 64, in_chans: int = 3) -> None:
+        super().__init__()
+        self.conv_root = StdConv2d(in_chans, width, 7, stride=2)
+        self.gn_root = group_norm(width)
+        stages = []
+        chans = width
+        for i, n in enumerate(units):
+            mid = width * 2**i
+            stage = []
+            for j in range(n):
+                stage.append(HybridUnit(chans, mid, stride=2 if (i > 0 and j == 0) else 1))
+                chans = 4 * mid
+            stages.append(nn.Sequential(*stage))
+        self.stages = nn.ModuleList(stages)
+        self.out_chans = chans
+
+    def reset_parameters(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.GroupNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if isinstance(m, HybridUnit):
+                nn.init.zeros_(m.gn3.weight)  # each residual branch starts as identity
+
+    def forward_root(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.gn_root(self.conv_root(x)))  # (B, W, H/2, W/2)
+        x = same_pad(x, 3, 2, value=float("-inf"))
+        return F.max_pool2d(x, 3, 2)  # (B, W, H/4, W/4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_root(x)
+        for stage in self.stages:
+            x = stage(x)
+        return x  # (B, 4W * 2^(S-1), H/stride, W/stride)
+
+
+# ----------------------------------------------------------------------------------------------
+# BiT ResNet v2 (pre-activation), the CNN baseline.
+
+
+class PreActUnit(nn.Module):
+    """Pre-activation bottleneck: GN-ReLU-conv1x1, GN-ReLU-conv3x3(stride), GN-ReLU-conv1x1."""
+
+    def __init__(self, in_chans: int, mid: int, stride: int) -> None:
+        super().__init__()
+        out = 4 * mid
+        conv = dict(eps=1e-10, eps_in_sqrt=True, tf_same=False)
+        self.gn1 = group_norm(in_chans, eps=1e-5)
+        self.conv1 = StdConv2d(in_chans, mid, 1, **conv)
+        self.gn2 = group_norm(mid, eps=1e-5)
+        self.conv2 = StdConv2d(mid, mid, 3, stride=stride, padding=1, **conv)
+        self.gn3 = group_norm(mid, eps=1e-5)
+        self.conv3 = StdConv2d(mid, out, 1, **conv)
+        self.proj = StdConv2d(in_chans, out, 1, stride=stride, **conv) if (in_chans != out or stride != 1) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = F.relu(self.gn1(x))
+        shortcut = x if self.proj is None else self.proj(pre)
+        y = self.conv1(pre)
+        y = self.conv2(F.relu(self.gn2(y)))
+        y = self.conv3(F.relu(self.gn3(y)))
+        return y + shortcut
+
+
+class ResNetV2(nn.Module):
+    """BiT ResNet v2; ``forward_features`` gives the pooled representation (pre-logits)."""
+
+    def __init__(self, cfg: ResNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        wf = cfg.width_factor
+        conv = dict(eps=1e-10, eps_in_sqrt=True, tf_same=False)
+        self.conv_root = StdConv2d(cfg.in_chans, 64 * wf, 7, stride=2, padding=3, **conv)
+        stages, chans = [], 64 * wf
+        for i, n in enumerate(cfg.units):
+            mid = 64 * wf * 2**i
+            units = []
+            for j in range(n):
+                units.append(PreActUnit(chans, mid, stride=2 if (i > 0 and j == 0) else 1))
+                chans = 4 * mid
+            stages.append(nn.Sequential(*units))
+        self.stages = nn.ModuleList(stages)
+        self.norm = group_norm(chans, eps=1e-5)
+        self.num_features = chans
+        self.head = nn.Linear(chans, cfg.num_classes) if cfg.num_classes else None
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if self.head is not None:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.ndim != 4 or x.shape[1] != self.cfg.in_chans:
+            raise ValueError(f"expected an NCHW batch with {self.cfg.in_chans} channels, got shape {tuple(x.shape)}")
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> the final feature map after GN-ReLU, (B, C, H/32, W/32)."""
+        self._check_input(x)
+        x = self.conv_root(x)  # (B, 64w, H/2, W/2)
+        x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)  # (B, 64w, H/4, W/4)
+        for stage in self.stages:
+            x = stage(x)
+        return F.relu(self.norm(x))
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = features.mean(dim=(2, 3))  # (B, C)
+        if pre_logits or self.head is None:
+            return x
+        return self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int, bias_init: float = 0.0) -> None:
+        p = next(self.parameters())
+        self.num_classes = num_classes
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        if num_classes:
+            self.head = nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, bias_init)
+        else:
+            self.head = None

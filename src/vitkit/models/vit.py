@@ -1,0 +1,327 @@
+"""The Vision Transformer of Dosovitskiy et al. (ICLR 2021), in the paper's order.
+
+Section 3.1, equations 1-4:
+    z0  = [x_class; x_p^1 E; ...; x_p^N E] + E_pos            (patch embedding, tokens, positions)
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                           (block, attention half)
+    z_l  = MLP(LN(z'_l)) + z'_l                                 (block, MLP half)
+    y    = LN(z_L^0)                                            (encoder norm, class token)
+followed by the optional tanh "pre-logits" layer and a zero-initialised linear head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ViTConfig, check_divisible
+from .posembed import resample_pos_embed, sincos_2d_pos_embed
+from .resnet import HybridStem
+
+# ----------------------------------------------------------------------------------------------
+# Patch embedding (eq. 1): a stride-P convolution with a P x P kernel == flatten + linear E.
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.patch_size = cfg.patch_size
+        self.backbone = HybridStem(cfg.resnet_units, cfg.resnet_width, cfg.in_chans) if cfg.resnet_units else None
+        in_chans = self.backbone.out_chans if self.backbone is not None else cfg.in_chans
+        self.proj = nn.Conv2d(in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backbone is not None:
+            x = self.backbone(x)  # (B, C', H/16, W/16)
+        x = self.proj(x)  # (B, D, gh, gw)
+        return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Transformer block (eqs. 2-3).
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused qkv projection.
+
+    The fused path uses ``scaled_dot_product_attention``; ``return_weights=True`` takes the
+    explicit path, which computes the same output and also returns the softmax weights.
+    """
+
+    def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        B, N, D = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
+        drop = self.attn_drop if self.training else 0.0
+        weights = None
+        if return_weights:
+            weights = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            weights = weights.softmax(dim=-1)
+            out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # (B, H, N, hd)
+        out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
+        out = self.proj_drop(self.proj(out))
+        return (out, weights) if return_weights else out
+
+
+class Mlp(nn.Module):
+    """Linear(D, D_mlp) -> GELU -> Linear(D_mlp, D), dropout after each dense layer."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu_tanh", drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if act == "gelu_tanh" else "none")
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample (not in the paper; opt-in)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class Block(nn.Module):
+    """Pre-norm encoder layer: ``x = x + MSA(LN(x)); x = x + MLP(LN(x))``."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_drop_rate, cfg.drop_rate)
+        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.act, cfg.drop_rate)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x
+
+    def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_out, weights = self.attn(self.norm1(x), return_weights=True)
+        x = x + self.drop_path(attn_out)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x, weights
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole model.
+
+
+class VisionTransformer(nn.Module):
+    """ViT (and R+ViT hybrid when ``cfg.resnet_units`` is set). Inputs are NCHW floats, in the
+    value range the weights were trained with (vitkit and the official models: [-1, 1])."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        self.num_prefix_tokens = cfg.num_prefix_tokens
+        self.dynamic_img_size = cfg.dynamic_img_size
+        D = cfg.width
+
+        self.patch_embed = PatchEmbed(cfg)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
+        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + (self.num_prefix_tokens if cfg.cls_pos_embed else 0)
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.empty(1, num_pos, D))
+        elif cfg.pos_embed == "sincos2d":
+            pe = sincos_2d_pos_embed(cfg.grid_size, D)
+            if self.num_prefix_tokens and cfg.cls_pos_embed:
+                pe = torch.cat([torch.zeros(1, D), pe], dim=0)
+            self.register_buffer("pos_embed", pe[None], persistent=False)
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+
+        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        self.blocks = nn.ModuleList([Block(cfg, dpr[i]) for i in range(cfg.depth)])
+        self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
+
+        self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
+        self.num_features = cfg.representation_size or D
+        self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else None
+        self.reset_parameters()
+
+    # -- initialisation (as the official code: xavier-uniform dense layers, lecun-normal patch
+    #    kernel, N(0, 0.02) position embeddings, zero class token and head) ---------------------
+    def reset_parameters(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.normal_(m.bias, std=1e-6)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for blk in self.blocks:  # q, k and v are separate D x D projections in the paper
+            w = blk.attn.qkv.weight
+            for i in range(3):
+                nn.init.xavier_uniform_(w[i * w.shape[1] : (i + 1) * w.shape[1]])
+        proj = self.patch_embed.proj
+        fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
+        nn.init.trunc_normal_(proj.weight, std=math.sqrt(1 / fan_in) / 0.87962566103423978)
+        nn.init.zeros_(proj.bias)
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        if self.pre_logits is not None:
+            nn.init.zeros_(self.pre_logits.bias)
+        if self.head is not None:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        if self.patch_embed.backbone is not None:
+            self.patch_embed.backbone.reset_parameters()
+
+    # -- tokens and positions (eq. 1) ---------------------------------------------------------
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.ndim != 4:
+            raise ValueError(f"expected an NCHW image batch (4 dims), got shape {tuple(x.shape)}")
+        if x.shape[1] != self.cfg.in_chans:
+            raise ValueError(
+                f"expected {self.cfg.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)}); "
+                f"convert the images or create the model with in_chans={x.shape[1]}"
+            )
+        size = (x.shape[2], x.shape[3])
+        check_divisible(size, self.cfg.total_stride, what="input size")
+        if size != self.cfg.img_size and not self.dynamic_img_size and self.cfg.pos_embed == "learned":
+            raise ValueError(
+                f"input size {size[0]}x{size[1]} differs from the model's img_size "
+                f"{self.cfg.img_size[0]}x{self.cfg.img_size[1]}; load or create it with img_size={size[0]} "
+                "or set dynamic_img_size=True to resize position embeddings at run time"
+            )
+
+    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
+        if self.pos_embed is None:
+            return None
+        if grid == self.cfg.grid_size:
+            return self.pos_embed
+        if self.cfg.pos_embed == "sincos2d":
+            pe = sincos_2d_pos_embed(grid, self.cfg.width).to(self.pos_embed)
+            if self.num_prefix_tokens and self.cfg.cls_pos_embed:
+                pe = torch.cat([pe.new_zeros(1, self.cfg.width), pe], dim=0)
+            return pe[None]
+        prefix = self.num_prefix_tokens if self.cfg.cls_pos_embed else 0
+        return resample_pos_embed(self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=prefix)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied."""
+        self._check_input(x)
+        x = self.patch_embed(x)  # (B, D, gh, gw)
+        grid = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)  # (B, gh*gw, D), raster order
+        pos = self._pos_embed_for(grid)
+        if self.cls_token is not None:
+            cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+            if pos is not None and not self.cfg.cls_pos_embed:
+                x = x + pos
+                pos = None
+            x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
+        if pos is not None:
+            x = x + pos
+        return self.pos_drop(x)
+
+    # -- encoder ------------------------------------------------------------------------------
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> the normed token sequence LN(z_L), (B, N(+1), D)."""
+        x = self.embed(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.norm(x)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: list[int] | None = None,
+        return_attention: bool = False,
+    ) -> dict[str, Any]:
+        """Run the encoder and keep what was asked for.
+
+        Returns a dict with ``"tokens"``: the residual stream after each block in ``indices``
+        (all blocks by default), ``"attention"``: the (B, heads, N, N) softmax weights of those
+        blocks when ``return_attention`` (computed by the explicit path), ``"embedded"``: z0,
+        and ``"normed"``: LN(z_L).
+        """
+        depth = len(self.blocks)
+        wanted = set(range(depth) if indices is None else (i % depth for i in indices))
+        out: dict[str, Any] = {"tokens": [], "attention": [] if return_attention else None}
+        x = self.embed(x)
+        out["embedded"] = x
+        for i, blk in enumerate(self.blocks):
+            if return_attention and i in wanted:
+                x, w = blk.forward_with_weights(x)
+                out["attention"].append(w)
+            else:
+                x = blk(x)
+            if i in wanted:
+                out["tokens"].append(x)
+        out["normed"] = self.norm(x)
+        return out
+
+    # -- head (eq. 4) ------------------------------------------------------------------------
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.cfg.classifier == "token":
+            return tokens[:, 0]  # (B, D)
+        return tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Normed tokens -> logits, or the pre-logits representation when ``pre_logits``."""
+        x = self.pool(tokens)
+        if self.pre_logits is not None:
+            x = torch.tanh(self.pre_logits(x))
+        if pre_logits or self.head is None:
+            return x
+        return self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int, bias_init: float = 0.0) -> None:
+        """Replace the head by a zero-initialised one (section 3.2); 0 removes it."""
+        p = next(self.parameters())
+        self.num_classes = num_classes
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        if num_classes:
+            self.head = nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, bias_init)
+        else:
+            self.head = None
+
+    def set_img_size(self, img_size: int | tuple[int, int]) -> None:
+        """Resize the learned position embedding (in place) for another input resolution."""
+        cfg = self.cfg.replace(img_size=img_size)
+        grid = cfg.grid_size
+        if self.cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(self._pos_embed_for(grid).detach().clone())
+        elif self.cfg.pos_embed == "sincos2d":
+            self.register_buffer("pos_embed", self._pos_embed_for(grid).detach().clone(), persistent=False)
+        self.cfg = cfg

@@ -1,0 +1,170 @@
+"""Contracts over every registered model (at a tiny size), and the official parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.models import count_params, model_flops
+from vitkit.models.config import ResNetConfig
+
+TINY_VIT = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5)
+TINY_RESNET = dict(num_classes=5, img_size=32)
+
+
+def tiny(name: str, **kw):
+    cfg = vitkit.model_config(name)
+    if isinstance(cfg, ResNetConfig):
+        return vitkit.create_model(name, units=(1,) * len(cfg.units), **{**TINY_RESNET, **kw})
+    extra = {}
+    if cfg.resnet_units is not None:
+        extra = dict(resnet_units=(1,) * len(cfg.resnet_units), resnet_width=32)
+    patch = min(cfg.patch_size[0], 8)
+    size = kw.pop("img_size", patch * 4 * (cfg.stem_stride if cfg.resnet_units else 1))
+    return vitkit.create_model(name, **{**TINY_VIT, **extra, "patch_size": patch, "img_size": size, **kw})
+
+
+PAPER_PARAMS = {
+    "vit_ti16": 5_717_416,
+    "vit_s16": 22_050_664,
+    "vit_b16": 86_567_656,
+    "vit_b32": 88_224_232,
+    "vit_l16": 304_326_632,
+    "vit_h14": 632_045_800,
+    "r50_vit_b16": 98_659_112,
+    "bit_r50x1": 25_549_352,
+}
+
+
+@pytest.mark.parametrize("name", PAPER_PARAMS)
+def test_parameter_counts_equal_official(name):
+    with torch.device("meta"):
+        model = vitkit.create_model(name)
+    assert count_params(model) == PAPER_PARAMS[name]
+
+
+def test_flops_match_published_figures():
+    with torch.device("meta"):
+        assert model_flops(vitkit.create_model("vit_b16")) / 1e9 == pytest.approx(35.13, abs=0.01)
+        assert model_flops(vitkit.create_model("vit_s16")) / 1e9 == pytest.approx(9.20, abs=0.01)
+
+
+@pytest.mark.parametrize("name", vitkit.list_models())
+def test_contract_forward_backward_shapes(name):
+    torch.manual_seed(0)
+    model = tiny(name)
+    size = model.cfg.img_size
+    x = torch.randn(2, 3, *size)
+    logits = model(x)
+    assert logits.shape == (2, 5)
+    # The zero-initialised head gives zero logits; give it weights so gradients reach the body.
+    torch.nn.init.normal_(model.head.weight, std=0.1)
+    model(x).square().sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    feats = model.forward_features(x)
+    pre = model.forward_head(feats, pre_logits=True)
+    assert pre.shape == (2, model.num_features)
+
+
+@pytest.mark.parametrize("name", vitkit.list_models())
+def test_contract_save_load_round_trip_is_bit_exact(name, tmp_path):
+    torch.manual_seed(0)
+    model = tiny(name).eval()
+    path = vitkit.save_checkpoint(model, tmp_path / "m.safetensors")
+    loaded = vitkit.load_pretrained(path)
+    for (k, a), (k2, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(a, b)
+    x = torch.randn(2, 3, *model.cfg.img_size)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+
+
+@pytest.mark.parametrize("name", [n for n in vitkit.list_models() if not n.startswith("bit")])
+def test_contract_second_resolution(name):
+    model = tiny(name)
+    h, w = model.cfg.img_size
+    stride = model.cfg.total_stride
+    model.set_img_size((h + 2 * stride[0], w + stride[1]))  # rectangular
+    x = torch.randn(1, 3, h + 2 * stride[0], w + stride[1])
+    assert model(x).shape == (1, 5)
+    tokens = model.forward_features(x)
+    grid = model.cfg.grid_size
+    assert tokens.shape[1] == grid[0] * grid[1] + model.num_prefix_tokens
+
+
+@pytest.mark.parametrize(
+    "spelling,name",
+    [("ViT-B/16", "vit_b16"), ("R50+ViT-B/16", "r50_vit_b16"), ("ViT-Ti/16", "vit_ti16"), ("BiT-M-R50x1", "bit_r50x1")],
+)
+def test_paper_spellings(spelling, name):
+    assert vitkit.model_config(spelling) == vitkit.model_config(name)
+
+
+def test_overrides_apply():
+    m = vitkit.create_model(
+        "vit_ti16",
+        img_size=(32, 48),
+        patch_size=8,
+        in_chans=1,
+        num_classes=0,
+        classifier="gap",
+        representation_size=16,
+        pos_embed="sincos2d",
+        act="gelu",
+        ln_eps=1e-5,
+        depth=1,
+    )
+    assert m.head is None and m.cls_token is None
+    assert m.forward(torch.randn(2, 1, 32, 48)).shape == (2, 16)
+    assert m.blocks[0].norm1.eps == 1e-5
+    assert m.blocks[0].mlp.act.approximate == "none"
+
+
+def test_head_is_zero_initialised_and_reset():
+    m = tiny("vit_ti16")
+    assert m.head.weight.abs().sum() == 0
+    m.reset_classifier(7)
+    assert m.head.out_features == 7 and m.head.weight.abs().sum() == 0 and m.cfg.num_classes == 7
+    m.reset_classifier(0)
+    assert m(torch.randn(1, 3, *m.cfg.img_size)).shape == (1, m.num_features)
+
+
+def test_attention_weights_equal_fused_path():
+    torch.manual_seed(0)
+    m = tiny("vit_ti16").eval()
+    x = torch.randn(2, 3, *m.cfg.img_size)
+    out = m.forward_intermediates(x, return_attention=True)
+    assert len(out["attention"]) == len(m.blocks)
+    for w in out["attention"]:
+        assert w.shape == (2, 2, 17, 17)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 17))
+    torch.testing.assert_close(out["normed"], m.forward_features(x), atol=1e-5, rtol=0)
+    # The explicit path's output equals the fused one block by block.
+    blk = m.blocks[0]
+    z = m.embed(x)
+    torch.testing.assert_close(blk(z), blk.forward_with_weights(z)[0], atol=1e-5, rtol=0)
+    only_last = m.forward_intermediates(x, indices=[-1], return_attention=True)
+    assert len(only_last["tokens"]) == 1 and len(only_last["attention"]) == 1
+
+
+def test_dynamic_img_size_resizes_at_run_time():
+    torch.manual_seed(0)
+    m = tiny("vit_ti16", dynamic_img_size=True).eval()
+    x = torch.randn(1, 3, 48, 40)
+    assert m(x).shape == (1, 5)
+    static = tiny("vit_ti16").eval()
+    static.load_state_dict(m.state_dict())
+    static.set_img_size((48, 40))
+    torch.testing.assert_close(static.forward_features(x), m.forward_features(x))
+
+
+def test_model_in_train_mode_uses_dropout():
+    m = tiny("vit_ti16", drop_rate=0.5, drop_path_rate=0.5).train()
+    x = torch.randn(2, 3, *m.cfg.img_size)
+    torch.manual_seed(0)
+    a = m.forward_features(x)
+    torch.manual_seed(1)
+    b = m.forward_features(x)
+    assert not torch.allclose(a, b)
