@@ -123,11 +123,29 @@ def to_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 # Hugging Face transformers (ViTModel / ViTForImageClassification)
 
 
+_HF_V5_NAMES = [  # transformers >= 5 module names -> the names its files (and older versions) use
+    (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
+    (r"\.attention\.q_proj\.", ".attention.attention.query."),
+    (r"\.attention\.k_proj\.", ".attention.attention.key."),
+    (r"\.attention\.v_proj\.", ".attention.attention.value."),
+    (r"\.attention\.o_proj\.", ".attention.output.dense."),
+    (r"\.mlp\.fc1\.", ".intermediate.dense."),
+    (r"\.mlp\.fc2\.", ".output.dense."),
+]
+
+
+def _hf_legacy_name(key: str) -> str:
+    for pattern, repl in _HF_V5_NAMES:
+        key = re.sub(pattern, repl, key)
+    return key
+
+
 def convert_hf(
     sd: dict[str, torch.Tensor], hf_config: dict[str, Any] | None = None, path: Any = "<hf>"
 ) -> tuple[dict[str, torch.Tensor], ViTConfig, list[str]]:
     """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes)."""
     hf_config = hf_config or {}
+    sd = {_hf_legacy_name(k): v for k, v in sd.items()}
     p = "vit." if any(k.startswith("vit.") for k in sd) else ""
     notes: list[str] = []
     used: set[str] = set()
