@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     from vitkit.checkpoint.io import CheckpointError
+    from vitkit.train.loop import TrainingError
 
     try:
         return COMMANDS[args.command](args)
-    except (UserError, CheckpointError, ValueError, FileNotFoundError, TypeError) as e:
+    except (UserError, CheckpointError, TrainingError, ValueError, FileNotFoundError, TypeError) as e:
         if args.verbose:
             raise
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)

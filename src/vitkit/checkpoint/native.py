@@ -93,6 +93,7 @@ def save_checkpoint(
 
 def read_native(path: str | Path) -> tuple[dict[str, torch.Tensor], ViTConfig | ResNetConfig, Preprocessing, dict]:
     tensors, meta = read_safetensors(path)
+    tensors = {k: v for k, v in tensors.items() if not k.startswith("__train__/")}  # training state
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a vitkit checkpoint (no 'format: vitkit' metadata)")
     cfg = config_from_meta(meta, path)

@@ -1,0 +1,148 @@
+"""Batched image transforms on the compute device.
+
+Inputs are uint8 batches (B, C, H, W) straight from a source; outputs are float batches in the
+model's value range (the paper's [-1, 1] by default). Randomness comes from an explicit
+``torch.Generator`` so that a step's augmentation depends only on (seed, step): a resumed run
+sees exactly the images an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def step_generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator whose stream depends only on (seed, step)."""
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 0x9E3779B1 + step * 0x85EBCA77 + 1) % (2**63 - 1))
+    return g
+
+
+def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device) -> torch.Tensor:
+    return torch.rand(n, generator=g, device=device) * (hi - lo) + lo
+
+
+def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """uint8 or [0, 255] floats -> ``(x / 255 - mean) / std`` per channel, float32."""
+    x = x.float()
+    m = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1) * 255.0
+    s = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1) * 255.0
+    if m.shape[1] != x.shape[1]:
+        raise ValueError(f"{len(mean)} normalisation channels for images with {x.shape[1]} channels")
+    return (x - m) / s
+
+
+def hflip(x: torch.Tensor, g: torch.Generator, p: float = 0.5) -> torch.Tensor:
+    """Flip each image left-right with probability ``p``."""
+    mask = torch.rand(x.shape[0], generator=g, device=x.device) < p
+    return torch.where(mask.view(-1, 1, 1, 1), x.flip(-1), x)
+
+
+def random_crop(x: torch.Tensor, g: torch.Generator, pad: int = 4, fill: float = 0) -> torch.Tensor:
+    """Pad every side by ``pad`` and take a random crop of the original size, per image."""
+    B, C, H, W = x.shape
+    if pad <= 0:
+        return x
+    xp = F.pad(x, (pad, pad, pad, pad), value=fill)  # (B, C, H+2p, W+2p)
+    dy = torch.randint(0, 2 * pad + 1, (B,), generator=g, device=x.device)
+    dx = torch.randint(0, 2 * pad + 1, (B,), generator=g, device=x.device)
+    rows = (dy[:, None] + torch.arange(H, device=x.device)).view(B, 1, H, 1).expand(B, C, H, W + 2 * pad)
+    xp = xp.gather(2, rows)  # (B, C, H, W+2p)
+    cols = (dx[:, None] + torch.arange(W, device=x.device)).view(B, 1, 1, W).expand(B, C, H, W)
+    return xp.gather(3, cols)  # (B, C, H, W)
+
+
+def inception_crop(
+    x: torch.Tensor,
+    size: tuple[int, int],
+    g: torch.Generator,
+    area: tuple[float, float] = (0.05, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> torch.Tensor:
+    """Random-resized ("inception") crop of each image, resampled bilinearly to ``size``.
+
+    Per image: a box with a random fraction of the area and a log-uniform aspect ratio,
+    clipped to the image, at a random position. Float input (B, C, H, W) -> (B, C, *size).
+    """
+    B, C, H, W = x.shape
+    dev = x.device
+    a = _uniform(B, area[0], area[1], g, dev) * H * W
+    logr = _uniform(B, math.log(ratio[0]), math.log(ratio[1]), g, dev)
+    r = torch.exp(logr)
+    w = torch.sqrt(a * r).clamp(1, W)
+    h = torch.sqrt(a / r).clamp(1, H)
+    cx = torch.rand(B, generator=g, device=dev) * (W - w) + w / 2
+    cy = torch.rand(B, generator=g, device=dev) * (H - h) + h / 2
+    theta = torch.zeros(B, 2, 3, device=dev, dtype=x.dtype)
+    theta[:, 0, 0] = w / W
+    theta[:, 0, 2] = 2 * cx / W - 1
+    theta[:, 1, 1] = h / H
+    theta[:, 1, 2] = 2 * cy / H - 1
+    grid = F.affine_grid(theta, [B, C, size[0], size[1]], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of a float batch (antialiased when shrinking)."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    shrink = size[0] < x.shape[-2] or size[1] < x.shape[-1]
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=shrink)
+
+
+def center_crop(x: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Keep the central ``fraction`` of each side."""
+    if fraction >= 1.0:
+        return x
+    H, W = x.shape[-2:]
+    h, w = max(1, round(H * fraction)), max(1, round(W * fraction))
+    top, left = (H - h) // 2, (W - w) // 2
+    return x[..., top : top + h, left : left + w]
+
+
+@dataclass
+class TransformConfig:
+    """Augmentation of a recipe. ``crop``: "inception" (area 0.05-1, aspect 3/4-4/3), "pad"
+    (random crop after padding by ``pad``), or "none"; ``flip``: random horizontal flips."""
+
+    img_size: tuple[int, int] = (224, 224)
+    crop: str = "inception"
+    pad: int = 4
+    flip: bool = True
+    area_min: float = 0.05
+    eval_crop: float = 1.0  # centre-crop fraction at evaluation (1.0: resize only)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self) -> None:
+        if self.crop not in ("inception", "pad", "none"):
+            raise ValueError(f"crop must be 'inception', 'pad' or 'none', got {self.crop!r}")
+        if isinstance(self.img_size, int):
+            self.img_size = (self.img_size, self.img_size)
+        self.img_size = tuple(self.img_size)
+        self.mean, self.std = tuple(self.mean), tuple(self.std)
+
+
+def train_transform(x: torch.Tensor, cfg: TransformConfig, g: torch.Generator) -> torch.Tensor:
+    """uint8 batch on the compute device -> augmented float batch in the model's range."""
+    if cfg.crop == "pad":
+        x = random_crop(x, g, cfg.pad)
+    x = x.float()
+    if cfg.crop == "inception":
+        x = inception_crop(x, cfg.img_size, g, area=(cfg.area_min, 1.0))
+    else:
+        x = resize(x, cfg.img_size)
+    if cfg.flip:
+        x = hflip(x, g)
+    return normalize(x, cfg.mean, cfg.std)
+
+
+def eval_transform(x: torch.Tensor, cfg: TransformConfig) -> torch.Tensor:
+    """uint8 batch -> float batch: optional centre crop, resize, value range."""
+    x = center_crop(x.float(), cfg.eval_crop)
+    x = resize(x, cfg.img_size)
+    return normalize(x, cfg.mean, cfg.std)

@@ -1,0 +1,42 @@
+"""Training curves (loss and evaluation top-1 against steps) as a PNG, from ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def plot_curves(metrics: Path, out: Path) -> Path | None:
+    """Draw loss and top-1 curves; returns None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    steps, losses, esteps, top1 = [], [], [], []
+    for line in Path(metrics).read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec:
+            steps.append(rec["step"])
+            losses.append(rec["loss"])
+        if "top1" in rec:
+            esteps.append(rec["step"])
+            top1.append(100 * rec["top1"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(steps, losses, color="tab:blue")
+    a.set_xlabel("step")
+    a.set_ylabel("training loss")
+    a.set_yscale("log")
+    a.grid(alpha=0.3)
+    b.plot(esteps, top1, marker="o", color="tab:green")
+    b.set_xlabel("step")
+    b.set_ylabel("evaluation top-1 (%)")
+    b.grid(alpha=0.3)
+    if top1:
+        b.set_title(f"last {top1[-1]:.2f}%, best {max(top1):.2f}%")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

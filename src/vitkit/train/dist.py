@@ -1,0 +1,85 @@
+"""Distributed set-up for ``torchrun``: DDP (gloo on CPU, NCCL on GPU) or FSDP2 for large models."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    """Join the process group that ``torchrun`` describes in the environment (no-op otherwise)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank)
+
+
+def resolve_device(name: str, info_local_rank: int | None = None) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        local = info_local_rank if info_local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
+        name = f"cuda:{local}"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device cuda requested but CUDA is not available; use --device cpu")
+        torch.cuda.set_device(device)
+    return device
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: bool) -> nn.Module:
+    """DDP for the usual case; FSDP2 (``fully_shard`` per block, then the root) when asked."""
+    if not info.enabled:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in getattr(model, "blocks", []):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,521 @@
+"""The training loop: one process or many (torchrun), CPU or CUDA, resumable bit-for-bit.
+
+What makes a resumed run equal an uninterrupted one: the data order is a function of
+(seed, epoch) and the run resumes at the batch it stopped at; augmentation randomness is a
+function of (seed, rank, step); the optimiser, EMA and the global RNG (dropout) are restored; the
+learning rate is a function of the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from ..checkpoint.native import Preprocessing, save_checkpoint
+from ..data import Dataset, TransformConfig, build_dataset, eval_transform, step_generator, train_transform
+from ..models.registry import create_model
+from . import dist as D
+from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
+from .optim import build_optimizer, lr_at, set_lr
+from .state import TrainState, latest_loadable, list_checkpoints, save_train_state
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on (non-finite loss, incompatible resume); the message says why."""
+
+
+class Progress:
+    """What the loop reports to; the CLI passes a progress bar, the library default is silent."""
+
+    def start(self, total: int, initial: int) -> None: ...
+
+    def update(self, steps: int, **postfix: Any) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    step: int
+    final_top1: float | None
+    best_top1: float | None
+    best_step: int | None
+    train_seconds: float
+    images_per_second: float
+    resumed_from: int | None
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return contextlib.nullcontext()
+
+
+def _match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Grey images for an RGB model are repeated; RGB for a grey model becomes luminance."""
+    if x.shape[1] == in_chans:
+        return x
+    if x.shape[1] == 1:
+        return x.expand(-1, in_chans, -1, -1)
+    if in_chans == 1 and x.shape[1] == 3:
+        w = torch.tensor([0.299, 0.587, 0.114], device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+        return (x.float() * w).sum(1, keepdim=True).round().clamp(0, 255).to(x.dtype)
+    raise ValueError(f"images have {x.shape[1]} channels, the model takes {in_chans}")
+
+
+@torch.inference_mode()
+def evaluate_top1(
+    model: nn.Module,
+    dataset: Dataset,
+    tcfg: TransformConfig,
+    device: torch.device,
+    precision: str = "fp32",
+    batch_size: int = 256,
+    max_images: int | None = None,
+    info: D.DistInfo | None = None,
+) -> tuple[float, int]:
+    """Top-1 accuracy (fraction) and number of images, summed over all processes."""
+    info = info or D.DistInfo()
+    was_training = model.training
+    model.eval()
+    in_chans = _unwrap(model).cfg.in_chans
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    seen = torch.zeros((), dtype=torch.float64, device=device)
+    limit = max_images or len(dataset)
+    done = 0
+    for images, labels in dataset.batches(batch_size, rank=info.rank, world_size=info.world_size):
+        if done >= limit:
+            break
+        done += batch_size
+        x = eval_transform(_match_channels(images.to(device, non_blocking=True), in_chans), tcfg)
+        with _autocast(device, precision):
+            logits = model(x)
+        correct += (logits.argmax(-1) == labels.to(device)).sum()
+        seen += labels.shape[0]
+    D.all_reduce_sum(correct, info)
+    D.all_reduce_sum(seen, info)
+    model.train(was_training)
+    return (correct / seen.clamp(min=1)).item(), int(seen.item())
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
+class EMA:
+    """Polyak averaging of the weights (fp32 shadow copy), used for evaluation when enabled."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for k, v in model.state_dict().items():
+            s = self.shadow[k]
+            if v.dtype.is_floating_point:
+                s.mul_(self.decay).add_(v.detach().float(), alpha=1 - self.decay)
+            else:
+                s.copy_(v)
+
+    @contextlib.contextmanager
+    def applied(self, model: nn.Module) -> Iterator[None]:
+        backup = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.load_state_dict({k: v.to(backup[k].dtype) for k, v in self.shadow.items()})
+        try:
+            yield
+        finally:
+            model.load_state_dict(backup)
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
+    """Softmax cross-entropy, or sigmoid cross-entropy (summed over classes) as big_vision."""
+    logits = logits.float()
+    if kind == "softmax":
+        return F.cross_entropy(logits, labels, label_smoothing=smoothing)
+    if kind == "sigmoid":
+        k = logits.shape[-1]
+        target = F.one_hot(labels, k).float()
+        if smoothing:
+            target = target * (1 - smoothing) + smoothing / k
+        return F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / logits.shape[0]
+    raise ValueError(f"loss must be softmax or sigmoid, got {kind!r}")
+
+
+class Trainer:
+    """Build everything a recipe names, then :meth:`run` it to the end (resuming if possible)."""
+
+    def __init__(self, recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> None:
+        self.recipe = recipe
+        self.out = Path(out_dir)
+        self.progress = progress or Progress()
+        self.device = D.resolve_device(recipe.train.device)
+        self.info = D.init_distributed(self.device)
+        if self.info.enabled and self.device.type == "cuda":
+            self.device = D.resolve_device("cuda", self.info.local_rank)
+        r = recipe
+        if r.train.batch_size % (self.info.world_size * r.train.accum_steps):
+            raise ValueError(
+                f"train.batch_size {r.train.batch_size} is not divisible by processes x accum_steps "
+                f"({self.info.world_size} x {r.train.accum_steps})"
+            )
+        self._check_resume_recipe()
+        torch.manual_seed(r.seed)
+        self.train_ds = build_dataset(r.data.name, r.data.train_split, **r.data.options)
+        self.eval_ds = build_dataset(r.data.name, r.data.eval_split, **r.data.options) if r.data.eval_split else None
+        self.model = self._build_model().to(self.device)
+        cfg = self.model.cfg
+        self.preprocessing = Preprocessing.for_config(cfg)
+        self.tcfg = TransformConfig(
+            img_size=cfg.img_size,
+            crop=r.augment.crop,
+            pad=r.augment.pad,
+            flip=r.augment.flip,
+            area_min=r.augment.area_min,
+            eval_crop=r.augment.eval_crop,
+            mean=self.preprocessing.mean,
+            std=self.preprocessing.std,
+        )
+        self.optimizer = build_optimizer(self.model, r.optim)
+        self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
+        self.state = TrainState()
+        self.resumed_from: int | None = None
+        self._resume()
+        self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
+        self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _build_model(self) -> nn.Module:
+        r = self.recipe
+        overrides = dict(r.model.overrides)
+        overrides.setdefault("num_classes", self.train_ds.num_classes)
+        if r.model.init_from:
+            from ..checkpoint.load import load_pretrained
+
+            model = load_pretrained(r.model.init_from, pos_embed_mode=r.model.pos_embed_mode, **overrides)
+            for note in model.load_report.notes:
+                self.progress.message(f"{r.model.init_from}: {note}")
+            model.train()
+        else:
+            overrides.setdefault("in_chans", self.train_ds.in_chans)
+            model = create_model(r.model.name, **overrides)
+        bias = r.train.head_bias_init
+        if bias is None and r.train.loss == "sigmoid":
+            bias = -math.log(model.num_classes)
+        if bias is not None and getattr(model, "head", None) is not None:
+            nn.init.constant_(model.head.bias, bias)
+        return model
+
+    def _check_resume_recipe(self) -> None:
+        saved = self.out / "config.yaml"
+        if saved.is_file() and list_checkpoints(self.out / "checkpoints"):
+            old = recipe_from_dict(yaml.safe_load(saved.read_text()))
+            changed = [k for k in diff_recipes(old, self.recipe) if not k.startswith("log.")]
+            if changed:
+                raise TrainingError(
+                    f"{self.out} holds a run with a different recipe (changed: {', '.join(changed[:6])}); "
+                    "use another --out, or the same settings to resume"
+                )
+
+    def _resume(self) -> None:
+        ckpts = list_checkpoints(self.out / "checkpoints")
+        if not ckpts:
+            return
+        loaded = latest_loadable(self.out / "checkpoints")
+        if loaded is None:
+            raise TrainingError(f"{self.out / 'checkpoints'}: no checkpoint reads back; cannot resume")
+        if loaded.path != ckpts[-1]:
+            self.progress.message(f"skipped damaged checkpoint {ckpts[-1].name}; resuming from {loaded.path.name}")
+        self.model.load_state_dict(loaded.model_state)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(
+            self.model, self.optimizer, loaded.optim_state, options=StateDictOptions(full_state_dict=True)
+        )
+        if self.ema is not None and loaded.ema_state is not None:
+            self.ema.shadow = {k: v.float().to(self.device) for k, v in loaded.ema_state.items()}
+        if "torch" in loaded.rng:
+            torch.set_rng_state(loaded.rng["torch"])
+        if "cuda" in loaded.rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(loaded.rng["cuda"])
+        self.state = loaded.state
+        self.resumed_from = loaded.state.step
+        self.progress.message(f"resuming {self.out} from step {loaded.state.step}")
+
+    # -- checkpoints and logs ---------------------------------------------------------------------
+    def _full_state(self) -> tuple[dict, dict]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        return get_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def save(self) -> Path | None:
+        model_sd, optim_sd = self._full_state()  # collective under FSDP: every rank calls it
+        if not self.info.is_main:
+            return None
+        path = self.out / "checkpoints" / f"step_{self.state.step:07d}.safetensors"
+        save_train_state(
+            path,
+            self.model.cfg,
+            model_sd,
+            optim_sd,
+            self.state,
+            dump_recipe(self.recipe),
+            self.preprocessing,
+            self.train_ds.classes,
+            ema_state=self.ema.shadow if self.ema else None,
+        )
+        for old in list_checkpoints(self.out / "checkpoints")[: -max(self.recipe.log.keep_last, 1)]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def _save_best(self) -> None:
+        model_sd, _ = self._full_state()
+        if not self.info.is_main:
+            return
+        if self.ema is not None:
+            model_sd = {k: v.to(model_sd[k].dtype).cpu() for k, v in self.ema.shadow.items()}
+        bare = _unwrap(self.model)
+        holder = _StateHolder(bare.cfg, model_sd)
+        save_checkpoint(
+            holder,
+            self.out / "best.safetensors",
+            preprocessing=self.preprocessing,
+            extra={
+                "classes": json.dumps(self.train_ds.classes),
+                "step": str(self.state.step),
+                "top1": f"{self.state.best_metric:.6f}",
+            },
+        )
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if not self.info.is_main:
+            return
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, record["step"])
+
+    def _truncate_metrics(self) -> None:
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.state.step]
+        path.write_text("".join(ln + "\n" for ln in keep))
+
+    def evaluate(self) -> float | None:
+        if self.eval_ds is None:
+            return None
+        r = self.recipe
+        ctx = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
+        with ctx:
+            top1, _ = evaluate_top1(
+                self.forward,
+                self.eval_ds,
+                self.tcfg,
+                self.device,
+                r.train.precision,
+                max_images=r.data.eval_max_images,
+                info=self.info,
+            )
+        return top1
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        n = self.recipe.train.accum_steps
+        return list(zip(images.chunk(n), labels.chunk(n)))
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> float | None:
+        """One optimiser step on a local batch; returns the loss, or None if it was skipped."""
+        r = self.recipe
+        step = self.state.step
+        set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
+        micro = self._micro_batches(images, labels)
+        total = torch.zeros((), device=self.device)
+        in_chans = self.model.cfg.in_chans
+        for i, (x, y) in enumerate(micro):
+            g = step_generator(r.seed * 1009 + self.info.rank, step * len(micro) + i, self.device)
+            x = train_transform(_match_channels(x.to(self.device, non_blocking=True), in_chans), self.tcfg, g)
+            y = y.to(self.device, non_blocking=True)
+            sync = i == len(micro) - 1 or not hasattr(self.wrapped, "no_sync")
+            ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
+            with ctx:
+                with _autocast(self.device, r.train.precision):
+                    logits = self.forward(x)
+                loss = loss_fn(logits, y, r.train.loss, r.train.label_smoothing) / len(micro)
+                loss.backward()
+            total += loss.detach()
+        D.all_reduce_sum(total, self.info)  # the mean over processes is the loss of the global batch
+        total /= self.info.world_size
+        if not torch.isfinite(total).item():
+            self.optimizer.zero_grad(set_to_none=True)
+            if r.train.on_nonfinite == "skip":
+                self.state.nonfinite_skipped += 1
+                return None
+            raise TrainingError(
+                f"non-finite loss at step {step} (lr {lr_at(step, r.train.steps, r.optim):.3g}); the last good "
+                f"checkpoint in {self.out / 'checkpoints'} is kept. Lower the learning rate, or set "
+                "train.on_nonfinite=skip"
+            )
+        if r.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        return float(total.item())
+
+    def run(self) -> RunResult:
+        r = self.recipe
+        total = r.train.steps
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.yaml").write_text(dump_recipe(r))
+            self._truncate_metrics()
+        self._tb = _tensorboard(self.out) if (self.info.is_main and r.log.tensorboard) else None
+        self.model.train()
+        self.progress.start(total, self.state.step)
+        win_loss, win_n, win_imgs, win_t0 = 0.0, 0, 0, time.perf_counter()
+        train_time, train_imgs = 0.0, 0
+        local_bs = r.train.batch_size // self.info.world_size
+        while self.state.step < total:
+            batches = self.train_ds.batches(
+                r.train.batch_size,
+                shuffle=True,
+                seed=r.seed,
+                epoch=self.state.epoch,
+                start_batch=self.state.batch_in_epoch,
+                rank=self.info.rank,
+                world_size=self.info.world_size,
+                drop_last=True,
+                num_workers=r.data.num_workers,
+            )
+            for images, labels in batches:
+                t0 = time.perf_counter()
+                loss = self.train_step(images, labels)
+                dt = time.perf_counter() - t0
+                train_time += dt
+                train_imgs += local_bs * self.info.world_size
+                self.state.step += 1
+                self.state.batch_in_epoch += 1
+                step = self.state.step
+                if loss is not None:
+                    win_loss, win_n = win_loss + loss, win_n + 1
+                win_imgs += local_bs * self.info.world_size
+                if step % r.log.log_every == 0 or step == total:
+                    now = time.perf_counter()
+                    rec = {
+                        "step": step,
+                        "loss": win_loss / max(win_n, 1),
+                        "lr": lr_at(step - 1, total, r.optim),
+                        "epoch": self.state.epoch,
+                        "img_per_s": win_imgs / max(now - win_t0, 1e-9),
+                    }
+                    self._log(rec)
+                    self.progress.update(
+                        0, loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", ips=f"{rec['img_per_s']:.0f}"
+                    )
+                    win_loss, win_n, win_imgs, win_t0 = 0.0, 0, 0, time.perf_counter()
+                self.progress.update(1)
+                if (r.log.eval_every and step % r.log.eval_every == 0) or step == total:
+                    top1 = self.evaluate()
+                    if top1 is not None:
+                        self._log({"step": step, "top1": top1})
+                        self.progress.message(f"step {step}: top-1 {100 * top1:.2f}%")
+                        if self.state.best_metric is None or top1 > self.state.best_metric:
+                            self.state.best_metric, self.state.best_step = top1, step
+                            self._save_best()
+                    win_t0 = time.perf_counter()
+                if (r.log.checkpoint_every and step % r.log.checkpoint_every == 0) or step == total:
+                    self.save()
+                    win_t0 = time.perf_counter()
+                if step >= total:
+                    break
+            else:
+                skipped, examples = self.train_ds.skips.reset()
+                if skipped:
+                    self.progress.message(
+                        f"epoch {self.state.epoch}: skipped {skipped} unreadable images, e.g. {examples}"
+                    )
+                self.state.epoch += 1
+                self.state.batch_in_epoch = 0
+        self.progress.close()
+        D.barrier(self.info)
+        final = self._last_top1()
+        if self.info.is_main and r.log.plot:
+            from .curves import plot_curves
+
+            plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+        if self._tb is not None:
+            self._tb.close()
+        return RunResult(
+            out_dir=self.out,
+            step=self.state.step,
+            final_top1=final,
+            best_top1=self.state.best_metric,
+            best_step=self.state.best_step,
+            train_seconds=train_time,
+            images_per_second=train_imgs / max(train_time, 1e-9),
+            resumed_from=self.resumed_from,
+        )
+
+    def _last_top1(self) -> float | None:
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return None
+        last = None
+        for ln in path.read_text().splitlines():
+            rec = json.loads(ln)
+            if "top1" in rec:
+                last = rec["top1"]
+        return last
+
+
+class _StateHolder(nn.Module):
+    """A stand-in carrying a config and a state dict, for writing a model file from gathered
+    (possibly sharded) weights without building a second model."""
+
+    def __init__(self, cfg: Any, sd: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self._sd = sd
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return self._sd
+
+
+def _tensorboard(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(out / "tb"))
+
+
+def train(recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> RunResult:
+    """Run (or resume) ``recipe`` into ``out_dir``."""
+    trainer = Trainer(recipe, out_dir, progress)
+    try:
+        return trainer.run()
+    finally:
+        D.cleanup(trainer.info)

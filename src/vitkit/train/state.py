@@ -1,0 +1,162 @@
+"""Training checkpoints: everything a killed run needs to resume bit-for-bit, in one safetensors file.
+
+The file is also a plain vitkit model checkpoint: model tensors under their own names (so
+``vitkit.load_pretrained`` reads it), and the training state under ``__train__/``: optimiser
+state, EMA weights, random-number-generator state; counters and optimiser hyper-parameters in
+the metadata as JSON. Files are written atomically; a damaged newest file is skipped in favour of
+the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.io import CheckpointError, read_safetensors, write_safetensors
+from ..checkpoint.native import FORMAT, FORMAT_VERSION, Preprocessing, config_to_meta
+
+PREFIX = "__train__/"
+_STEP_FILE = re.compile(r"step_(\d+)\.safetensors$")
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimiser steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # global batches of `epoch` already consumed
+    best_metric: float | None = None
+    best_step: int | None = None
+    nonfinite_skipped: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _flatten_optim(osd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for fqn, st in osd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"{PREFIX}optim/{fqn}/{k}"] = v
+            elif v is not None:
+                scalars.setdefault(fqn, {})[k] = v
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def _unflatten_optim(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, dict[str, Any]] = {}
+    pre = f"{PREFIX}optim/"
+    for key, v in tensors.items():
+        if key.startswith(pre):
+            fqn, k = key[len(pre) :].rsplit("/", 1)
+            state.setdefault(fqn, {})[k] = v
+    for fqn, d in meta.get("scalars", {}).items():
+        state.setdefault(fqn, {}).update(d)
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+def save_train_state(
+    path: Path,
+    model_cfg: Any,
+    model_state: dict[str, torch.Tensor],
+    optim_state: dict[str, Any],
+    state: TrainState,
+    recipe_yaml: str,
+    preprocessing: Preprocessing,
+    classes: list[str],
+    ema_state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    tensors = {k: v for k, v in model_state.items()}
+    opt_tensors, opt_meta = _flatten_optim(optim_state)
+    tensors.update(opt_tensors)
+    if ema_state is not None:
+        tensors.update({f"{PREFIX}ema/{k}": v for k, v in ema_state.items()})
+    tensors[f"{PREFIX}rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors[f"{PREFIX}rng/cuda"] = torch.cuda.get_rng_state()
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        **config_to_meta(model_cfg),
+        "preprocessing": json.dumps(preprocessing.to_dict()),
+        "classes": json.dumps(classes),
+        "train_state": json.dumps(
+            {
+                "step": state.step,
+                "epoch": state.epoch,
+                "batch_in_epoch": state.batch_in_epoch,
+                "best_metric": state.best_metric,
+                "best_step": state.best_step,
+                "nonfinite_skipped": state.nonfinite_skipped,
+                "extra": state.extra,
+                "optimizer": opt_meta,
+            }
+        ),
+        "recipe": recipe_yaml,
+    }
+    write_safetensors(path, tensors, meta)
+
+
+@dataclass
+class LoadedTrainState:
+    path: Path
+    model_state: dict[str, torch.Tensor]
+    optim_state: dict[str, Any]
+    ema_state: dict[str, torch.Tensor] | None
+    rng: dict[str, torch.Tensor]
+    state: TrainState
+    recipe_yaml: str
+
+
+def load_train_state(path: Path) -> LoadedTrainState:
+    tensors, meta = read_safetensors(path)
+    if "train_state" not in meta:
+        raise CheckpointError(f"{path}: a model checkpoint without training state; cannot resume from it")
+    try:
+        ts = json.loads(meta["train_state"])
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: damaged training state ({e})") from None
+    model_state = {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}
+    ema = {k[len(PREFIX) + 4 :]: v for k, v in tensors.items() if k.startswith(f"{PREFIX}ema/")} or None
+    rng = {k[len(PREFIX) + 4 :]: v for k, v in tensors.items() if k.startswith(f"{PREFIX}rng/")}
+    state = TrainState(
+        step=ts["step"],
+        epoch=ts["epoch"],
+        batch_in_epoch=ts["batch_in_epoch"],
+        best_metric=ts.get("best_metric"),
+        best_step=ts.get("best_step"),
+        nonfinite_skipped=ts.get("nonfinite_skipped", 0),
+        extra=ts.get("extra", {}),
+    )
+    return LoadedTrainState(
+        path, model_state, _unflatten_optim(tensors, ts["optimizer"]), ema, rng, state, meta.get("recipe", "")
+    )
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Training checkpoints in ``folder``, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_FILE.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_loadable(folder: Path) -> LoadedTrainState | None:
+    """The newest checkpoint that reads back; damaged ones are skipped (and reported by the caller)."""
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            return load_train_state(path)
+        except CheckpointError:
+            continue
+    return None

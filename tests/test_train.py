@@ -1,0 +1,237 @@
+"""Training: recipes, schedules, the loop, checkpoints that survive a crash, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import vitkit
+from vitkit.train import RecipeError, TrainingError, load_recipe, lr_at, parse_set, train
+from vitkit.train.config import OptimSection
+from vitkit.train.state import list_checkpoints, load_train_state
+
+TINY = {
+    "seed": 3,
+    "model": {
+        "name": "vit_ti16",
+        "overrides": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64},
+    },
+    "data": {"name": "synthetic", "options": {"img_size": 16, "n": 256}},
+    "augment": {"crop": "pad", "pad": 2, "flip": True},
+    "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 3, "weight_decay": 0.05},
+    "train": {"steps": 12, "batch_size": 32, "precision": "fp32"},
+    "log": {"log_every": 1, "eval_every": 6, "checkpoint_every": 4, "keep_last": 5, "plot": False},
+}
+
+
+def write_recipe(tmp_path: Path, **changes) -> Path:
+    tree = json.loads(json.dumps(TINY))
+    for dotted, value in changes.items():
+        node = tree
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_train_state(list_checkpoints(run / "checkpoints")[-1]).model_state
+
+
+def test_recipe_unknown_key_suggests():
+    with pytest.raises(RecipeError, match=r"unknown recipe key 'train.step'.*steps"):
+        load_recipe(None, parse_set(["train.step=5"]))
+    with pytest.raises(RecipeError, match="expected an integer"):
+        load_recipe(None, parse_set(["train.steps=abc"]))
+
+
+def test_shipped_recipes_parse():
+    for path in (Path(vitkit.__file__).parent / "configs").glob("*.yaml"):
+        recipe = load_recipe(path)
+        assert recipe.description, path
+        vitkit.model_config(recipe.model.name, **{k: v for k, v in recipe.model.overrides.items()})
+
+
+def test_schedule_warmup_then_cosine_and_linear():
+    cfg = OptimSection(lr=1.0, warmup_steps=10, schedule="cosine")
+    assert lr_at(0, 110, cfg) == pytest.approx(0.1)
+    assert lr_at(9, 110, cfg) == pytest.approx(1.0)
+    assert lr_at(60, 110, cfg) == pytest.approx(0.5)
+    assert lr_at(110, 110, cfg) == pytest.approx(0.0)
+    lin = OptimSection(lr=1.0, warmup_steps=0, schedule="linear")
+    assert lr_at(25, 100, lin) == pytest.approx(0.75)
+
+
+def test_training_learns_and_writes_a_run(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, train__steps=30, log__eval_every=30, log__plot=True))
+    result = train(recipe, tmp_path / "run")
+    assert result.final_top1 is not None and result.final_top1 > 0.3  # 10 classes: chance is 0.1
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"step", "loss", "lr"} <= set(records[0])
+    assert any("top1" in r for r in records)
+    assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "curves.png").is_file()
+    model = vitkit.load_pretrained(tmp_path / "run")  # the run folder stands for its best checkpoint
+    assert model.cfg.num_classes == 10 and model.preprocessing.mean == (0.5, 0.5, 0.5)
+
+
+def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
+    recipe = write_recipe(tmp_path, train__accum_steps=2, train__ema_decay=0.9, model__overrides__drop_rate=0.1)
+    cmd = [sys.executable, "-m", "vitkit", "train", "--config", str(recipe)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([*cmd, "--out", str(tmp_path / "a")], check=True, env=env, capture_output=True)
+
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "b")], env=env, stderr=subprocess.DEVNULL)
+    target = tmp_path / "b" / "checkpoints" / "step_0000008.safetensors"
+    deadline = time.time() + 120
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert target.exists(), "the run ended before the kill could happen"
+    done = list_checkpoints(tmp_path / "b" / "checkpoints")[-1]
+    killed_at = load_train_state(done).state.step
+    assert killed_at < 12 or pytest.skip("the run finished before SIGKILL landed")
+    out = subprocess.run([*cmd, "--out", str(tmp_path / "b")], check=True, env=env, capture_output=True, text=True)
+    assert f"resuming {tmp_path / 'b'} from step {killed_at}" in out.stderr
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)  # the log was cut back to the resumed step, no duplicates
+
+
+def test_resume_with_another_recipe_is_refused(tmp_path):
+    train(load_recipe(write_recipe(tmp_path, train__steps=4)), tmp_path / "run")
+    with pytest.raises(TrainingError, match=r"different recipe \(changed: optim.lr"):
+        train(load_recipe(write_recipe(tmp_path, train__steps=4, optim__lr=0.5)), tmp_path / "run")
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path,
+            optim__name="sgd",
+            optim__lr=1e30,
+            optim__warmup_steps=0,
+            optim__schedule="constant",
+            train__grad_clip=0.0,
+            train__steps=40,
+            log__checkpoint_every=1,
+        )
+    )
+    with pytest.raises(TrainingError, match=r"non-finite loss at step (\d+)"):
+        train(recipe, tmp_path / "run")
+    ckpts = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert ckpts, "no checkpoint was written before the loss diverged"
+    state = load_train_state(ckpts[-1])
+    assert all(torch.isfinite(v).all() for v in state.model_state.values() if v.is_floating_point())
+
+    skip = load_recipe(
+        write_recipe(
+            tmp_path,
+            optim__name="sgd",
+            optim__lr=1e30,
+            optim__warmup_steps=0,
+            optim__schedule="constant",
+            train__grad_clip=0.0,
+            train__on_nonfinite="skip",
+            train__steps=6,
+        )
+    )
+    result = train(skip, tmp_path / "skip")
+    assert result.step == 6
+    assert load_train_state(list_checkpoints(tmp_path / "skip" / "checkpoints")[-1]).state.nonfinite_skipped >= 1
+
+
+def test_failed_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
+    from vitkit.checkpoint import io
+
+    path = tmp_path / "x.safetensors"
+    io.write_safetensors(path, {"a": torch.ones(3)}, {})
+    before = path.read_bytes()
+
+    def broken(f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        io.atomic_write(path, broken)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]  # no temporary left behind
+
+
+def test_damaged_newest_checkpoint_falls_back(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, train__steps=8))
+    train(recipe, tmp_path / "run")
+    ckpts = list_checkpoints(tmp_path / "run" / "checkpoints")
+    ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:100])  # step 8: damaged
+    recipe12 = load_recipe(write_recipe(tmp_path, train__steps=8))
+    result = train(recipe12, tmp_path / "run")
+    assert result.resumed_from == 4 and result.step == 8
+
+
+def test_finetune_from_official_npz_resizes_and_replaces_head(tmp_path, fixtures):
+    recipe = load_recipe(
+        write_recipe(tmp_path, train__steps=2, log__eval_every=0, log__checkpoint_every=0),
+        parse_set(
+            [
+                f"model.init_from={fixtures / 'vit_tiny_token' / 'params_prelinen.npz'}",
+                "model.overrides={img_size: 24}",
+                "data.options={img_size: 24, n: 64}",
+                "optim.name=sgd",
+            ]
+        ),
+    )
+    train(recipe, tmp_path / "ft")
+    state = load_train_state(list_checkpoints(tmp_path / "ft" / "checkpoints")[-1])
+    assert state.model_state["pos_embed"].shape == (1, 37, 32)
+    assert state.model_state["head.weight"].shape == (10, 32)
+
+
+def test_torchrun_two_processes_match_one(tmp_path):
+    """DDP over gloo with 2 processes: the first losses equal a 1-process run with the same global batch."""
+    recipe = write_recipe(
+        tmp_path, augment__crop="none", augment__flip=False, train__steps=4, log__eval_every=4, log__checkpoint_every=4
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = ["-m", "vitkit", "train", "--config", str(recipe), "--device", "cpu"]
+    subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], check=True, env=env, capture_output=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29517",
+            *base,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    def losses(d):
+        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x]
+
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(one) == len(two) == 4
+    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-5
+    model = vitkit.load_pretrained(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
+    assert model.cfg.depth == 2
