@@ -17,7 +17,7 @@ def test_unknown_model_suggests_close_names():
 
 
 def test_unknown_override_is_named():
-    with pytest.raises(TypeError, match="hidden_size"):
+    with pytest.raises(ValueError, match="hidden_size"):
         vitkit.create_model("vit_ti16", hidden_size=3)
 
 

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
-    except (UserError, CheckpointError, TrainingError, ValueError, FileNotFoundError, TypeError) as e:
+    except (UserError, CheckpointError, TrainingError, ValueError, FileNotFoundError) as e:
         if args.verbose:
             raise
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)

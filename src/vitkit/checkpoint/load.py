@@ -156,7 +156,7 @@ def load_pretrained(
         )
     try:
         cfg = cfg.replace(**overrides)
-    except (TypeError, ValueError) as e:
+    except ValueError as e:
         raise CheckpointError(f"{p}: {e}") from None
     model = build_model(cfg)
     own = model.state_dict()

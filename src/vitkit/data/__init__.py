@@ -1,22 +1,43 @@
 """Data sources (uint8 batches) and batched transforms on the compute device.
 
 Every command names its data the same way (``--data``): ``fashion-mnist``, ``mnist``,
-``synthetic``, and further sources registered in :data:`SOURCES`.
+``cifar10``, ``cifar100``, ``synthetic``, and further sources registered in :data:`SOURCES`; a
+folder path (an image-folder tree) or a shard pattern (``shards/train-{000..099}.tar``) through
+:data:`PATTERN_SOURCES`. Options a source does not use are ignored, so that one set of options
+(``img_size``...) can be passed to any of them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import Any
 
 from .base import ArrayDataset, DataError, Dataset, SkipCounter
+from .cifar import download_cifar, load_cifar
+from .folder import ImageFolder, StreamingDataset, decode_image
 from .idx import load_idx_dataset
+from .shards import ShardDataset, expand_braces, shard_paths
 from .synthetic import synthetic_dataset
 from .transforms import TransformConfig, eval_transform, step_generator, train_transform
 
+
+def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The options a source takes, out of all that were passed."""
+    return {k: options[k] for k in names if options.get(k) is not None}
+
+
+def _streamed(options: dict[str, Any], *names: str) -> dict[str, Any]:
+    """Options of a streaming source; images load at ``load_size``, else ``img_size``, else 256."""
+    picked = _pick(options, "resize", "mode", *names)
+    picked["load_size"] = options.get("load_size") or options.get("img_size") or 256
+    return picked
+
+
 # name -> loader(split, **options) -> Dataset
 SOURCES: dict[str, Callable[..., Dataset]] = {
-    "fashion-mnist": lambda split, **kw: load_idx_dataset("fashion-mnist", split, **kw),
-    "mnist": lambda split, **kw: load_idx_dataset("mnist", split, **kw),
+    "fashion-mnist": lambda split, **kw: load_idx_dataset("fashion-mnist", split, **_pick(kw, "allow_download")),
+    "mnist": lambda split, **kw: load_idx_dataset("mnist", split, **_pick(kw, "allow_download")),
     "synthetic": lambda split, **kw: synthetic_dataset(
         n=kw.get("n", 2048 if split == "train" else 512),
         img_size=kw.get("img_size", 32),
@@ -25,9 +46,16 @@ SOURCES: dict[str, Callable[..., Dataset]] = {
         seed=0 if split == "train" else 1,
         name=f"synthetic/{split}",
     ),
+    "cifar10": lambda split, **kw: load_cifar("cifar10", split, **_pick(kw, "root", "allow_download")),
+    "cifar100": lambda split, **kw: load_cifar("cifar100", split, **_pick(kw, "root", "allow_download", "label_kind")),
 }
 
-ALIASES = {"fmnist": "fashion-mnist", "fashion_mnist": "fashion-mnist"}
+ALIASES = {
+    "fmnist": "fashion-mnist",
+    "fashion_mnist": "fashion-mnist",
+    "cifar-10": "cifar10",
+    "cifar-100": "cifar100",
+}
 
 
 def build_dataset(spec: str, split: str = "train", **options) -> Dataset:
@@ -43,7 +71,18 @@ def build_dataset(spec: str, split: str = "train", **options) -> Dataset:
 
 
 # (predicate on the spec, loader(spec, split, **options)) for folders and shard patterns.
-PATTERN_SOURCES: list[tuple[Callable[[str], bool], Callable[..., Dataset]]] = []
+PATTERN_SOURCES: list[tuple[Callable[[str], bool], Callable[..., Dataset]]] = [
+    (
+        os.path.isdir,
+        lambda spec, split, **kw: ImageFolder(spec, split, **_streamed(kw, "val_fraction", "split_seed")),
+    ),
+    (
+        lambda spec: ".tar" in spec,
+        lambda spec, split, **kw: ShardDataset(
+            spec, split, **_streamed(kw, "num_samples", "shuffle_buffer", "classes", "num_classes", "reader")
+        ),
+    ),
+]
 
 __all__ = [
     "ALIASES",
@@ -52,11 +91,19 @@ __all__ = [
     "ArrayDataset",
     "DataError",
     "Dataset",
+    "ImageFolder",
+    "ShardDataset",
     "SkipCounter",
+    "StreamingDataset",
     "TransformConfig",
     "build_dataset",
+    "decode_image",
+    "download_cifar",
     "eval_transform",
+    "expand_braces",
+    "load_cifar",
     "load_idx_dataset",
+    "shard_paths",
     "step_generator",
     "synthetic_dataset",
     "train_transform",

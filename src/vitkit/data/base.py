@@ -5,7 +5,7 @@ Two kinds of source:
   CIFAR, synthetic). Batches are slices of a seeded permutation: cheap, and exactly
   reproducible from (seed, epoch, batch index), which is what resuming needs.
 - streaming sources (image folders, WebDataset shards) decode with Pillow in loader workers;
-  they implement :class:`StreamingDataset` (see ``folder.py`` and ``shards.py``).
+  they derive from ``StreamingDataset`` in ``folder.py`` (``shards.py`` too).
 """
 
 from __future__ import annotations

@@ -89,6 +89,8 @@ class ViTConfig:
         for name in ("width", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.resnet_units is not None and self.resnet_width % 32:
+            raise ValueError(f"resnet_width must be a multiple of 32 (GroupNorm's 32 groups), got {self.resnet_width}")
         check_divisible(self.img_size, self.total_stride, what="img_size")
 
     @property
@@ -139,7 +141,7 @@ class ViTConfig:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise TypeError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
         return dataclasses.replace(self, **overrides)
 
 
@@ -181,16 +183,17 @@ class ResNetConfig:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise TypeError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
         return dataclasses.replace(self, **overrides)
 
 
 def check_divisible(size: tuple[int, int], stride: tuple[int, int], what: str = "image size") -> None:
-    """Raise a clear error when an image size is not a whole number of patches."""
+    """Raise a clear error when an image size is not a whole number of patches (of the total
+    stride: patch size times the hybrid stem's downsampling)."""
     h, w = size
     sh, sw = stride
     if h < sh or w < sw or h % sh or w % sw:
         raise ValueError(
-            f"{what} {h}x{w} is not divisible by the patch size {sh}x{sw} "
+            f"{what} {h}x{w} is not divisible by the patch size {sh}x{sw} (input pixels per token) "
             f"(nearest valid: {max(sh, round(h / sh) * sh)}x{max(sw, round(w / sw) * sw)})"
         )

@@ -32,6 +32,7 @@ class TrainState:
     best_metric: float | None = None
     best_step: int | None = None
     nonfinite_skipped: int = 0
+    train_seconds: float = 0.0  # optimiser-step time so far (evaluation and checkpoints excluded)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,6 +100,7 @@ def save_train_state(
                 "best_metric": state.best_metric,
                 "best_step": state.best_step,
                 "nonfinite_skipped": state.nonfinite_skipped,
+                "train_seconds": state.train_seconds,
                 "extra": state.extra,
                 "optimizer": opt_meta,
             }
@@ -137,6 +139,7 @@ def load_train_state(path: Path) -> LoadedTrainState:
         best_metric=ts.get("best_metric"),
         best_step=ts.get("best_step"),
         nonfinite_skipped=ts.get("nonfinite_skipped", 0),
+        train_seconds=ts.get("train_seconds", 0.0),
         extra=ts.get("extra", {}),
     )
     return LoadedTrainState(

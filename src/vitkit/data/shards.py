@@ -1,0 +1,382 @@
+"""WebDataset tar shards, streamed: for data that does not fit in memory.
+
+A shard is a tar whose members form samples by key, as WebDataset writes them: ``<key>.jpg``
+(or ``.jpeg``, ``.png``, ``.webp``...) with ``<key>.cls``, the class index as text. Shards are
+named by a pattern with brace ranges, ``shards/train-{000..099}.tar``. Class names come from a
+``classes.txt`` (one a line) next to the shards, else ``num_classes`` gives ``class_<i>``, else
+the largest label in the first shard does.
+
+An epoch, for one rank:
+1. the shard list is permuted by (seed, epoch) when shuffling, and the rank takes every
+   ``world_size``-th shard (there must be at least as many shards as ranks);
+2. its shards are read in that order, in the main process (reading a tar is cheap), through a
+   shuffle buffer of ``shuffle_buffer`` samples seeded by (seed, epoch, rank);
+3. each global batch of ``batch_size`` gives this rank its share (as for in-memory data), and
+   DataLoader workers decode those images with Pillow.
+So the order is a pure function of (seed, epoch, rank, world_size), not of ``num_workers``, and
+``start_batch`` resumes exactly (the skipped samples are read but not decoded).
+
+Length: an epoch is ``num_samples`` samples (global); every rank yields the same number of
+batches, ``num_samples / batch_size``, rounded down with ``drop_last``, else up. A rank whose
+shards run out first starts over them (reshuffled), one with more stops early: what DDP needs so
+that no rank waits for another. Without ``num_samples`` the length is counted once from the tar
+headers (samples with both an image and a ``.cls``), which reads headers only for plain ``.tar``.
+For exact evaluation over shards use one process: with several, ranks repeat or leave samples.
+
+Tars are parsed by the ``webdataset`` package when it is installed (``pip install vitkit[shards]``)
+and by the standard library's ``tarfile`` otherwise; both group members by key the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import itertools
+import math
+import os
+import random
+import re
+import tarfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .base import DataError
+from .folder import Item, StreamingDataset, _check_batch_args, epoch_order
+
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
+SPLIT_NAMES = {"train": ("train",), "val": ("val", "test"), "test": ("test", "val")}
+
+# WebDataset's conventions: the key is the path up to the first dot of the file name, the rest
+# (lower-cased) is the field; names like ``__meta__`` are skipped.
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+
+Sample = dict[str, Any]
+ErrorSink = Callable[[str], None]
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand shell-style braces: ``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar.
+
+    Supports numeric ranges (zero padding kept, ascending or descending) and comma lists
+    (``{train,val}``), nested and several per pattern, expanded left to right as bash does.
+    """
+    start = pattern.find("{")
+    if start < 0:
+        return [pattern]
+    depth, parts, last, end = 0, [], start + 1, -1
+    for i in range(start, len(pattern)):
+        c = pattern[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+        elif c == "," and depth == 1:
+            parts.append(pattern[last:i])
+            last = i + 1
+    if end < 0:
+        raise DataError(f"{pattern}: unbalanced '{{' in the shard pattern")
+    parts.append(pattern[last:end])
+    head, tail = pattern[:start], pattern[end + 1 :]
+    if len(parts) == 1:
+        bounds = re.fullmatch(r"(\d+)\.\.(\d+)", parts[0])
+        if bounds is None:
+            raise DataError(f"{pattern}: '{{{parts[0]}}}' is neither a range like {{000..099}} nor a list like {{a,b}}")
+        lo, hi = bounds.group(1), bounds.group(2)
+        padded = any(len(b) > 1 and b.startswith("0") for b in (lo, hi))
+        width = max(len(lo), len(hi)) if padded else 0
+        step = 1 if int(hi) >= int(lo) else -1
+        parts = [str(n).zfill(width) for n in range(int(lo), int(hi) + step, step)]
+    out: list[str] = []
+    for alternative in parts:
+        out.extend(expand_braces(head + alternative + tail))
+    return out
+
+
+def _expand(pattern: str) -> list[str]:
+    out = []
+    for name in expand_braces(pattern):
+        out.extend(sorted(glob.glob(name)) if glob.has_magic(name) else [name])
+    return out
+
+
+def shard_paths(pattern: str, split: str = "train") -> list[Path]:
+    """The shard files of ``split`` named by ``pattern``.
+
+    ``{split}`` in the pattern is replaced by the split. Without it, the pattern names the train
+    shards and other splits swap "train" in the file name for "val" (or "test"): of such derived
+    names, those that exist are used (or, if none, whatever matches with each brace group as
+    ``*``). A pattern used as given must match existing files, all of them.
+    """
+    if split not in SPLIT_NAMES:
+        raise DataError(f"{pattern}: unknown split {split!r} (train, val or test)")
+    head, tail = os.path.split(pattern)
+    if "{split}" in pattern:
+        candidates = [pattern.replace("{split}", s) for s in SPLIT_NAMES[split]]
+        strict = split == "train"
+    elif split != "train" and "train" in tail:
+        candidates = [os.path.join(head, s.join(tail.rsplit("train", 1))) for s in SPLIT_NAMES[split]]
+        strict = False
+    else:
+        candidates, strict = [pattern], True
+    for candidate in candidates:
+        paths = [Path(p) for p in _expand(candidate)]
+        if strict:
+            missing = [p for p in paths if not p.is_file()]
+            if not paths or missing:
+                first = missing[0] if missing else candidate
+                raise DataError(f"{candidate}: {len(missing)} of {len(paths)} shards not found (first: {first})")
+            return paths
+        existing = [p for p in paths if p.is_file()]
+        if not existing:
+            existing = [Path(p) for p in sorted(glob.glob(re.sub(r"\{[^{}]*\}", "*", candidate))) if Path(p).is_file()]
+        if existing:
+            return existing
+    raise DataError(
+        f"{pattern}: no {split} shards (looked for {', '.join(candidates)}); name the splits with "
+        "'{split}' in the pattern, e.g. shards/{split}-{000..009}.tar"
+    )
+
+
+# -- reading one shard ---------------------------------------------------------------------------
+
+
+def _tarfile_samples(path: Path, on_error: ErrorSink) -> Iterator[Sample]:
+    """Group the members of a tar into samples, with the standard library only."""
+    current: Sample | None = None
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            for member in tar:
+                if not member.isreg() or _META.match(member.name):
+                    continue
+                match = _KEY.match(member.name)
+                if match is None:
+                    continue
+                key, field = match.group(1), match.group(2).lower()
+                data = tar.extractfile(member).read()
+                tar.members = []  # a streamed tar otherwise keeps every header it has seen
+                if current is not None and current["__key__"] != key:
+                    yield current
+                    current = None
+                if current is None:
+                    current = {"__key__": key}
+                if field in current:
+                    on_error(f"{path} (duplicate member {member.name})")
+                    break
+                current[field] = data
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        on_error(f"{path} ({type(e).__name__}: {e})")
+    if current is not None:
+        yield current
+
+
+def _webdataset_samples(path: Path, on_error: ErrorSink) -> Iterator[Sample]:
+    """Group the members of a tar into samples with webdataset's own tar iterators."""
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    def stop(exc: Exception) -> bool:
+        detail = str(exc.args[0] if exc.args else exc).split(" @ ")[0]  # webdataset appends the stream
+        on_error(f"{path} ({type(exc).__name__}: {detail})")
+        return False  # give up on this shard, keep what it gave
+
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 - closed below, after the generator is done
+    except OSError as e:
+        on_error(f"{path} ({type(e).__name__}: {e})")
+        return
+    with stream:
+        files = tar_file_expander([{"url": str(path), "stream": stream}], handler=stop)
+        yield from group_by_keys(files, handler=stop)
+
+
+def _reader(name: str) -> Callable[[Path, ErrorSink], Iterator[Sample]]:
+    if name not in ("auto", "webdataset", "tarfile"):
+        raise ValueError(f"reader must be 'auto', 'webdataset' or 'tarfile', got {name!r}")
+    if name == "tarfile":
+        return _tarfile_samples
+    try:
+        import webdataset.tariterators  # noqa: F401
+    except ImportError:
+        if name == "webdataset":
+            raise DataError(
+                "reader='webdataset' but the package is not installed: pip install 'vitkit[shards]'"
+            ) from None
+        return _tarfile_samples
+    return _webdataset_samples
+
+
+def scan_shard(path: Path, read_labels: bool = False) -> tuple[int, int]:
+    """(samples with an image and a ``.cls``, largest label or -1) of one shard.
+
+    Reads the tar headers only, plus the ``.cls`` members when ``read_labels``. A damaged
+    shard gives what precedes the damage.
+    """
+    fields: dict[str, set[str]] = {}
+    top = -1
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                match = _KEY.match(member.name) if member.isreg() and not _META.match(member.name) else None
+                if match is None:
+                    continue
+                key, field = match.group(1), match.group(2).lower()
+                fields.setdefault(key, set()).add(field)
+                if read_labels and field == "cls":
+                    with contextlib.suppress(ValueError):  # a bad label is reported when the epoch reads it
+                        top = max(top, int(tar.extractfile(member).read().decode("ascii").strip()))
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        pass  # a damaged shard counts what it has; reading it in an epoch reports the damage
+    count = sum(1 for f in fields.values() if "cls" in f and not f.isdisjoint(IMAGE_SUFFIXES))
+    return count, top
+
+
+def _shuffle_buffer(items: Iterable[Item], size: int, rng: random.Random) -> Iterator[Item]:
+    """Approximate shuffling of a stream: hold ``size`` items, emit a random one per arrival."""
+    buffer: list[Item] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        yield buffer[j]
+        buffer[j] = item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+class ShardDataset(StreamingDataset):
+    """WebDataset shards named by ``pattern`` (or a list of patterns), streamed and decoded to
+    ``load_size`` (H, W) uint8; see the module docstring for order, length and classes.
+
+    ``num_samples``: the epoch's length in samples (default: counted from the shards).
+    ``shuffle_buffer``: samples held for shuffling within the stream (0 or 1: none).
+    ``classes`` / ``num_classes``: class names, or their number, when no ``classes.txt``.
+    ``reader``: "auto" (webdataset if installed), "webdataset" or "tarfile".
+    """
+
+    def __init__(
+        self,
+        pattern: str | Sequence[str],
+        split: str = "train",
+        *,
+        load_size: int | tuple[int, int] = 256,
+        resize: str = "shorter",
+        mode: str = "RGB",
+        num_samples: int | None = None,
+        shuffle_buffer: int = 1000,
+        classes: Sequence[str] | None = None,
+        num_classes: int | None = None,
+        reader: str = "auto",
+    ) -> None:
+        patterns = [pattern] if isinstance(pattern, str | os.PathLike) else list(pattern)
+        first = str(patterns[0])
+        super().__init__(load_size, mode, resize, name=f"{Path(first).parent.name or 'shards'}/{split}")
+        self.shards = [p for pat in patterns for p in shard_paths(str(pat), split)]
+        if num_samples is not None and num_samples < 1:
+            raise ValueError(f"num_samples must be at least 1, got {num_samples}")
+        self.num_samples = num_samples
+        self.shuffle_buffer = max(0, int(shuffle_buffer))
+        self._read = _reader(reader)
+        self.classes, self.classes_from = self._find_classes(classes, num_classes)
+
+    def _find_classes(self, classes: Sequence[str] | None, num_classes: int | None) -> tuple[list[str], str]:
+        if classes is not None:
+            return list(classes), "the classes option"
+        listing = self.shards[0].parent / "classes.txt"
+        if listing.is_file():
+            names = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+            if not names:
+                raise DataError(f"{listing}: empty")
+            return names, str(listing)
+        if num_classes is not None:
+            return [f"class_{i}" for i in range(num_classes)], "the num_classes option"
+        _, top = scan_shard(self.shards[0], read_labels=True)
+        if top < 0:
+            raise DataError(f"{self.shards[0]}: no .cls labels found; write classes.txt next to it or pass num_classes")
+        return [f"class_{i}" for i in range(top + 1)], f"the largest label in {self.shards[0]}"
+
+    def __len__(self) -> int:
+        if self.num_samples is None:
+            counted = sum(scan_shard(path)[0] for path in self.shards)
+            if counted == 0:
+                raise DataError(f"{self.name}: no samples with an image and a .cls in {len(self.shards)} shards")
+            self.num_samples = counted
+        return self.num_samples
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        start_batch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        num_workers: int = 0,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of decoded batches; see :meth:`Dataset.batches` and the module docstring."""
+        _check_batch_args(batch_size, start_batch, rank, world_size)
+        if len(self.shards) < world_size:
+            raise DataError(f"{self.name}: {len(self.shards)} shards cannot be split among {world_size} ranks")
+        n = len(self)
+        steps = n // batch_size if drop_last else math.ceil(n / batch_size)
+        # this rank's share of every global batch (the last may be short)
+        sizes = [len(range(rank, min(batch_size, n - b * batch_size), world_size)) for b in range(steps)]
+        stream = self._rank_stream(shuffle, seed, epoch, rank, world_size)
+        return self.decode_batches(self._plan(stream, sizes, start_batch), num_workers)
+
+    @staticmethod
+    def _plan(stream: Iterator[Item], sizes: list[int], start_batch: int) -> Iterator[list[Item]]:
+        for _ in itertools.islice(stream, sum(sizes[:start_batch])):
+            pass  # resuming: read past the batches already seen, without decoding them
+        for size in sizes[start_batch:]:
+            if size:
+                yield list(itertools.islice(stream, size))
+
+    def _rank_stream(self, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int) -> Iterator[Item]:
+        """This rank's samples for the epoch, endless: the shards are started over when done."""
+        mine = [self.shards[i] for i in epoch_order(len(self.shards), shuffle, seed, epoch).tolist()][rank::world_size]
+        for pass_index in itertools.count():
+            rng = random.Random(f"{seed}/{epoch}/{rank}/{pass_index}")
+            shards = rng.sample(mine, len(mine)) if shuffle and pass_index else mine
+            items = (item for path in shards for item in self._items(path))
+            if shuffle and self.shuffle_buffer > 1:
+                items = _shuffle_buffer(items, self.shuffle_buffer, rng)
+            empty = True
+            for item in items:
+                empty = False
+                yield item
+            if empty:
+                raise DataError(f"{self.name}: rank {rank} found no readable samples in {', '.join(map(str, mine))}")
+
+    def _items(self, path: Path) -> Iterator[Item]:
+        """(image bytes, label, name) for each well-formed sample of one shard."""
+        for sample in self._read(path, self.skips.add):
+            name = f"{path}:{sample['__key__']}"
+            image = next((sample[s] for s in IMAGE_SUFFIXES if s in sample), None)
+            if image is None or "cls" not in sample:
+                self.skips.add(f"{name} (no {'image' if image is None else '.cls'})")
+                continue
+            try:
+                label = int(sample["cls"].decode("ascii").strip())
+            except (UnicodeDecodeError, ValueError):
+                self.skips.add(f"{name} (.cls is not an integer: {sample['cls'][:20]!r})")
+                continue
+            if not 0 <= label < len(self.classes):
+                raise DataError(
+                    f"{name}: class {label}, but there are {len(self.classes)} classes (from {self.classes_from}); "
+                    "write classes.txt next to the shards or pass num_classes"
+                )
+            yield image, label, name
+
+
+__all__ = ["ShardDataset", "expand_braces", "scan_shard", "shard_paths"]

@@ -1,0 +1,187 @@
+"""Classification metrics of a model with a head: top-1, top-5, per-class accuracy, confusion.
+
+Accuracies are fractions in [0, 1]. The confusion matrix has the true class on the rows and the
+predicted class on the columns, as counts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint.io import atomic_write
+from ..data.base import Dataset
+from .features import Precision, model_outputs
+
+
+def topk_hits(scores: torch.Tensor, labels: torch.Tensor, k: int) -> int:
+    """How many rows have their label among the ``k`` highest scores.
+
+    Ties are broken towards the lower class index, as ``argmax`` does, so top-1 always agrees
+    with the confusion matrix (an all-zero head predicts class 0, not an arbitrary class). A row
+    whose label score is NaN counts as wrong.
+    """
+    labels = labels.long().to(scores.device)
+    target = scores.gather(1, labels[:, None])  # (N, 1)
+    index = torch.arange(scores.shape[1], device=scores.device)
+    ahead = (scores > target) | ((scores == target) & (index[None] < labels[:, None]))  # (N, K)
+    rank = ahead.sum(dim=1).masked_fill(target[:, 0].isnan(), scores.shape[1])  # (N,)
+    return int((rank < k).sum())
+
+
+def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, k: int) -> float:
+    """Fraction of rows (scores (N, K), labels (N,)) whose label is among the ``k`` highest
+    scores, ties broken as in :func:`topk_hits`."""
+    if scores.shape[0] == 0:
+        raise ValueError("no predictions to score")
+    return topk_hits(scores, labels, k) / scores.shape[0]
+
+
+def confusion_matrix(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(K, K) int64 counts: row = true class, column = predicted class."""
+    flat = labels.long() * num_classes + predictions.long()
+    return torch.bincount(flat, minlength=num_classes * num_classes).view(num_classes, num_classes)
+
+
+def classification_metrics(
+    logits: torch.Tensor, labels: torch.Tensor, classes: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Metrics of logits (N, K) against labels (N,).
+
+    Returns ``num_images``, ``num_classes``, ``classes``, ``top1``, ``top5`` (None with fewer than
+    5 classes), ``mean_per_class`` (the mean over classes that have images), ``per_class`` (a list
+    of ``{"class", "count", "accuracy"}``; accuracy None for a class without images) and
+    ``confusion`` (K x K nested lists of counts, rows true, columns predicted).
+    """
+    if logits.ndim != 2 or labels.shape != (logits.shape[0],):
+        raise ValueError(f"expected logits (N, K) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
+    if labels.numel() == 0:
+        raise ValueError("no predictions to score")
+    num_classes = logits.shape[1]
+    names = list(classes) if classes is not None else [str(i) for i in range(num_classes)]
+    if len(names) != num_classes:
+        raise ValueError(f"{len(names)} class names for {num_classes} logits")
+    labels = labels.long()
+    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"labels outside 0..{num_classes - 1}")
+    preds = logits.argmax(dim=1)
+    conf = confusion_matrix(preds, labels, num_classes)
+    counts = conf.sum(dim=1)
+    correct = conf.diagonal()
+    per_class = [
+        {"class": names[i], "count": int(counts[i]), "accuracy": (correct[i] / counts[i]).item() if counts[i] else None}
+        for i in range(num_classes)
+    ]
+    present = [p["accuracy"] for p in per_class if p["accuracy"] is not None]
+    return {
+        "num_images": int(labels.numel()),
+        "num_classes": num_classes,
+        "classes": names,
+        "top1": topk_accuracy(logits, labels, 1),
+        "top5": topk_accuracy(logits, labels, 5) if num_classes >= 5 else None,
+        "mean_per_class": sum(present) / len(present),
+        "per_class": per_class,
+        "confusion": conf.tolist(),
+    }
+
+
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    precision: Precision = "fp32",
+    img_size: int | tuple[int, int] | None = None,
+    max_images: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Classify ``dataset`` with ``model``'s head and score it.
+
+    Returns :func:`classification_metrics` plus ``images_per_s`` and ``seconds`` (the whole loop:
+    reading, transforms and the model). Preprocessing, ``img_size`` and ``max_images`` (a seeded
+    random subset) as in :func:`vitkit.eval.features.model_outputs`. The model must predict the
+    dataset's classes; a model without a head is a ``ValueError`` (use few-shot or a probe).
+    """
+    if getattr(model, "num_classes", None) == 0:
+        raise ValueError("the model has no classification head (num_classes=0); use few-shot or a linear probe")
+    k_model = getattr(model, "num_classes", None)
+    if k_model is not None and k_model != dataset.num_classes:
+        raise ValueError(
+            f"the model predicts {k_model} classes but {dataset.name} has {dataset.num_classes}; "
+            "fine-tune it on this data, or use few-shot or a linear probe"
+        )
+    res = model_outputs(
+        model,
+        dataset,
+        head="logits",
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+        img_size=img_size,
+        max_images=max_images,
+        progress=progress,
+    )
+    if res.outputs.shape[1] != dataset.num_classes:
+        raise ValueError(f"the model gives {res.outputs.shape[1]} logits but {dataset.name} has {dataset.num_classes}")
+    metrics = classification_metrics(res.outputs, res.labels, dataset.classes)
+    metrics["images_per_s"] = res.images_per_s
+    metrics["seconds"] = res.seconds
+    return metrics
+
+
+def write_confusion_matrix(
+    confusion: Sequence[Sequence[int]] | torch.Tensor,
+    classes: Sequence[str],
+    out_dir: str | Path,
+    stem: str = "confusion",
+    title: str | None = None,
+) -> tuple[Path, Path]:
+    """Write the confusion matrix as ``<stem>.json`` and ``<stem>.png`` in ``out_dir``.
+
+    The JSON holds ``classes`` and ``matrix`` (rows true, columns predicted). The picture colours
+    each row by its fractions (so rare classes show as clearly as common ones), prints the counts
+    when there are at most 20 classes, and names the classes on the axes when there are at most
+    60. Needs matplotlib (``pip install 'vitkit[plot]'``); the JSON is written first either way.
+    Returns (json path, png path).
+    """
+    conf = torch.as_tensor(confusion, dtype=torch.int64)
+    k = conf.shape[0]
+    if conf.shape != (k, k) or len(classes) != k:
+        raise ValueError(f"confusion matrix {tuple(conf.shape)} does not fit {len(classes)} classes")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
+    payload = {"classes": list(classes), "rows": "true", "columns": "predicted", "matrix": conf.tolist()}
+    atomic_write(json_path, lambda f: f.write(json.dumps(payload, indent=1)), mode="w")
+
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("matplotlib is needed for the confusion-matrix picture: pip install 'vitkit[plot]'") from None
+
+    rows = conf.sum(dim=1, keepdim=True).clamp(min=1)
+    frac = (conf.double() / rows).numpy()
+    side = min(4.0 + 0.35 * k, 24.0)
+    fig = Figure(figsize=(side + 1.5, side), layout="constrained")  # no pyplot: no global state
+    ax = fig.add_subplot()
+    im = ax.imshow(frac, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
+    if k <= 60:
+        ax.set_xticks(range(k), labels=list(classes), rotation=90, fontsize=8)
+        ax.set_yticks(range(k), labels=list(classes), fontsize=8)
+    if k <= 20:
+        for i in range(k):
+            for j in range(k):
+                if conf[i, j]:
+                    color = "white" if frac[i, j] > 0.5 else "black"
+                    ax.text(j, i, str(int(conf[i, j])), ha="center", va="center", fontsize=7, color=color)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title or "confusion matrix")
+    atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    return json_path, png_path

@@ -1,0 +1,207 @@
+"""Run a frozen model over a dataset: logits for classification, pre-logits for linear evaluation.
+
+Every evaluation in :mod:`vitkit.eval` goes through :func:`model_outputs`, so they all see the
+images the same way: the model's own preprocessing (``model.preprocessing``: value range and
+resolution), channels converted to what the model takes, no augmentation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ..checkpoint.native import Preprocessing
+from ..data.base import Dataset
+from ..data.transforms import TransformConfig, eval_transform
+
+Precision = Literal["fp32", "bf16"]
+Head = Literal["logits", "pre_logits"]
+
+# ITU-R BT.601 luma weights, the ones Pillow uses for its "L" conversion.
+_LUMA = (0.299, 0.587, 0.114)
+
+
+@dataclass
+class ModelOutputs:
+    """What :func:`model_outputs` returns: one row per image, in the order they were read."""
+
+    outputs: torch.Tensor  # (N, K) logits or (N, F) pre-logits, float32, on the CPU
+    labels: torch.Tensor  # (N,) int64
+    seconds: float  # wall time of the loop: data, transforms and the model
+
+    @property
+    def images_per_s(self) -> float:
+        return self.labels.numel() / self.seconds if self.seconds > 0 else float("nan")
+
+
+def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Convert an image batch (B, C, H, W) to ``in_chans`` channels.
+
+    One channel to three: the grey value repeated. Three to one: luminance (ITU-R BT.601, as
+    Pillow's "L"). Any other mismatch is a ``ValueError``. Returns floats when it converts.
+    """
+    c = x.shape[1]
+    if c == in_chans:
+        return x
+    if c == 1:
+        return x.expand(-1, in_chans, -1, -1)  # (B, in_chans, H, W)
+    if c == 3 and in_chans == 1:
+        w = torch.tensor(_LUMA, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        return (x.float() * w).sum(dim=1, keepdim=True)  # (B, 1, H, W)
+    raise ValueError(f"cannot feed {c}-channel images to a model that takes {in_chans} channels")
+
+
+def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Preprocessing:
+    """The preprocessing ``model`` expects, at ``img_size`` when given.
+
+    Loaded models carry ``model.preprocessing``; a freshly created vitkit model gets the paper's
+    [-1, 1] range at its configured resolution.
+    """
+    pre = getattr(model, "preprocessing", None)
+    cfg = getattr(model, "cfg", None)
+    if pre is None:
+        if cfg is None:
+            raise ValueError("the model has neither .preprocessing nor a vitkit .cfg; set model.preprocessing")
+        pre = Preprocessing.for_config(cfg)
+    size = pre.img_size
+    if img_size is not None:
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    elif cfg is not None:
+        size = tuple(cfg.img_size)
+    return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation)
+
+
+def _autocast(device: torch.device, precision: Precision):
+    if precision == "fp32":
+        return nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+
+
+def _dataset_len(dataset: Dataset) -> int | None:
+    try:
+        return len(dataset)
+    except (NotImplementedError, TypeError):
+        return None
+
+
+def _batches(
+    dataset: Dataset, batch_size: int, max_images: int | None, sample_seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The dataset in its order, or a seeded random ``max_images`` of it."""
+    n = _dataset_len(dataset)
+    subsample = max_images is not None and (n is None or max_images < n)
+    left = max_images if max_images is not None else None
+    for images, labels in dataset.batches(batch_size, shuffle=subsample, seed=sample_seed):
+        if left is not None:
+            images, labels = images[:left], labels[:left]
+            left -= labels.numel()
+        yield images, labels
+        if left is not None and left <= 0:
+            return  # before the source reads another batch
+
+
+def model_outputs(
+    model: nn.Module,
+    dataset: Dataset,
+    head: Head = "logits",
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    precision: Precision = "fp32",
+    img_size: int | tuple[int, int] | None = None,
+    max_images: int | None = None,
+    sample_seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> ModelOutputs:
+    """Run ``model`` (in eval mode, under ``torch.inference_mode``) over ``dataset``.
+
+    ``head``: "logits" (``model(x)``) or "pre_logits" (``forward_head(forward_features(x),
+    pre_logits=True)``: the representation few-shot and probes use). Images are resized to
+    ``img_size`` (default: the model's) and normalised with the model's mean/std; a ViT whose
+    size differs gets its position embeddings resized in place (``set_img_size``). With
+    ``max_images`` smaller than the dataset, a random subset (seeded by ``sample_seed``) is read
+    so that class-sorted sources still give every class. ``progress`` is called with the number
+    of images of each finished batch. The model is moved to ``device`` and left there.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if max_images is not None and max_images < 1:
+        raise ValueError(f"max_images must be positive, got {max_images}")
+    dev = torch.device(device)
+    pre = model_preprocessing(model, img_size)
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
+        model.set_img_size(pre.img_size)
+    in_chans = cfg.in_chans if cfg is not None else len(pre.mean)
+    tcfg = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)
+
+    if head == "logits":
+        forward = model
+    elif head == "pre_logits":
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return model.forward_head(model.forward_features(x), pre_logits=True)
+
+    else:
+        raise ValueError(f"head must be 'logits' or 'pre_logits', got {head!r}")
+
+    was_training = model.training
+    model.eval().to(dev)
+    outs: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode(), _autocast(dev, precision):
+            for images, y in _batches(dataset, batch_size, max_images, sample_seed):
+                x = match_channels(images.to(dev, non_blocking=True), in_chans)
+                x = eval_transform(x, tcfg)  # (B, C, H, W) float, the model's range
+                out = forward(x)
+                outs.append(out.float().cpu())
+                labels.append(y.long().cpu())
+                if progress is not None:
+                    progress(y.numel())
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - start
+    if not outs:
+        raise ValueError(f"{getattr(dataset, 'name', 'dataset')}: no images to evaluate")
+    return ModelOutputs(torch.cat(outs), torch.cat(labels), seconds)
+
+
+def extract_features(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    precision: Precision = "fp32",
+    img_size: int | tuple[int, int] | None = None,
+    max_images: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    sample_seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pre-logits features (N, F) float32 and labels (N,) int64 of ``dataset``, on the CPU.
+
+    The representation is ``forward_head(forward_features(x), pre_logits=True)`` (ViT: the
+    pooled, normed token after the optional tanh pre-logits layer; BiT ResNet: the globally
+    pooled feature map). See :func:`model_outputs` for preprocessing, sizes and subsampling.
+    """
+    res = model_outputs(
+        model,
+        dataset,
+        head="pre_logits",
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+        img_size=img_size,
+        max_images=max_images,
+        sample_seed=sample_seed,
+        progress=progress,
+    )
+    return res.outputs, res.labels

@@ -1,0 +1,243 @@
+"""Few-shot linear evaluation: closed-form regularised least squares on frozen features.
+
+The paper (section 4.1, "few-shot accuracies") freezes the network, takes the pre-logits of
+``shots`` training images per class and solves a regularised least-squares regression from them
+to {-1, 1}^K targets in closed form; the test accuracy is that of the argmax. This module follows
+big_vision's ``evaluators/fewshot_lsr.py`` step for step, so that the same features give the same
+numbers:
+
+1. sampling: for each seed, ``numpy.random.default_rng(seed)`` permutes the indices of every
+   class; a ``shots``-shot sample takes the first ``shots`` of each permutation (so the samples
+   of one seed are nested across shot counts; a class with fewer images gives all it has);
+2. whitening: features minus the sample's mean, divided by the sample's standard deviation
+   (population, ``ddof=0``) plus 1e-5;
+3. bias: a constant column of value 100 is appended. Like big_vision this is plain ridge on the
+   augmented matrix: the bias weight *is* regularised, but because its feature is 100 its
+   effective penalty is ``l2 / 100**2`` (0.1 at the default l2 of 1024), almost none;
+4. targets ``2 * one_hot(y) - 1``; weights ``W = (X^T X + l2 I)^{-1} X^T Y`` for the default
+   ``l2 = 1024`` (big_vision's ``fewshot`` default, 2**10) or a grid of values.
+
+For a grid, one eigendecomposition per (shots, seed) serves every l2: with
+``X^T X = Q diag(e) Q^T``, ``W = Q diag(1 / (e + l2)) Q^T X^T Y``. When the sample has fewer
+rows than columns the same is done with ``X X^T`` (``W = X^T Q diag(1 / (e + l2)) Q^T Y``), the
+identical solution from a smaller matrix. Everything is numpy float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+BIAS_CONSTANT = 100.0
+DEFAULT_L2 = 1024.0
+DEFAULT_L2_GRID = tuple(float(2**p) for p in range(0, 21, 2))  # 1 ... 2**20
+DEFAULT_SHOTS = (1, 5, 10, 25)
+WHITEN_EPS = 1e-5
+
+ArrayLike = np.ndarray | torch.Tensor | Sequence
+
+
+def _numpy(a: ArrayLike, dtype: Any = None) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a, dtype=dtype)
+
+
+@dataclass
+class RidgeEigen:
+    """Regularised least squares for many l2 values from one eigendecomposition.
+
+    ``fit(X, Y)`` decomposes ``X^T X`` (or ``X X^T`` when X has fewer rows than columns);
+    ``solve(l2)`` is then ``(X^T X + l2 I)^{-1} X^T Y`` for any ``l2 > 0``, at the cost of one
+    (D, r) x (r, C) product.
+    """
+
+    eigs: np.ndarray  # (r,)
+    lhs: np.ndarray  # (D, r)
+    rhs: np.ndarray  # (r, C)
+
+    @classmethod
+    def fit(cls, X: ArrayLike, Y: ArrayLike) -> RidgeEigen:
+        X = _numpy(X, np.float64)
+        Y = _numpy(Y, np.float64)
+        if Y.ndim == 1:
+            Y = Y[:, None]
+        if X.ndim != 2 or Y.shape[0] != X.shape[0]:
+            raise ValueError(f"expected X (N, D) and Y (N, C), got {X.shape} and {Y.shape}")
+        n, d = X.shape
+        if n >= d:
+            eigs, q = np.linalg.eigh(X.T @ X)  # (D,), (D, D)
+            return cls(eigs, q, q.T @ (X.T @ Y))
+        eigs, q = np.linalg.eigh(X @ X.T)  # (N,), (N, N)
+        return cls(eigs, X.T @ q, q.T @ Y)
+
+    def solve(self, l2: float) -> np.ndarray:
+        """Weights (D, C) for the regulariser ``l2`` (> 0)."""
+        if not l2 > 0:
+            raise ValueError(f"l2 must be positive, got {l2}")
+        return (self.lhs / (self.eigs + l2)) @ self.rhs
+
+
+def ridge_closed_form(X: ArrayLike, Y: ArrayLike, l2: float) -> np.ndarray:
+    """``argmin_W ||X W - Y||^2 + l2 ||W||^2`` in closed form, float64 (D, C).
+
+    Every column of X is regularised alike (plain ridge; add a constant column yourself for a
+    bias). Equal to ``numpy.linalg.lstsq`` on ``[X; sqrt(l2) I]`` and ``[Y; 0]``.
+    """
+    return RidgeEigen.fit(X, Y).solve(l2)
+
+
+def fewshot_indices(
+    labels: ArrayLike, shots: Sequence[int], seed: int, num_classes: int | None = None
+) -> dict[int, np.ndarray]:
+    """Indices into ``labels`` of the ``shots``-per-class sample of ``seed``, for each shot count.
+
+    big_vision's scheme: one seeded permutation per class, of which each shot count takes the
+    first ``shots`` (nested samples; a class with fewer images gives all it has).
+    """
+    labels = _numpy(labels).astype(np.int64)
+    k = int(labels.max()) + 1 if num_classes is None else num_classes
+    rng = np.random.default_rng(seed)
+    per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(k)]
+    return {int(s): np.concatenate([p[:s] for p in per_class]) for s in shots}
+
+
+def fewshot_needed_indices(
+    labels: ArrayLike, shots: Sequence[int], seeds: int | Sequence[int] = 3, num_classes: int | None = None
+) -> np.ndarray:
+    """Sorted indices of every training example some (shots, seed) sample uses.
+
+    With labels known in advance, only these need embedding: pass their features to
+    :func:`fewshot_eval` with ``train_rows`` set to this array.
+    """
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    top = [max(int(s) for s in shots)]
+    parts = [fewshot_indices(labels, top, seed, num_classes)[top[0]] for seed in seed_list]
+    return np.unique(np.concatenate(parts))
+
+
+def _targets(y: np.ndarray, num_classes: int) -> np.ndarray:
+    t = -np.ones((y.shape[0], num_classes))
+    t[np.arange(y.shape[0]), y] = 1.0
+    return t  # (N, K) in {-1, 1}
+
+
+def _fit_sample(
+    x: np.ndarray, y: np.ndarray, num_classes: int, bias: float
+) -> tuple[RidgeEigen, np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    std = x.std(axis=0) + WHITEN_EPS
+    xa = np.concatenate([(x - mean) / std, np.full((x.shape[0], 1), bias)], axis=1)  # (n, D+1)
+    return RidgeEigen.fit(xa, _targets(y, num_classes)), mean, std
+
+
+def _predict(test_x: np.ndarray, w: np.ndarray, mean: np.ndarray, std: np.ndarray, bias: float) -> np.ndarray:
+    # Whitening folded into the weights, so the test set is never copied per sample:
+    # ((x - m) / s) @ W[:D] + bias * W[D]  ==  x @ (W[:D] / s) + (bias * W[D] - (m / s) @ W[:D])
+    wx = w[:-1] / std[:, None]  # (D, K)
+    b = bias * w[-1] - (mean / std) @ w[:-1]  # (K,)
+    return (test_x @ wx + b).argmax(axis=1)
+
+
+def fewshot_eval(
+    train_features: ArrayLike,
+    train_labels: ArrayLike,
+    test_features: ArrayLike,
+    test_labels: ArrayLike,
+    shots: Sequence[int] = DEFAULT_SHOTS,
+    seeds: int | Sequence[int] = 3,
+    l2: float | Sequence[float] = DEFAULT_L2,
+    num_classes: int | None = None,
+    train_rows: ArrayLike | None = None,
+    bias_constant: float = BIAS_CONSTANT,
+) -> dict[str, Any]:
+    """Few-shot linear accuracy for every shot count, seed and l2 value (see the module doc).
+
+    ``seeds``: a count (seeds 0 .. n-1, as big_vision) or explicit seeds. ``l2``: one value or a
+    grid; a grid shares one eigendecomposition per (shots, seed). ``train_rows``: when only some
+    training examples were embedded, their indices into ``train_labels`` (one per feature row);
+    see :func:`fewshot_needed_indices`.
+
+    Returns ``{"shots", "seeds", "l2", "num_classes", "results", "best"}``: ``results`` is a list
+    of ``{"shots", "l2", "mean", "std", "per_seed", "train_examples"}`` (accuracies in [0, 1];
+    ``std`` over seeds with ``ddof=1``, 0 for one seed); ``best`` (only for a grid) holds, per shot
+    count, the row of the l2 with the highest mean, a choice made on the test features and so
+    optimistic.
+    """
+    train_x = _numpy(train_features, np.float64)
+    train_y = _numpy(train_labels).astype(np.int64)
+    test_x = _numpy(test_features, np.float64)
+    test_y = _numpy(test_labels).astype(np.int64)
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(f"train features {train_x.shape} and test features {test_x.shape} must be (N, F) alike")
+    if train_x.shape[0] == 0 or test_x.shape[0] == 0:
+        raise ValueError("few-shot evaluation needs train and test features")
+    if test_y.shape != (test_x.shape[0],):
+        raise ValueError(f"{test_y.shape[0]} test labels for {test_x.shape[0]} test features")
+    k = num_classes if num_classes is not None else int(max(train_y.max(), test_y.max())) + 1
+    shot_list = [int(s) for s in shots]
+    if not shot_list or min(shot_list) < 1:
+        raise ValueError(f"shots must be positive integers, got {list(shots)}")
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list:
+        raise ValueError("need at least one seed")
+    l2s = [float(l2)] if isinstance(l2, (int, float)) else [float(v) for v in l2]
+    if not l2s or min(l2s) <= 0:
+        raise ValueError(f"l2 values must be positive, got {l2s}")
+
+    if train_rows is None:
+        if train_y.shape != (train_x.shape[0],):
+            raise ValueError(f"{train_y.shape[0]} train labels for {train_x.shape[0]} train features")
+        row_order, sorted_rows = None, None
+    else:
+        rows = _numpy(train_rows).astype(np.int64)
+        if rows.shape != (train_x.shape[0],):
+            raise ValueError(f"{rows.shape[0]} train_rows for {train_x.shape[0]} train features")
+        row_order = np.argsort(rows, kind="stable")
+        sorted_rows = rows[row_order]
+
+    def train_rows_of(idx: np.ndarray) -> np.ndarray:
+        if sorted_rows is None:
+            return train_x[idx]
+        pos = np.searchsorted(sorted_rows, idx).clip(max=len(sorted_rows) - 1)
+        missing = idx[sorted_rows[pos] != idx]
+        if missing.size:
+            raise ValueError(f"train example {int(missing[0])} is sampled but was not embedded (see train_rows)")
+        return train_x[row_order[pos]]
+
+    acc = np.zeros((len(shot_list), len(seed_list), len(l2s)))
+    sizes: dict[int, int] = {}
+    for j, seed in enumerate(seed_list):
+        samples = fewshot_indices(train_y, shot_list, seed, k)
+        for i, s in enumerate(shot_list):
+            idx = samples[s]
+            sizes[s] = int(idx.size)
+            solver, mean, std = _fit_sample(train_rows_of(idx), train_y[idx], k, bias_constant)
+            for m, reg in enumerate(l2s):
+                pred = _predict(test_x, solver.solve(reg), mean, std, bias_constant)
+                acc[i, j, m] = float((pred == test_y).mean())
+
+    results = []
+    for i, s in enumerate(shot_list):
+        for m, reg in enumerate(l2s):
+            per_seed = acc[i, :, m]
+            results.append(
+                {
+                    "shots": s,
+                    "l2": reg,
+                    "mean": float(per_seed.mean()),
+                    "std": float(per_seed.std(ddof=1)) if len(seed_list) > 1 else 0.0,
+                    "per_seed": [float(a) for a in per_seed],
+                    "train_examples": sizes[s],
+                }
+            )
+    best = []
+    if len(l2s) > 1:
+        for s in shot_list:
+            rows_s = [r for r in results if r["shots"] == s]
+            best.append(max(rows_s, key=lambda r: r["mean"]))
+    return {"shots": shot_list, "seeds": seed_list, "l2": l2s, "num_classes": k, "results": results, "best": best}

@@ -1,0 +1,210 @@
+"""Linear probe and k-nearest-neighbour accuracy of frozen features.
+
+- Linear probe: multinomial logistic regression on features standardised with the training
+  set's mean and standard deviation, trained full-batch with L-BFGS (strong-Wolfe line search).
+  The objective is ``mean cross-entropy + weight_decay / 2 * ||W||^2`` (the bias is not
+  decayed). One weight-decay value, or a grid chosen on a held-out 20% of the training features
+  and then refit on all of them.
+- kNN: cosine similarity (features scaled to unit length, not standardised), the ``k`` most
+  similar training examples vote. ``weighting="distance"`` is the DINO protocol (Caron et al.,
+  2021): each neighbour votes ``exp(similarity / temperature)`` with temperature 0.07;
+  ``"majority"``: one vote each, ties to the lowest class index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .classify import topk_accuracy, topk_hits
+
+DEFAULT_WEIGHT_DECAY = 1e-4
+DEFAULT_WD_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+DEFAULT_K = 20
+DEFAULT_TEMPERATURE = 0.07
+
+ArrayLike = np.ndarray | torch.Tensor | Sequence
+
+
+def _tensor(a: ArrayLike, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not isinstance(a, torch.Tensor):
+        a = torch.as_tensor(np.asarray(a))
+    # .clone() turns tensors made under inference_mode into ordinary ones autograd may save.
+    return a.detach().to(device=device, dtype=dtype).clone()
+
+
+def _check(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(f"train features {tuple(train_x.shape)} and test features {tuple(test_x.shape)} differ")
+    if train_y.shape != (train_x.shape[0],) or test_y.shape != (test_x.shape[0],):
+        raise ValueError("one label per feature row is needed, for train and test alike")
+    if train_x.shape[0] == 0 or test_x.shape[0] == 0:
+        raise ValueError("need train and test features")
+
+
+def _default_dtype(device: torch.device) -> torch.dtype:
+    # float64 keeps L-BFGS's convergence tests meaningful; accelerators are much faster in float32.
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear probe
+
+
+def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
+    mean = train.mean(dim=0)
+    std = train.std(dim=0, unbiased=False) + 1e-6
+    return [(t - mean) / std for t in (train, *others)]
+
+
+def _fit_logreg(
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float, max_iter: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Full-batch L-BFGS on mean cross-entropy + weight_decay / 2 * ||W||^2. Returns W, b, iterations."""
+    w = torch.zeros(x.shape[1], num_classes, dtype=x.dtype, device=x.device, requires_grad=True)
+    b = torch.zeros(num_classes, dtype=x.dtype, device=x.device, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [w, b],
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-7,
+        tolerance_change=1e-12,
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ w + b, y) + 0.5 * weight_decay * w.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    iterations = int(opt.state[w].get("n_iter", 0))
+    return w.detach(), b.detach(), iterations
+
+
+def linear_probe(
+    train_features: ArrayLike,
+    train_labels: ArrayLike,
+    test_features: ArrayLike,
+    test_labels: ArrayLike,
+    weight_decay: float | Sequence[float] = DEFAULT_WEIGHT_DECAY,
+    num_classes: int | None = None,
+    max_iter: int = 500,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Train a logistic-regression probe on frozen features and score it on the test features.
+
+    ``weight_decay``: one value, or several: then each is fitted on a random ``1 - val_fraction``
+    of the training features (seeded), scored on the rest, and the best is refitted on all of
+    them. Returns ``top1``, ``top5`` (None with fewer than 5 classes), ``train_accuracy``,
+    ``weight_decay`` (the one used), ``grid`` (``{"weight_decay", "val_accuracy"}`` rows, empty
+    for one value), ``iterations`` (L-BFGS iterations of the final fit), ``num_train``,
+    ``num_test``, ``num_classes``. Accuracies are fractions in [0, 1].
+    """
+    dev = torch.device(device)
+    dtype = _default_dtype(dev)
+    train_x, test_x = _tensor(train_features, dtype, dev), _tensor(test_features, dtype, dev)
+    train_y, test_y = _tensor(train_labels, torch.int64, dev), _tensor(test_labels, torch.int64, dev)
+    _check(train_x, train_y, test_x, test_y)
+    k = num_classes if num_classes is not None else int(max(train_y.max(), test_y.max())) + 1
+    wds = [float(weight_decay)] if isinstance(weight_decay, (int, float)) else [float(v) for v in weight_decay]
+    if not wds or min(wds) < 0:
+        raise ValueError(f"weight decay values must be >= 0, got {wds}")
+
+    grid: list[dict[str, float]] = []
+    chosen = wds[0]
+    if len(wds) > 1:
+        n = train_x.shape[0]
+        n_val = round(n * val_fraction)
+        if not 0 < n_val < n:
+            raise ValueError(f"cannot hold out {val_fraction:.0%} of {n} training features for choosing weight decay")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(dev)
+        val_idx, fit_idx = perm[:n_val], perm[n_val:]
+        fx, vx = _standardise(train_x[fit_idx], train_x[val_idx])
+        for wd in wds:
+            w, b, _ = _fit_logreg(fx, train_y[fit_idx], k, wd, max_iter)
+            acc = ((vx @ w + b).argmax(dim=1) == train_y[val_idx]).double().mean().item()
+            grid.append({"weight_decay": wd, "val_accuracy": acc})
+        chosen = max(grid, key=lambda r: r["val_accuracy"])["weight_decay"]
+
+    tx, ex = _standardise(train_x, test_x)
+    w, b, iterations = _fit_logreg(tx, train_y, k, chosen, max_iter)
+    test_scores = ex @ w + b  # (N_test, K)
+    return {
+        "top1": topk_accuracy(test_scores, test_y, 1),
+        "top5": topk_accuracy(test_scores, test_y, 5) if k >= 5 else None,
+        "train_accuracy": ((tx @ w + b).argmax(dim=1) == train_y).double().mean().item(),
+        "weight_decay": chosen,
+        "grid": grid,
+        "iterations": iterations,
+        "num_train": int(train_x.shape[0]),
+        "num_test": int(test_x.shape[0]),
+        "num_classes": k,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# k nearest neighbours
+
+
+def knn_eval(
+    train_features: ArrayLike,
+    train_labels: ArrayLike,
+    test_features: ArrayLike,
+    test_labels: ArrayLike,
+    k: int = DEFAULT_K,
+    weighting: Literal["distance", "majority"] = "distance",
+    temperature: float = DEFAULT_TEMPERATURE,
+    num_classes: int | None = None,
+    batch_size: int = 1024,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """k-nearest-neighbour accuracy with cosine similarity (see the module doc for the votes).
+
+    ``k`` is capped at the number of training features. Returns ``top1``, ``top5`` (None with
+    fewer than 5 classes; the classes ranked by their votes), ``k``, ``weighting``,
+    ``temperature``, ``num_train``, ``num_test``, ``num_classes``.
+    """
+    if k < 1:
+        raise ValueError(f"k must be positive, got {k}")
+    if weighting not in ("distance", "majority"):
+        raise ValueError(f"weighting must be 'distance' or 'majority', got {weighting!r}")
+    if weighting == "distance" and not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    dev = torch.device(device)
+    train_x, test_x = _tensor(train_features, torch.float32, dev), _tensor(test_features, torch.float32, dev)
+    train_y, test_y = _tensor(train_labels, torch.int64, dev), _tensor(test_labels, torch.int64, dev)
+    _check(train_x, train_y, test_x, test_y)
+    num_k = num_classes if num_classes is not None else int(max(train_y.max(), test_y.max())) + 1
+    k = min(k, train_x.shape[0])
+    train_x = F.normalize(train_x, dim=1)  # (N_train, F), unit rows
+    top1 = top5 = 0
+    for start in range(0, test_x.shape[0], batch_size):
+        q = F.normalize(test_x[start : start + batch_size], dim=1)  # (B, F)
+        y = test_y[start : start + batch_size]
+        sim, idx = (q @ train_x.T).topk(k, dim=1)  # (B, k) cosine similarities, neighbour indices
+        weights = (sim / temperature).exp() if weighting == "distance" else torch.ones_like(sim)
+        votes = torch.zeros(q.shape[0], num_k, device=dev).scatter_add_(1, train_y[idx], weights)  # (B, K)
+        top1 += topk_hits(votes, y, 1)
+        if num_k >= 5:
+            top5 += topk_hits(votes, y, 5)
+    n = test_x.shape[0]
+    return {
+        "top1": top1 / n,
+        "top5": top5 / n if num_k >= 5 else None,
+        "k": k,
+        "weighting": weighting,
+        "temperature": temperature if weighting == "distance" else None,
+        "num_train": int(train_x.shape[0]),
+        "num_test": n,
+        "num_classes": num_k,
+    }
