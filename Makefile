@@ -4,18 +4,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-all lint format bench clean
+.PHONY: venv data demo test test-all lint format bench clean
 
 $(BIN)/vitkit: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,dev]"
+	$(BIN)/pip install -q -e ".[test,plot,dev,peers,shards,onnx]"
 	@touch $@
 
 venv: $(BIN)/vitkit
 
-demo: venv
+# Fashion-MNIST from Debian's package when we can install it; otherwise vitkit downloads it.
+data:
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist || true; \
+	fi
+
+demo: venv data
 	$(BIN)/vitkit train --config configs/fmnist_vit.yaml --out runs/demo
 
 test: venv
@@ -31,6 +36,10 @@ lint: venv
 format: venv
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
+
+bench: venv
+	$(BIN)/python benchmarks/demo_fmnist.py
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

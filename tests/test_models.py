@@ -172,3 +172,22 @@ def test_model_in_train_mode_uses_dropout():
     torch.manual_seed(1)
     b = m.forward_features(x)
     assert not torch.allclose(a, b)
+
+
+def test_attention_paths_agree_in_values_and_gradients():
+    torch.manual_seed(0)
+    m = tiny("vit_ti16").train()
+    torch.nn.init.normal_(m.head.weight, std=0.1)
+    x = torch.randn(2, 3, *m.cfg.img_size)
+    outs, grads = [], []
+    for impl in ("sdpa", "math"):
+        m.set_attention_impl(impl)
+        m.zero_grad()
+        out = m(x)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append(m.blocks[0].attn.qkv.weight.grad.clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="attention impl"):
+        m.set_attention_impl("flash")

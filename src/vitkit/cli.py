@@ -86,7 +86,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in model.load_report.notes:
         print(f"note: {note}")
     dst = Path(args.dst)
-    to = args.to or ("official" if dst.suffix == ".npz" else "vitkit")
+    to = args.to or {".npz": "official", ".onnx": "onnx"}.get(dst.suffix, "vitkit")
     sd = model.state_dict()
     if to == "vitkit":
         vitkit.save_checkpoint(model, dst)
@@ -95,6 +95,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
         atomic_write(dst, lambda f: np.savez(f, **arrays))
     elif to == "timm":
         write_safetensors(dst, to_timm(sd), {"format": "pt"})
+    elif to == "onnx":
+        from vitkit.export import export_onnx
+
+        check = export_onnx(model, dst)
+        if check["max_abs_diff"] is not None:
+            print(f"onnxruntime {check['onnxruntime']}: logits within {check['max_abs_diff']:.2e} of PyTorch")
+        else:
+            print("onnxruntime is not installed: the export was not checked (pip install onnxruntime)")
     elif to == "hf":
         dst.mkdir(parents=True, exist_ok=True)
         write_safetensors(dst / "model.safetensors", to_hf(sd, model.cfg), {"format": "pt"})
@@ -121,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="convert weights between official .npz, timm, HF and vitkit")
     p.add_argument("src", help="weights: .npz, .safetensors, .bin, a Hugging Face folder or a vitkit run")
-    p.add_argument("dst", help="output path (.safetensors: vitkit; .npz: official; a folder with --to hf)")
-    p.add_argument("--to", choices=["vitkit", "official", "timm", "hf"], default=None)
+    p.add_argument("dst", help="output: .safetensors (vitkit), .npz (official), .onnx, a folder with --to hf")
+    p.add_argument("--to", choices=["vitkit", "official", "timm", "hf", "onnx"], default=None)
     p.add_argument("--layout", choices=["prelinen", "linen"], default="prelinen", help="official key layout")
     p.add_argument("--name", default=None, help="check the weights against this model name")
     p.add_argument("--img-size", type=_parse_size, default=None, help="resize position embeddings")

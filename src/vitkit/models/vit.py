@@ -47,9 +47,14 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv projection.
 
-    The fused path uses ``scaled_dot_product_attention``; ``return_weights=True`` takes the
-    explicit path, which computes the same output and also returns the softmax weights.
+    Two paths compute the same function. ``scaled_dot_product_attention`` (fused, memory
+    efficient) is used on accelerators and for CPU inference. The explicit path (``q k^T``,
+    softmax, ``@ v``) is used when the caller asks for the weights and, by default, for CPU
+    training: for ViT-length sequences its backward is several times faster than the CPU fused
+    kernel's (see benchmarks/RESULTS.md). ``impl`` forces one: "auto", "sdpa" or "math".
     """
+
+    impl: str = "auto"
 
     def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
@@ -61,6 +66,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def _use_math(self, x: torch.Tensor) -> bool:
+        if self.impl != "auto":
+            return self.impl == "math"
+        return x.device.type == "cpu" and torch.is_grad_enabled()
+
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -69,9 +79,8 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
         drop = self.attn_drop if self.training else 0.0
         weights = None
-        if return_weights:
-            weights = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-            weights = weights.softmax(dim=-1)
+        if return_weights or self._use_math(x):
+            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
             out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # (B, H, N, hd)
@@ -315,6 +324,13 @@ class VisionTransformer(nn.Module):
             nn.init.constant_(self.head.bias, bias_init)
         else:
             self.head = None
+
+    def set_attention_impl(self, impl: str) -> None:
+        """Choose the attention path of every block: "auto" (default), "sdpa" or "math"."""
+        if impl not in ("auto", "sdpa", "math"):
+            raise ValueError(f"attention impl must be 'auto', 'sdpa' or 'math', got {impl!r}")
+        for blk in self.blocks:
+            blk.attn.impl = impl
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the learned position embedding (in place) for another input resolution."""

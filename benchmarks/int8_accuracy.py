@@ -1,0 +1,54 @@
+"""Serving precisions on a trained model: top-1 and images/s in fp32, bf16 weights and int8.
+
+    python benchmarks/int8_accuracy.py runs/demo --data fashion-mnist
+
+int8 is dynamic quantisation (int8 weights, activations quantised per batch, x86 int8 dot
+products); it is acceptable where its top-1 stays within 0.5 points of fp32. Prints a table and
+writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+import vitkit
+from vitkit.bench import prepare_inference
+from vitkit.data import build_dataset
+from vitkit.eval import evaluate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ckpt", help="a run folder or any weights vitkit loads")
+    ap.add_argument("--data", default="fashion-mnist")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--json", default="benchmarks/out/int8_accuracy.json")
+    args = ap.parse_args()
+    torch.set_flush_denormal(True)
+    base = vitkit.load_pretrained(args.ckpt)
+    dataset = build_dataset(args.data, args.split)
+    rows = []
+    for precision in ("fp32", "bf16", "int8"):
+        model = prepare_inference(copy.deepcopy(base), precision)
+        res = evaluate(model, dataset, batch_size=args.batch_size, precision="bf16" if precision == "bf16" else "fp32")
+        rows.append({"precision": precision, "top1": 100 * res["top1"], "images_per_s": res["images_per_s"]})
+    fp32 = rows[0]["top1"]
+    print(f"{'precision':<10} {'top-1':>8} {'vs fp32':>9} {'img/s':>9}")
+    for r in rows:
+        r["delta_points"] = r["top1"] - fp32
+        print(f"{r['precision']:<10} {r['top1']:7.2f}% {r['delta_points']:+8.2f} {r['images_per_s']:9.0f}")
+    ok = abs(rows[2]["delta_points"]) <= 0.5
+    print(f"int8 within 0.5 points of fp32: {'yes' if ok else 'no'}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    summary = {"ckpt": args.ckpt, "data": args.data, "rows": rows, "int8_ok": ok}
+    Path(args.json).write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

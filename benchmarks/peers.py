@@ -1,0 +1,372 @@
+"""vitkit against timm, Hugging Face transformers and torchvision, in one run.
+
+Contenders are interleaved (A B C A B C ...) over several rounds and each gets the median of its
+timed iterations per round, then the median over rounds: load on a shared machine hits them all
+alike, and the ratios are what to read. Same shapes, same weights count, same precision; each
+peer also runs in its own best mode (bf16 weights, its fused attention, torch.compile on request).
+Peers that are not installed are skipped and listed.
+
+    python benchmarks/peers.py                      # all suites
+    python benchmarks/peers.py --suite infer_b16    # one suite
+    python benchmarks/peers.py --json benchmarks/out/peers.json
+
+timm and torchvision need a torchvision build (here: torch 2.14.1 + torchvision 0.29.1, a CUDA
+build of several GB); transformers installs beside vitkit's torch. See benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import vitkit
+from vitkit.bench import matmul_ceiling, prepare_inference
+from vitkit.models.flops import model_flops
+
+# ---------------------------------------------------------------------------------------------
+# Model builders: name -> (peer, architecture) -> nn.Module taking NCHW floats, giving logits.
+
+ARCHS = {
+    # name: (img, patch, in_chans, width, depth, heads, mlp, classes)
+    "b16": (224, 16, 3, 768, 12, 12, 3072, 1000),
+    "s16": (224, 16, 3, 384, 12, 6, 1536, 1000),
+    "l16": (224, 16, 3, 1024, 24, 16, 4096, 1000),
+    "fmnist": (28, 4, 1, 192, 6, 3, 768, 10),
+}
+
+
+def build_vitkit(arch: str) -> nn.Module:
+    img, patch, c, w, d, h, m, k = ARCHS[arch]
+    return vitkit.create_model(
+        "vit_b16",
+        img_size=img,
+        patch_size=patch,
+        in_chans=c,
+        width=w,
+        depth=d,
+        num_heads=h,
+        mlp_dim=m,
+        num_classes=k,
+        act="gelu",
+    )
+
+
+def build_timm(arch: str) -> nn.Module:
+    import timm
+
+    img, patch, c, w, d, h, m, k = ARCHS[arch]
+    return timm.create_model(
+        "vit_base_patch16_224",
+        pretrained=False,
+        img_size=img,
+        patch_size=patch,
+        in_chans=c,
+        embed_dim=w,
+        depth=d,
+        num_heads=h,
+        mlp_ratio=m / w,
+        num_classes=k,
+    )
+
+
+def build_hf(arch: str, attn: str) -> nn.Module:
+    import transformers
+
+    img, patch, c, w, d, h, m, k = ARCHS[arch]
+    cfg = transformers.ViTConfig(
+        hidden_size=w,
+        num_hidden_layers=d,
+        num_attention_heads=h,
+        intermediate_size=m,
+        image_size=img,
+        patch_size=patch,
+        num_channels=c,
+        num_labels=k,
+        attn_implementation=attn,
+    )
+    model = transformers.ViTForImageClassification(cfg)
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(pixel_values=x).logits
+
+    return Logits()
+
+
+def build_torchvision(arch: str) -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    img, patch, c, w, d, h, m, k = ARCHS[arch]
+    if c != 3:
+        raise RuntimeError("torchvision's ViT takes 3 channels only")
+    return VisionTransformer(
+        image_size=img, patch_size=patch, num_layers=d, num_heads=h, hidden_dim=w, mlp_dim=m, num_classes=k
+    )
+
+
+PEERS: dict[str, Callable[[str], nn.Module]] = {
+    "vitkit": build_vitkit,
+    "timm": build_timm,
+    "hf-sdpa": lambda a: build_hf(a, "sdpa"),
+    "hf-eager": lambda a: build_hf(a, "eager"),
+    "torchvision": build_torchvision,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Contender:
+    peer: str
+    precision: str  # fp32 | bf16 (inference: bf16 weights; training: autocast) | int8 (inference)
+    compile: bool = False
+    times: list[float] = field(default_factory=list)
+    step: Callable[[], None] | None = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.peer} {self.precision}{' compile' if self.compile else ''}"
+
+
+def make_step(model: nn.Module, arch: str, mode: str, precision: str, batch: int, compile: bool) -> Callable[[], None]:
+    img, _, c, *_rest, k = ARCHS[arch]
+    x = torch.randn(batch, c, img, img)
+    if mode == "infer":
+        model = prepare_inference(model, precision)
+        if precision == "bf16":
+            x = x.to(torch.bfloat16)
+        fn = torch.compile(model) if compile else model
+
+        def step() -> None:
+            with torch.inference_mode():
+                fn(x)
+
+        return step
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    y = torch.randint(0, k, (batch,))
+    fn = torch.compile(model) if compile else model
+
+    def train_step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = fn(x)
+        nn.functional.cross_entropy(out.float(), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return train_step
+
+
+SUITES = {
+    # name: (arch, mode, batch, [(peer, precision, compile), ...])
+    "infer_b16": (
+        "b16",
+        "infer",
+        8,
+        [
+            ("vitkit", "fp32", False),
+            ("timm", "fp32", False),
+            ("hf-sdpa", "fp32", False),
+            ("torchvision", "fp32", False),
+            ("vitkit", "bf16", False),
+            ("timm", "bf16", False),
+            ("hf-sdpa", "bf16", False),
+            ("hf-eager", "bf16", False),
+            ("torchvision", "bf16", False),
+            ("vitkit", "int8", False),
+            ("timm", "int8", False),
+        ],
+    ),
+    "infer_b16_bs1": (
+        "b16",
+        "infer",
+        1,
+        [("vitkit", "fp32", False), ("timm", "fp32", False), ("vitkit", "bf16", False), ("timm", "bf16", False)],
+    ),
+    "train_fmnist": (
+        "fmnist",
+        "train",
+        128,
+        [
+            ("vitkit", "fp32", False),
+            ("timm", "fp32", False),
+            ("vitkit", "bf16", False),
+            ("timm", "bf16", False),
+            ("hf-sdpa", "bf16", False),
+            ("hf-eager", "bf16", False),
+        ],
+    ),
+    "train_s16": (
+        "s16",
+        "train",
+        16,
+        [
+            ("vitkit", "fp32", False),
+            ("timm", "fp32", False),
+            ("vitkit", "bf16", False),
+            ("timm", "bf16", False),
+            ("hf-sdpa", "bf16", False),
+        ],
+    ),
+}
+
+
+def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool) -> dict:
+    arch, mode, batch, spec = SUITES[name]
+    if compile_too:
+        spec = spec + [(p, prec, True) for p, prec, c in spec if prec != "int8" and p in ("vitkit", "timm")]
+    contenders = [Contender(p, prec, c) for p, prec, c in spec]
+    flops = model_flops(build_vitkit(arch)) * (3 if mode == "train" else 1)
+    for ct in contenders:
+        try:
+            torch.manual_seed(0)
+            model = PEERS[ct.peer](arch)
+            ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile)
+            for _ in range(warmup):
+                ct.step()
+        except Exception as e:  # a peer that is missing or cannot run this mode is reported, not fatal
+            ct.error = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
+            ct.step = None
+    for _ in range(rounds):
+        for ct in contenders:  # interleaved
+            if ct.step is None:
+                continue
+            ts = []
+            for _ in range(iters):
+                t = time.perf_counter()
+                ct.step()
+                ts.append(time.perf_counter() - t)
+            ct.times.append(statistics.median(ts))
+    ceilings = {p: matmul_ceiling(p if p != "int8" else "bf16") for p in {"fp32", "bf16"}}
+    rows = []
+    for ct in contenders:
+        if ct.step is None:
+            rows.append({"contender": ct.label, "error": ct.error})
+            continue
+        med = statistics.median(ct.times)
+        ips = batch / med
+        ceiling = ceilings["fp32" if ct.precision == "fp32" else "bf16"]
+        rows.append(
+            {
+                "contender": ct.label,
+                "peer": ct.peer,
+                "precision": ct.precision,
+                "compile": ct.compile,
+                "images_per_s": ips,
+                "achieved_gflops": flops * ips / 1e9,
+                "fraction_of_ceiling": flops * ips / 1e9 / ceiling,
+                "round_medians_s": ct.times,
+            }
+        )
+    return {"suite": name, "arch": arch, "mode": mode, "batch": batch, "rows": rows, "ceilings": ceilings}
+
+
+def print_suite(res: dict) -> None:
+    print(f"\n== {res['suite']}: {res['arch']} {res['mode']} batch {res['batch']} ==")
+    ok = [r for r in res["rows"] if "images_per_s" in r]
+    best_peer = {
+        prec: max((r["images_per_s"] for r in ok if r["peer"] != "vitkit" and r["precision"] == prec), default=None)
+        for prec in ("fp32", "bf16", "int8")
+    }
+    best_peer_any = max((r["images_per_s"] for r in ok if r["peer"] != "vitkit"), default=None)
+    print(f"{'contender':<26} {'img/s':>9} {'% ceiling':>10} {'vs best peer, same precision':>30}")
+    for r in res["rows"]:
+        if "error" in r:
+            print(f"{r['contender']:<26} {'skipped':>9}  ({r['error']})")
+            continue
+        ref = best_peer.get(r["precision"])
+        ratio = f"{r['images_per_s'] / ref:.2f}x" if ref and r["peer"] == "vitkit" else ""
+        print(f"{r['contender']:<26} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}")
+    vk = max((r["images_per_s"] for r in ok if r["peer"] == "vitkit"), default=None)
+    if vk and best_peer_any:
+        print(f"best vitkit mode vs best peer mode: {vk / best_peer_any:.2f}x")
+    res["best_vitkit_vs_best_peer"] = vk / best_peer_any if vk and best_peer_any else None
+
+
+def train_peak_memory(peer: str, arch: str, batch: int, precision: str) -> float | None:
+    """Peak resident memory (MB) of a few training steps, each peer in a fresh process."""
+    code = (
+        "import resource,sys,torch;sys.path.insert(0,'benchmarks');import peers as P;"
+        f"torch.manual_seed(0);m=P.PEERS[{peer!r}]({arch!r});"
+        "b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        f"s=P.make_step(m,{arch!r},'train',{precision!r},{batch},False);[s() for _ in range(3)];"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss-b)/1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    try:
+        return float(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", action="append", choices=sorted(SUITES), help="default: all")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="also run vitkit and timm under torch.compile")
+    ap.add_argument("--memory", action="store_true", help="peak memory of a ViT-B/16 training step per peer")
+    ap.add_argument("--json", default="benchmarks/out/peers.json")
+    args = ap.parse_args()
+    torch.set_flush_denormal(True)
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "processor": _cpu_name(),
+        "command": " ".join(sys.argv),
+    }
+    for mod in ("timm", "transformers", "torchvision"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:
+            info[mod] = None
+    print(json.dumps(info))
+    results = []
+    for name in args.suite or list(SUITES):
+        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile)
+        print_suite(res)
+        results.append(res)
+    memory = {}
+    if args.memory:
+        print("\n== peak memory of a ViT-B/16 training step (batch 8, bf16 autocast), MB above the baseline ==")
+        for peer in ("vitkit", "timm", "hf-sdpa", "torchvision"):
+            memory[peer] = train_peak_memory(peer, "b16", 8, "bf16")
+            print(f"{peer:<14} {memory[peer] if memory[peer] is not None else 'skipped'}")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"info": info, "suites": results, "train_peak_memory_mb": memory}, indent=2))
+    print(f"\nwrote {out}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""``vitkit bench``: images/s of a model, and how close that is to the machine's own ceiling.
+
+The ceiling is measured, not looked up: the best of a few large square matrix multiplies in the
+same precision on the same device. A model's achieved GFLOP/s is its analytic FLOPs per image
+(:mod:`vitkit.models.flops`; training counts 3x the forward) times images/s. Times are medians
+of timed iterations after warm-up; ``torch.compile`` time is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .cli import _EXTRA_PARSERS, command
+from .models.flops import count_params, model_flops
+from .models.registry import create_model
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_ceiling(precision: str = "fp32", device: str | torch.device = "cpu", sizes=(2048, 4096)) -> float:
+    """The best GFLOP/s of ``torch.mm`` on large square matrices (int8 is measured in bf16)."""
+    device = torch.device(device)
+    dtype = _DTYPES.get(precision, torch.bfloat16)
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        torch.mm(a, b)
+        _sync(device)
+        times = []
+        for _ in range(3 if device.type == "cpu" else 20):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        best = max(best, 2 * n**3 / min(times) / 1e9)
+    return best
+
+
+@dataclass
+class BenchResult:
+    model: str
+    mode: str
+    precision: str
+    batch: int
+    img_size: list[int]
+    device: str
+    threads: int
+    compiled: bool
+    params: int
+    gflops_per_image: float  # forward; training does ~3x this
+    images_per_s: float
+    achieved_gflops: float
+    ceiling_gflops: float | None
+    fraction_of_ceiling: float | None
+    step_ms_median: float
+    compile_s: float | None
+    peak_memory_mb: float
+
+
+def prepare_inference(model: nn.Module, precision: str) -> nn.Module:
+    """Weights prepared once for serving: eval mode, bf16 weights, or int8 (dynamic quantisation:
+    int8 weights, activations quantised per batch, x86 int8 dot-product kernels)."""
+    model = model.eval()
+    if precision == "bf16":
+        return model.to(torch.bfloat16)
+    if precision == "int8":
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    if precision != "fp32":
+        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+    return model
+
+
+def _peak_memory_mb(device: torch.device, baseline_kb: int) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline_kb, 0) / 1024
+
+
+def time_steps(step: Callable[[], None], device: torch.device, warmup: int, iters: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def bench_model(
+    name: str,
+    batch: int = 8,
+    mode: str = "infer",
+    precision: str = "fp32",
+    img_size: int | tuple[int, int] | None = None,
+    compile: bool = False,
+    device: str = "cpu",
+    warmup: int = 3,
+    iters: int = 10,
+    ceiling: float | None = None,
+    measure_ceiling: bool = True,
+    model: nn.Module | None = None,
+) -> BenchResult:
+    """Benchmark a named vitkit model (or ``model``) in inference or training."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        torch.set_flush_denormal(True)
+    baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    if model is None:
+        overrides = {"img_size": img_size} if img_size else {}
+        model = create_model(name, **overrides)
+    cfg = model.cfg
+    fwd_flops = flops = model_flops(model)
+    params = count_params(model)
+    model = model.to(dev)
+    x = torch.randn(batch, cfg.in_chans, *cfg.img_size, device=dev)
+    compile_s = None
+    if mode == "infer":
+        model = prepare_inference(model, precision)
+        if precision == "bf16":
+            x = x.to(torch.bfloat16)
+        fn = torch.compile(model) if compile else model
+
+        def step() -> None:
+            with torch.inference_mode():
+                fn(x)
+
+    elif mode == "train":
+        if precision not in ("fp32", "bf16"):
+            raise ValueError("training runs in fp32 or bf16 (autocast with fp32 weights)")
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        y = torch.randint(0, max(cfg.num_classes, 1), (batch,), device=dev)
+        fn = torch.compile(model) if compile else model
+
+        def step() -> None:
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                out = fn(x)
+            loss = nn.functional.cross_entropy(out.float(), y) if cfg.num_classes else out.float().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        flops *= 3
+    else:
+        raise ValueError(f"mode must be infer or train, got {mode!r}")
+    if compile:
+        t = time.perf_counter()
+        step()
+        _sync(dev)
+        compile_s = time.perf_counter() - t
+    times = time_steps(step, dev, warmup, iters)
+    med = statistics.median(times)
+    ips = batch / med
+    achieved = flops * ips / 1e9
+    if ceiling is None and measure_ceiling:
+        ceiling = matmul_ceiling(precision, dev)
+    return BenchResult(
+        model=name,
+        mode=mode,
+        precision=precision,
+        batch=batch,
+        img_size=list(cfg.img_size),
+        device=str(dev),
+        threads=torch.get_num_threads(),
+        compiled=compile,
+        params=params,
+        gflops_per_image=fwd_flops / 1e9,
+        images_per_s=ips,
+        achieved_gflops=achieved,
+        ceiling_gflops=ceiling,
+        fraction_of_ceiling=achieved / ceiling if ceiling else None,
+        step_ms_median=1000 * med,
+        compile_s=compile_s,
+        peak_memory_mb=_peak_memory_mb(dev, baseline_kb),
+    )
+
+
+@command("bench")
+def cmd_bench(args: argparse.Namespace) -> int:
+    result = bench_model(
+        args.model,
+        batch=args.batch,
+        mode=args.mode,
+        precision=args.precision,
+        img_size=args.img_size,
+        compile=args.compile,
+        device=args.device,
+        warmup=args.warmup,
+        iters=args.iters,
+    )
+    r = result
+    print(f"{r.model} {r.mode} {r.precision} batch {r.batch} at {r.img_size[0]}x{r.img_size[1]} on {r.device}")
+    print(f"  images/s           {r.images_per_s:10.2f}   (median step {r.step_ms_median:.1f} ms)")
+    kind = "forward; training counts 3x" if r.mode == "train" else "forward"
+    print(f"  GFLOPs/image       {r.gflops_per_image:10.2f}   ({kind})")
+    print(f"  achieved GFLOP/s   {r.achieved_gflops:10.1f}")
+    if r.ceiling_gflops:
+        print(f"  matmul ceiling     {r.ceiling_gflops:10.1f}   ({100 * r.fraction_of_ceiling:.0f}% of it)")
+    if r.compile_s is not None:
+        print(f"  compile time       {r.compile_s:10.1f} s (not in the figures above)")
+    print(f"  peak memory        {r.peak_memory_mb:10.0f} MB")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(asdict(r), indent=2))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="images/s, GFLOP/s and the fraction of the machine's matmul ceiling")
+    p.add_argument("--model", default="vit_b16")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--mode", choices=["infer", "train"], default="infer")
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument("--img-size", type=int, default=None)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--json", help="write the result here")
+
+
+_EXTRA_PARSERS.append(add_parsers)
