@@ -191,3 +191,19 @@ def test_attention_paths_agree_in_values_and_gradients():
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="attention impl"):
         m.set_attention_impl("flash")
+
+
+def test_mimetic_init_makes_qk_product_near_identity():
+    from vitkit.models.init import mimetic_init_
+
+    m = tiny("vit_ti16", width=64, num_heads=2)
+    mimetic_init_(m, qk=(0.0, 1.0), vo=(0.0, 1.0))
+    D, hd = 64, 32
+    w = m.blocks[0].attn.qkv.weight
+    q, k = w[:hd], w[D : D + hd]  # head 0: (hd, D) each
+    # with alpha = 0 the target is beta * I, whose best rank-hd fit is a projection: q^T k = P, P^2 = P
+    p = q.T @ k
+    torch.testing.assert_close(p @ p, p, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.trace(p), torch.tensor(float(hd)), atol=1e-3, rtol=0)
+    vo = w[2 * D :].T @ m.blocks[0].attn.proj.weight.T  # x -> x W_v^T W_o^T
+    torch.testing.assert_close(vo, -torch.eye(D), atol=1e-4, rtol=0)

@@ -68,6 +68,16 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, meta
 
 
+def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """Only the metadata of a safetensors file (the header; no tensor is read)."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({_one_line(e)})") from None
+
+
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     """All arrays of an ``.npz`` file, with pickled object arrays refused."""
     path = Path(path)

@@ -19,7 +19,7 @@ from torch import nn
 from ..models.config import ResNetConfig, ViTConfig
 from ..models.posembed import resample_pos_embed
 from ..models.registry import build_model, model_config
-from .io import CheckpointError, read_npz, read_safetensors, read_torch_state_dict
+from .io import CheckpointError, read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
 from .native import FORMAT, Preprocessing, read_native
 from .official import convert_official, is_official
 from .peers import convert_hf, convert_timm, is_hf, is_timm, read_hf_dir
@@ -76,10 +76,10 @@ def read_any(path: str | Path, num_heads: int | None = None) -> _Loaded:
         sd, cfg = convert_official(read_npz(p), p)
         return _Loaded(sd, cfg, "official", Preprocessing.for_config(cfg))
     if suffix == ".safetensors":
-        tensors, meta = read_safetensors(p)
-        if meta.get("format") == FORMAT:
+        if read_safetensors_metadata(p).get("format") == FORMAT:
             sd, cfg, pre, _ = read_native(p)
             return _Loaded(sd, cfg, "vitkit", pre)
+        tensors, _ = read_safetensors(p)
     elif suffix in (".bin", ".pth", ".pt"):
         tensors = read_torch_state_dict(p)
     else:

@@ -287,14 +287,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def class_names(path: str | Path, num_classes: int) -> list[str]:
     """Class names stored with a vitkit checkpoint (metadata key "classes"), else the indices."""
     from vitkit.checkpoint import resolve_checkpoint
-    from vitkit.checkpoint.io import CheckpointError, read_safetensors
+    from vitkit.checkpoint.io import CheckpointError, read_safetensors_metadata
 
     fallback = [str(i) for i in range(num_classes)]
     p = resolve_checkpoint(path)
     if p.suffix.lower() != ".safetensors":
         return fallback
     try:
-        names = json.loads(read_safetensors(p)[1].get("classes") or "null")
+        names = json.loads(read_safetensors_metadata(p).get("classes") or "null")
     except (CheckpointError, json.JSONDecodeError):
         return fallback
     if isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names):

@@ -21,6 +21,7 @@ class ModelSection:
     name: str = "vit_s16"  # any registered name; the fields below override its config
     overrides: dict[str, Any] = field(default_factory=dict)
     init_from: str | None = None  # weights to start from (fine-tuning): any format load_pretrained reads
+    init: str = "default"  # default | mimetic (attention initialisation of a model trained from scratch)
     pos_embed_mode: str = "bilinear"  # how position embeddings are resized when init_from's size differs
 
 

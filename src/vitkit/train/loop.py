@@ -24,6 +24,7 @@ from torch import nn
 
 from ..checkpoint.native import Preprocessing, save_checkpoint
 from ..data import Dataset, TransformConfig, build_dataset, eval_transform, step_generator, train_transform
+from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from . import dist as D
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
@@ -222,6 +223,10 @@ class Trainer:
         else:
             overrides.setdefault("in_chans", self.train_ds.in_chans)
             model = create_model(r.model.name, **overrides)
+            if r.model.init == "mimetic":
+                mimetic_init_(model, seed=r.seed)
+            elif r.model.init != "default":
+                raise ValueError(f"model.init must be 'default' or 'mimetic', got {r.model.init!r}")
         bias = r.train.head_bias_init
         if bias is None and r.train.loss == "sigmoid":
             bias = -math.log(model.num_classes)
