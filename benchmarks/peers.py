@@ -301,13 +301,14 @@ def print_suite(res: dict) -> None:
 
 
 def train_peak_memory(peer: str, arch: str, batch: int, precision: str) -> float | None:
-    """Peak resident memory (MB) of a few training steps, each peer in a fresh process."""
+    """Peak resident memory (MB) of a few training steps above the model's own, each peer in a
+    fresh process."""
     code = (
-        "import resource,sys,torch;sys.path.insert(0,'benchmarks');import peers as P;"
+        "import sys,torch;sys.path.insert(0,'benchmarks');import peers as P;from vitkit.bench import peak_rss_kb;"
         f"torch.manual_seed(0);m=P.PEERS[{peer!r}]({arch!r});"
-        "b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        "b=peak_rss_kb();"
         f"s=P.make_step(m,{arch!r},'train',{precision!r},{batch},False);[s() for _ in range(3)];"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss-b)/1024)"
+        "print((peak_rss_kb()-b)/1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     try:

@@ -34,7 +34,9 @@ def test_int8_inference_stays_close_to_fp32():
     x = torch.randn(4, 3, 32, 32)
     with torch.inference_mode():
         ref = m(x)
-        q = prepare_inference(vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5), "fp32")
+        q = prepare_inference(
+            vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5), "fp32"
+        )
         q.load_state_dict(m.state_dict())
         q8 = prepare_inference(q, "int8")
         got = q8(x)

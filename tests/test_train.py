@@ -200,10 +200,18 @@ def test_finetune_from_official_npz_resizes_and_replaces_head(tmp_path, fixtures
     assert state.model_state["head.weight"].shape == (10, 32)
 
 
-def test_torchrun_two_processes_match_one(tmp_path):
-    """DDP over gloo with 2 processes: the first losses equal a 1-process run with the same global batch."""
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_torchrun_two_processes_match_one(tmp_path, fsdp):
+    """DDP (or FSDP2) over gloo with 2 processes: the first losses equal a 1-process run with the
+    same global batch, and the checkpoint loads in one process."""
     recipe = write_recipe(
-        tmp_path, augment__crop="none", augment__flip=False, train__steps=4, log__eval_every=4, log__checkpoint_every=4
+        tmp_path,
+        augment__crop="none",
+        augment__flip=False,
+        train__steps=4,
+        train__fsdp=fsdp,
+        log__eval_every=4,
+        log__checkpoint_every=4,
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = ["-m", "vitkit", "train", "--config", str(recipe), "--device", "cpu"]
@@ -216,7 +224,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
             "--nproc-per-node",
             "2",
             "--master-port",
-            "29517",
+            str(29517 + int(fsdp)),
             *base,
             "--out",
             str(tmp_path / "two"),

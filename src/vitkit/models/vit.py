@@ -48,10 +48,11 @@ class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv projection.
 
     Two paths compute the same function. ``scaled_dot_product_attention`` (fused, memory
-    efficient) is used on accelerators and for CPU inference. The explicit path (``q k^T``,
-    softmax, ``@ v``) is used when the caller asks for the weights and, by default, for CPU
-    training: for ViT-length sequences its backward is several times faster than the CPU fused
-    kernel's (see benchmarks/RESULTS.md). ``impl`` forces one: "auto", "sdpa" or "math".
+    efficient) is used on accelerators and for fp32 inference on the CPU. The explicit path
+    (``q k^T``, softmax, ``@ v``) is used when the caller asks for the weights and, by default,
+    for CPU training and bf16 CPU inference: for ViT-length sequences its backward is several
+    times faster than the CPU fused kernel's, and its bf16 forward ~8% faster (see
+    benchmarks/RESULTS.md). ``impl`` forces one: "auto", "sdpa" or "math".
     """
 
     impl: str = "auto"
@@ -66,10 +67,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _use_math(self, x: torch.Tensor) -> bool:
+    def _use_math(self, q: torch.Tensor) -> bool:
         if self.impl != "auto":
             return self.impl == "math"
-        return x.device.type == "cpu" and torch.is_grad_enabled()
+        # On the CPU the fused kernel wins only for fp32 inference (benchmarks/RESULTS.md).
+        return q.device.type == "cpu" and (torch.is_grad_enabled() or q.dtype != torch.float32)
 
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
@@ -79,7 +81,7 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
         drop = self.attn_drop if self.training else 0.0
         weights = None
-        if return_weights or self._use_math(x):
+        if return_weights or self._use_math(q):
             weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
             out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,22 @@ from .loop import Progress, train
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
+def _is_main_process() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 class TqdmProgress(Progress):
+    """A progress bar on stderr, on the main process only."""
+
     def __init__(self) -> None:
         self.bar = None
+        self.quiet = not _is_main_process()
 
     def start(self, total: int, initial: int) -> None:
         from tqdm import tqdm
 
+        if self.quiet:
+            return
         self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def update(self, steps: int, **postfix: Any) -> None:
@@ -32,6 +42,8 @@ class TqdmProgress(Progress):
             self.bar.update(steps)
 
     def message(self, text: str) -> None:
+        if self.quiet:
+            return
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
         else:
@@ -78,6 +90,8 @@ def _run(args: argparse.Namespace, extra_sets: list[tuple[str, Any]]) -> int:
     sets = parse_set(args.set or []) + extra_sets + _flag_sets(args)
     recipe = load_recipe(find_config(args.config), sets)
     result = train(recipe, args.out, TqdmProgress())
+    if not _is_main_process():
+        return 0
     if result.final_top1 is None:
         print(f"trained {result.step} steps into {result.out_dir}")
         return 0

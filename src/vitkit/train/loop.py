@@ -188,6 +188,8 @@ class Trainer:
         self.train_ds = build_dataset(r.data.name, r.data.train_split, **r.data.options)
         self.eval_ds = build_dataset(r.data.name, r.data.eval_split, **r.data.options) if r.data.eval_split else None
         self.model = self._build_model().to(self.device)
+        if hasattr(self.model, "set_attention_impl"):
+            self.model.set_attention_impl(r.train.attention)
         cfg = self.model.cfg
         self.preprocessing = Preprocessing.for_config(cfg)
         self.tcfg = TransformConfig(
@@ -200,12 +202,15 @@ class Trainer:
             mean=self.preprocessing.mean,
             std=self.preprocessing.std,
         )
+        if r.train.fsdp and r.train.ema_decay:
+            raise ValueError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
+        # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
+        self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
         self.optimizer = build_optimizer(self.model, r.optim)
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
         self.state = TrainState()
         self.resumed_from: int | None = None
         self._resume()
-        self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
         self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -254,11 +259,14 @@ class Trainer:
             raise TrainingError(f"{self.out / 'checkpoints'}: no checkpoint reads back; cannot resume")
         if loaded.path != ckpts[-1]:
             self.progress.message(f"skipped damaged checkpoint {ckpts[-1].name}; resuming from {loaded.path.name}")
-        self.model.load_state_dict(loaded.model_state)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_optimizer_state_dict(
-            self.model, self.optimizer, loaded.optim_state, options=StateDictOptions(full_state_dict=True)
+        set_state_dict(  # full (unsharded) tensors in the file; sharded again under FSDP
+            self.model,
+            self.optimizer,
+            model_state_dict=loaded.model_state,
+            optim_state_dict=loaded.optim_state,
+            options=StateDictOptions(full_state_dict=True),
         )
         if self.ema is not None and loaded.ema_state is not None:
             self.ema.shadow = {k: v.float().to(self.device) for k, v in loaded.ema_state.items()}
