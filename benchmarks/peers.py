@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 import vitkit
-from vitkit.bench import matmul_ceiling, prepare_inference
+from vitkit.bench import make_step as bench_step
+from vitkit.bench import matmul_ceiling
 from vitkit.models.flops import model_flops
 
 # ---------------------------------------------------------------------------------------------
@@ -147,31 +148,8 @@ class Contender:
 
 def make_step(model: nn.Module, arch: str, mode: str, precision: str, batch: int, compile: bool) -> Callable[[], None]:
     img, _, c, *_rest, k = ARCHS[arch]
-    x = torch.randn(batch, c, img, img)
-    if mode == "infer":
-        model = prepare_inference(model, precision)
-        if precision == "bf16":
-            x = x.to(torch.bfloat16)
-        fn = torch.compile(model) if compile else model
-
-        def step() -> None:
-            with torch.inference_mode():
-                fn(x)
-
-        return step
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    y = torch.randint(0, k, (batch,))
-    fn = torch.compile(model) if compile else model
-
-    def train_step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            out = fn(x)
-        nn.functional.cross_entropy(out.float(), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return train_step
+    x, y = torch.randn(batch, c, img, img), torch.randint(0, k, (batch,))
+    return bench_step(model, x, y, mode, precision, compile)
 
 
 SUITES = {

@@ -100,6 +100,42 @@ def peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def make_step(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, precision: str, compile: bool = False
+) -> Callable[[], None]:
+    """One timed unit of work: an inference forward (weights prepared with
+    :func:`prepare_inference`), or a training step (forward, backward, AdamW) with bf16 autocast
+    and fp32 weights when ``precision`` is bf16. Shared with ``benchmarks/peers.py``."""
+    if mode == "infer":
+        model = prepare_inference(model, precision)
+        if precision == "bf16":
+            x = x.to(torch.bfloat16)
+        fn = torch.compile(model) if compile else model
+
+        def infer_step() -> None:
+            with torch.inference_mode():
+                fn(x)
+
+        return infer_step
+    if mode != "train":
+        raise ValueError(f"mode must be infer or train, got {mode!r}")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError("training runs in fp32 or bf16 (autocast with fp32 weights)")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fn = torch.compile(model) if compile else model
+
+    def train_step() -> None:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = fn(x)
+        loss = nn.functional.cross_entropy(out.float(), y) if out.shape[-1] > 1 else out.float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return train_step
+
+
 def _peak_memory_mb(device: torch.device, baseline_kb: int) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -149,35 +185,10 @@ def bench_model(
     model = model.to(dev)
     x = torch.randn(batch, cfg.in_chans, *cfg.img_size, device=dev)
     compile_s = None
-    if mode == "infer":
-        model = prepare_inference(model, precision)
-        if precision == "bf16":
-            x = x.to(torch.bfloat16)
-        fn = torch.compile(model) if compile else model
-
-        def step() -> None:
-            with torch.inference_mode():
-                fn(x)
-
-    elif mode == "train":
-        if precision not in ("fp32", "bf16"):
-            raise ValueError("training runs in fp32 or bf16 (autocast with fp32 weights)")
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        y = torch.randint(0, max(cfg.num_classes, 1), (batch,), device=dev)
-        fn = torch.compile(model) if compile else model
-
-        def step() -> None:
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                out = fn(x)
-            loss = nn.functional.cross_entropy(out.float(), y) if cfg.num_classes else out.float().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+    y = torch.randint(0, max(cfg.num_classes, 1), (batch,), device=dev)
+    step = make_step(model, x, y, mode, precision, compile)
+    if mode == "train":
         flops *= 3
-    else:
-        raise ValueError(f"mode must be infer or train, got {mode!r}")
     if compile:
         t = time.perf_counter()
         step()

@@ -125,10 +125,7 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ViTConfig fields {unknown}; known: {sorted(known)}")
+        _check_fields(cls, d)
         d = dict(d)
         for key in ("img_size", "patch_size"):
             if key in d:
@@ -138,11 +135,7 @@ class ViTConfig:
         return cls(**d)
 
     def replace(self, **overrides: Any) -> ViTConfig:
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
-        return dataclasses.replace(self, **overrides)
+        return _replace_checked(self, overrides)
 
 
 @dataclass(frozen=True)
@@ -170,21 +163,29 @@ class ResNetConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ResNetConfig fields {unknown}; known: {sorted(known)}")
+        _check_fields(cls, d)
         d = dict(d)
         d["img_size"] = tuple(d.get("img_size", (224, 224)))
         d["units"] = tuple(d.get("units", (3, 4, 6, 3)))
         return cls(**d)
 
     def replace(self, **overrides: Any) -> ResNetConfig:
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
-        return dataclasses.replace(self, **overrides)
+        return _replace_checked(self, overrides)
+
+
+def _check_fields(cls: type, d: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(known)}")
+
+
+def _replace_checked(cfg: Any, overrides: dict[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cfg)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+    return dataclasses.replace(cfg, **overrides)
 
 
 def check_divisible(size: tuple[int, int], stride: tuple[int, int], what: str = "image size") -> None:

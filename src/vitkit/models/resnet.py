@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ResNetConfig
+from .heads import ReplaceableHead
 
 
 def same_pad(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
@@ -169,7 +170,7 @@ class PreActUnit(nn.Module):
         return y + shortcut
 
 
-class ResNetV2(nn.Module):
+class ResNetV2(ReplaceableHead, nn.Module):
     """BiT ResNet v2; ``forward_features`` gives the pooled representation (pre-logits)."""
 
     def __init__(self, cfg: ResNetConfig) -> None:
@@ -219,14 +220,3 @@ class ResNetV2(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int, bias_init: float = 0.0) -> None:
-        p = next(self.parameters())
-        self.num_classes = num_classes
-        self.cfg = self.cfg.replace(num_classes=num_classes)
-        if num_classes:
-            self.head = nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype)
-            nn.init.zeros_(self.head.weight)
-            nn.init.constant_(self.head.bias, bias_init)
-        else:
-            self.head = None

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ViTConfig, check_divisible
+from .heads import ReplaceableHead
 from .posembed import resample_pos_embed, sincos_2d_pos_embed
 from .resnet import HybridStem
 
@@ -147,7 +148,7 @@ class Block(nn.Module):
 # The whole model.
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(ReplaceableHead, nn.Module):
     """ViT (and R+ViT hybrid when ``cfg.resnet_units`` is set). Inputs are NCHW floats, in the
     value range the weights were trained with (vitkit and the official models: [-1, 1])."""
 
@@ -314,18 +315,6 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int, bias_init: float = 0.0) -> None:
-        """Replace the head by a zero-initialised one (section 3.2); 0 removes it."""
-        p = next(self.parameters())
-        self.num_classes = num_classes
-        self.cfg = self.cfg.replace(num_classes=num_classes)
-        if num_classes:
-            self.head = nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype)
-            nn.init.zeros_(self.head.weight)
-            nn.init.constant_(self.head.bias, bias_init)
-        else:
-            self.head = None
 
     def set_attention_impl(self, impl: str) -> None:
         """Choose the attention path of every block: "auto" (default), "sdpa" or "math"."""
