@@ -26,6 +26,26 @@ def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device) -> torch.
     return torch.rand(n, generator=g, device=device) * (hi - lo) + lo
 
 
+_LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601, as Pillow's "L"
+
+
+def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Convert an image batch (B, C, H, W) to ``in_chans`` channels.
+
+    One channel to three: the grey value repeated. Three to one: luminance (ITU-R BT.601, as
+    Pillow's "L"). Any other mismatch is a ``ValueError``. Returns floats when it converts.
+    """
+    c = x.shape[1]
+    if c == in_chans:
+        return x
+    if c == 1:
+        return x.expand(-1, in_chans, -1, -1)  # (B, in_chans, H, W)
+    if c == 3 and in_chans == 1:
+        w = torch.tensor(_LUMA, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        return (x.float() * w).sum(dim=1, keepdim=True)  # (B, 1, H, W)
+    raise ValueError(f"cannot feed {c}-channel images to a model that takes {in_chans} channels")
+
+
 def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """uint8 or [0, 255] floats -> ``(x / 255 - mean) / std`` per channel, float32."""
     x = x.float()

@@ -18,13 +18,12 @@ from torch import nn
 
 from ..checkpoint.native import Preprocessing
 from ..data.base import Dataset
-from ..data.transforms import TransformConfig, eval_transform
+from ..data.transforms import TransformConfig, eval_transform, match_channels
 
 Precision = Literal["fp32", "bf16"]
 Head = Literal["logits", "pre_logits"]
 
 # ITU-R BT.601 luma weights, the ones Pillow uses for its "L" conversion.
-_LUMA = (0.299, 0.587, 0.114)
 
 
 @dataclass
@@ -38,23 +37,6 @@ class ModelOutputs:
     @property
     def images_per_s(self) -> float:
         return self.labels.numel() / self.seconds if self.seconds > 0 else float("nan")
-
-
-def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
-    """Convert an image batch (B, C, H, W) to ``in_chans`` channels.
-
-    One channel to three: the grey value repeated. Three to one: luminance (ITU-R BT.601, as
-    Pillow's "L"). Any other mismatch is a ``ValueError``. Returns floats when it converts.
-    """
-    c = x.shape[1]
-    if c == in_chans:
-        return x
-    if c == 1:
-        return x.expand(-1, in_chans, -1, -1)  # (B, in_chans, H, W)
-    if c == 3 and in_chans == 1:
-        w = torch.tensor(_LUMA, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
-        return (x.float() * w).sum(dim=1, keepdim=True)  # (B, 1, H, W)
-    raise ValueError(f"cannot feed {c}-channel images to a model that takes {in_chans} channels")
 
 
 def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Preprocessing:

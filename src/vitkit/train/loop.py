@@ -24,6 +24,7 @@ from torch import nn
 
 from ..checkpoint.native import Preprocessing, save_checkpoint
 from ..data import Dataset, TransformConfig, build_dataset, eval_transform, step_generator, train_transform
+from ..data.transforms import match_channels
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from . import dist as D
@@ -68,18 +69,6 @@ def _autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def _match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
-    """Grey images for an RGB model are repeated; RGB for a grey model becomes luminance."""
-    if x.shape[1] == in_chans:
-        return x
-    if x.shape[1] == 1:
-        return x.expand(-1, in_chans, -1, -1)
-    if in_chans == 1 and x.shape[1] == 3:
-        w = torch.tensor([0.299, 0.587, 0.114], device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
-        return (x.float() * w).sum(1, keepdim=True).round().clamp(0, 255).to(x.dtype)
-    raise ValueError(f"images have {x.shape[1]} channels, the model takes {in_chans}")
-
-
 @torch.inference_mode()
 def evaluate_top1(
     model: nn.Module,
@@ -106,7 +95,7 @@ def evaluate_top1(
         if done >= limit:
             break
         done += batch_size
-        x = eval_transform(_match_channels(images.to(device, non_blocking=True), in_chans), tcfg)
+        x = eval_transform(match_channels(images.to(device, non_blocking=True), in_chans), tcfg)
         with _autocast(device, precision):
             logits = model(x)
         correct += (logits.argmax(-1) == labels.to(device)).sum()
@@ -375,7 +364,7 @@ class Trainer:
         in_chans = self.model.cfg.in_chans
         for i, (x, y) in enumerate(micro):
             g = step_generator(r.seed * 1009 + self.info.rank, step * len(micro) + i, self.device)
-            x = train_transform(_match_channels(x.to(self.device, non_blocking=True), in_chans), self.tcfg, g)
+            x = train_transform(match_channels(x.to(self.device, non_blocking=True), in_chans), self.tcfg, g)
             y = y.to(self.device, non_blocking=True)
             sync = i == len(micro) - 1 or not hasattr(self.wrapped, "no_sync")
             ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
