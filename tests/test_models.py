@@ -207,3 +207,30 @@ def test_mimetic_init_makes_qk_product_near_identity():
     torch.testing.assert_close(torch.trace(p), torch.tensor(float(hd)), atol=1e-3, rtol=0)
     vo = w[2 * D :].T @ m.blocks[0].attn.proj.weight.T  # x -> x W_v^T W_o^T
     torch.testing.assert_close(vo, -torch.eye(D), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+def test_patch_dropout_keeps_a_subset_of_patches_in_training_only(classifier):
+    torch.manual_seed(0)
+    model = vitkit.create_model(
+        "vit_ti16", img_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, classifier=classifier
+    )
+    x = torch.randn(3, 3, 32, 32)
+    model.eval()
+    full = model.embed(x)
+    model.set_patch_drop(0.5)
+    model.train()
+    kept = model.embed(x)
+    prefix = model.num_prefix_tokens
+    assert kept.shape == (3, prefix + 8, 32)  # 16 patches, half kept
+    assert torch.equal(kept[:, :prefix], full[:, :prefix])  # the class token is never dropped
+    for b in range(3):  # every kept token is one of that image's tokens, each at most once
+        d = torch.cdist(kept[b, prefix:], full[b, prefix:])
+        assert (d.min(dim=1).values == 0).all()
+        assert len(set(d.argmin(dim=1).tolist())) == 8
+    model.eval()  # evaluation sees every patch, whatever the training rate
+    assert torch.equal(model.embed(x), full)
+    model.train()
+    model(x).sum().backward()  # the encoder and head run on the shorter sequence
+    with pytest.raises(ValueError, match=r"patch drop rate must be in \[0, 1\), got 1.0"):
+        model.set_patch_drop(1.0)

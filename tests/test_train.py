@@ -87,7 +87,14 @@ def test_training_learns_and_writes_a_run(tmp_path):
 
 
 def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
-    recipe = write_recipe(tmp_path, train__accum_steps=2, train__ema_decay=0.9, model__overrides__drop_rate=0.1)
+    recipe = write_recipe(
+        tmp_path,
+        train__accum_steps=2,
+        train__ema_decay=0.9,
+        train__patch_drop=0.5,  # draws from the restored RNG too, and switches off after step 9
+        train__patch_drop_until=0.75,
+        model__overrides__drop_rate=0.1,
+    )
     cmd = [sys.executable, "-m", "vitkit", "train", "--config", str(recipe)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([*cmd, "--out", str(tmp_path / "a")], check=True, env=env, capture_output=True)
@@ -110,6 +117,19 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps)  # the log was cut back to the resumed step, no duplicates
+
+
+def test_patch_drop_runs_for_its_share_of_the_steps(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, train__steps=4, train__patch_drop=0.5, train__patch_drop_until=0.5))
+    from vitkit.train.loop import Trainer
+
+    trainer = Trainer(recipe, tmp_path / "run")
+    seen = []
+    trainer.model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]) if m.training else None)
+    trainer.run()
+    assert seen == [1 + 8, 1 + 8, 1 + 16, 1 + 16]  # class token + half of the 4x4 patches, then all
+    with pytest.raises(ValueError, match=r"train.patch_drop must be in \[0, 1\)"):
+        Trainer(load_recipe(write_recipe(tmp_path, train__patch_drop=1.0)), tmp_path / "bad")
 
 
 def test_resume_with_another_recipe_is_refused(tmp_path):

@@ -173,6 +173,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        self.patch_drop_rate = 0.0  # training only; see set_patch_drop
 
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList([Block(cfg, dpr[i]) for i in range(cfg.depth)])
@@ -259,7 +260,24 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
         if pos is not None:
             x = x + pos
+        if self.training and self.patch_drop_rate > 0:
+            x = self._drop_patches(x)
         return self.pos_drop(x)
+
+    def _drop_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """Keep a random subset of the patch tokens of each image (prefix tokens always kept).
+
+        Positions were added already, so the encoder still knows where each kept patch is; the
+        cost of the encoder falls with the number of tokens (PatchDropout, Liu et al. 2023;
+        FLIP, Li et al. 2023).
+        """
+        p = self.num_prefix_tokens
+        prefix, patches = x[:, :p], x[:, p:]
+        B, N, D = patches.shape
+        keep = max(1, round(N * (1.0 - self.patch_drop_rate)))
+        idx = torch.rand(B, N, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
+        patches = patches.gather(1, idx[:, :, None].expand(B, keep, D))
+        return torch.cat([prefix, patches], dim=1) if p else patches
 
     # -- encoder ------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -322,6 +340,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             raise ValueError(f"attention impl must be 'auto', 'sdpa' or 'math', got {impl!r}")
         for blk in self.blocks:
             blk.attn.impl = impl
+
+    def set_patch_drop(self, rate: float) -> None:
+        """Drop this fraction of the patch tokens of every training image (0 disables)."""
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
+        self.patch_drop_rate = float(rate)
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the learned position embedding (in place) for another input resolution."""

@@ -179,6 +179,14 @@ class Trainer:
         self.model = self._build_model().to(self.device)
         if hasattr(self.model, "set_attention_impl"):
             self.model.set_attention_impl(r.train.attention)
+        if r.train.patch_drop:
+            if not hasattr(self.model, "set_patch_drop"):
+                raise ValueError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
+            if not 0.0 <= r.train.patch_drop < 1.0 or not 0.0 <= r.train.patch_drop_until <= 1.0:
+                raise ValueError(
+                    f"train.patch_drop must be in [0, 1) and train.patch_drop_until in [0, 1], got "
+                    f"{r.train.patch_drop} and {r.train.patch_drop_until}"
+                )
         cfg = self.model.cfg
         self.preprocessing = Preprocessing.for_config(cfg)
         self.tcfg = TransformConfig(
@@ -359,6 +367,9 @@ class Trainer:
         r = self.recipe
         step = self.state.step
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
+        if r.train.patch_drop:
+            on = step < r.train.patch_drop_until * r.train.steps
+            self.model.set_patch_drop(r.train.patch_drop if on else 0.0)
         micro = self._micro_batches(images, labels)
         total = torch.zeros((), device=self.device)
         in_chans = self.model.cfg.in_chans
