@@ -4,7 +4,10 @@ Contenders are interleaved (A B C A B C ...) over several rounds and each gets t
 timed iterations per round, then the median over rounds: load on a shared machine hits them all
 alike, and the ratios are what to read. Same shapes, same weights count, same precision; each
 peer also runs in its own best mode (bf16 weights, its fused attention, torch.compile on request).
-Peers that are not installed are skipped and listed.
+Peers that are not installed are skipped and listed. vitkit serves through
+``vitkit.inference.prepare_inference`` (oneDNN-packed layers); the peers run their own modules.
+The rows "timm+vitkit-serving" give timm's model vitkit's serving path, to show how much of the
+inference lead is that path: they are reference rows, not peers.
 
     python benchmarks/peers.py                      # all suites
     python benchmarks/peers.py --suite infer_b16    # one suite
@@ -126,6 +129,9 @@ PEERS: dict[str, Callable[[str], nn.Module]] = {
     "hf-sdpa": lambda a: build_hf(a, "sdpa"),
     "hf-eager": lambda a: build_hf(a, "eager"),
     "torchvision": build_torchvision,
+    # timm's model served through vitkit.inference.prepare_inference: not a peer's own mode, a
+    # reference row that shows how much of vitkit's inference lead is its serving path
+    "timm+vitkit-serving": build_timm,
 }
 
 
@@ -146,10 +152,18 @@ class Contender:
         return f"{self.peer} {self.precision}{' compile' if self.compile else ''}"
 
 
-def make_step(model: nn.Module, arch: str, mode: str, precision: str, batch: int, compile: bool) -> Callable[[], None]:
+def uses_vitkit_serving(peer: str) -> bool:
+    return peer == "vitkit" or peer.endswith("+vitkit-serving")
+
+
+def make_step(
+    model: nn.Module, arch: str, mode: str, precision: str, batch: int, compile: bool, peer: str = "vitkit"
+) -> Callable[[], None]:
+    """Inference: vitkit's serving path (oneDNN-packed layers) for vitkit; the peers' own modules
+    (bf16 weights, or torch.ao dynamic int8) for the peers."""
     img, _, c, *_rest, k = ARCHS[arch]
     x, y = torch.randn(batch, c, img, img), torch.randint(0, k, (batch,))
-    return bench_step(model, x, y, mode, precision, compile)
+    return bench_step(model, x, y, mode, precision, compile, pack=None if uses_vitkit_serving(peer) else False)
 
 
 SUITES = {
@@ -170,6 +184,9 @@ SUITES = {
             ("torchvision", "bf16", False),
             ("vitkit", "int8", False),
             ("timm", "int8", False),
+            ("timm+vitkit-serving", "fp32", False),
+            ("timm+vitkit-serving", "bf16", False),
+            ("timm+vitkit-serving", "int8", False),
         ],
     ),
     "infer_b16_bs1": (
@@ -216,7 +233,7 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
         try:
             torch.manual_seed(0)
             model = PEERS[ct.peer](arch)
-            ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile)
+            ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile, ct.peer)
             for _ in range(warmup):
                 ct.step()
         except Exception as e:  # a peer that is missing or cannot run this mode is reported, not fatal
@@ -232,7 +249,8 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
                 ct.step()
                 ts.append(time.perf_counter() - t)
             ct.times.append(statistics.median(ts))
-    ceilings = {p: matmul_ceiling(p if p != "int8" else "bf16") for p in {"fp32", "bf16"}}
+    precisions = {ct.precision for ct in contenders}
+    ceilings = {p: matmul_ceiling(p) for p in precisions}
     rows = []
     for ct in contenders:
         if ct.step is None:
@@ -240,7 +258,7 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
             continue
         med = statistics.median(ct.times)
         ips = batch / med
-        ceiling = ceilings["fp32" if ct.precision == "fp32" else "bf16"]
+        ceiling = ceilings[ct.precision]
         rows.append(
             {
                 "contender": ct.label,
@@ -259,19 +277,20 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
 def print_suite(res: dict) -> None:
     print(f"\n== {res['suite']}: {res['arch']} {res['mode']} batch {res['batch']} ==")
     ok = [r for r in res["rows"] if "images_per_s" in r]
+    peers = [r for r in ok if not uses_vitkit_serving(r["peer"])]
     best_peer = {
-        prec: max((r["images_per_s"] for r in ok if r["peer"] != "vitkit" and r["precision"] == prec), default=None)
+        prec: max((r["images_per_s"] for r in peers if r["precision"] == prec), default=None)
         for prec in ("fp32", "bf16", "int8")
     }
-    best_peer_any = max((r["images_per_s"] for r in ok if r["peer"] != "vitkit"), default=None)
-    print(f"{'contender':<26} {'img/s':>9} {'% ceiling':>10} {'vs best peer, same precision':>30}")
+    best_peer_any = max((r["images_per_s"] for r in peers), default=None)
+    print(f"{'contender':<32} {'img/s':>9} {'% ceiling':>10} {'vs best peer, same precision':>30}")
     for r in res["rows"]:
         if "error" in r:
-            print(f"{r['contender']:<26} {'skipped':>9}  ({r['error']})")
+            print(f"{r['contender']:<32} {'skipped':>9}  ({r['error']})")
             continue
         ref = best_peer.get(r["precision"])
-        ratio = f"{r['images_per_s'] / ref:.2f}x" if ref and r["peer"] == "vitkit" else ""
-        print(f"{r['contender']:<26} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}")
+        ratio = f"{r['images_per_s'] / ref:.2f}x" if ref and uses_vitkit_serving(r["peer"]) else ""
+        print(f"{r['contender']:<32} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}")
     vk = max((r["images_per_s"] for r in ok if r["peer"] == "vitkit"), default=None)
     if vk and best_peer_any:
         print(f"best vitkit mode vs best peer mode: {vk / best_peer_any:.2f}x")

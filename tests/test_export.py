@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import vitkit
 from vitkit.bench import bench_model, prepare_inference
 from vitkit.cli import main
+from vitkit.inference import Int8Linear, PackedLinear, onednn_int8_available, onednn_linear_available
 
 
 def test_onnx_export_matches_pytorch(tmp_path):
@@ -27,22 +30,56 @@ def test_convert_cli_to_onnx(tmp_path, fixtures, capsys):
     assert "logits within" in capsys.readouterr().out
 
 
-def test_int8_inference_stays_close_to_fp32():
+@pytest.mark.parametrize("pack", [None, False])
+def test_int8_inference_stays_close_to_fp32(pack):
     torch.manual_seed(0)
     m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5).eval()
     torch.nn.init.normal_(m.head.weight, std=0.1)
     x = torch.randn(4, 3, 32, 32)
     with torch.inference_mode():
         ref = m(x)
-        q = prepare_inference(
-            vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5), "fp32"
-        )
-        q.load_state_dict(m.state_dict())
-        q8 = prepare_inference(q, "int8")
-        got = q8(x)
+        q8 = prepare_inference(m, "int8", pack=pack)
+        got = q8(x.to(q8.input_dtype)).float()
+    if pack is None and onednn_int8_available():  # oneDNN's int8 kernels, the MLP's GELU fused
+        assert sum(isinstance(mod, Int8Linear) for mod in q8.modules()) == 2 * 4 + 1
+        assert q8.blocks[0].mlp.fc1.act == "gelu_tanh" and q8.input_dtype == torch.bfloat16
     # Random weights are the hard case for quantisation; the logits must still agree closely.
     # (Top-1 on a trained model is checked by benchmarks/int8_accuracy.py.)
     assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_packed_inference_equals_the_model(act):
+    torch.manual_seed(0)
+    m = vitkit.create_model(
+        "vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5, act=act, representation_size=16
+    ).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.1)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        ref = m(x)
+        fp32 = prepare_inference(m, "fp32")
+        bf16 = prepare_inference(m, "bf16")
+        plain_bf16 = prepare_inference(m, "bf16", pack=False)
+        torch.testing.assert_close(fp32(x), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(bf16(x.bfloat16()), plain_bf16(x.bfloat16()), atol=2e-2, rtol=2e-2)
+        # every dense layer packed, the MLP's GELU fused into fc1
+        packed = [mod for mod in fp32.modules() if isinstance(mod, PackedLinear)]
+        assert len(packed) == 2 * 4 + 2 and not any(isinstance(mod, torch.nn.Linear) for mod in fp32.modules())
+        assert fp32.blocks[0].mlp.fc1.act == act and isinstance(fp32.blocks[0].mlp.act, torch.nn.Identity)
+        torch.testing.assert_close(copy.deepcopy(fp32)(x), ref, atol=1e-5, rtol=1e-5)
+    # the argument is untouched and still trains
+    assert isinstance(m.blocks[0].mlp.fc1, torch.nn.Linear) and m.blocks[0].mlp.fc1.weight.requires_grad
+    with pytest.raises(TypeError, match="holds torch.float32 weights but got a torch.bfloat16 input"):
+        fp32.head(torch.zeros(1, 16, dtype=torch.bfloat16))
+
+
+def test_matmul_ceiling_counts_every_kernel():
+    from vitkit.bench import matmul_ceiling
+
+    for precision in ("fp32", "bf16", "int8"):
+        assert matmul_ceiling(precision, sizes=(256,)) > 0
 
 
 def test_bench_reports_fraction_of_ceiling():

@@ -9,6 +9,7 @@ of timed iterations after warm-up; ``torch.compile`` time is reported separately
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import resource
 import statistics
@@ -21,6 +22,14 @@ import torch
 from torch import nn
 
 from .cli import _EXTRA_PARSERS, command
+from .inference import (
+    Int8Linear,
+    PackedLinear,
+    _quantize_activations,
+    onednn_int8_available,
+    onednn_linear_available,
+    prepare_inference,
+)
 from .models.flops import count_params, model_flops
 from .models.registry import create_model
 
@@ -33,20 +42,63 @@ def _sync(device: torch.device) -> None:
 
 
 def matmul_ceiling(precision: str = "fp32", device: str | torch.device = "cpu", sizes=(2048, 4096)) -> float:
-    """The best GFLOP/s of ``torch.mm`` on large square matrices (int8 is measured in bf16)."""
+    """The machine's matrix-multiply GFLOP/s in ``precision`` (int8: GOP/s of oneDNN's int8 kernel
+    where there is one, else the bf16 figure): the best
+    over large square matrices of ``torch.mm`` and, on a CPU with oneDNN, of oneDNN's packed
+    linear kernel. Both count: on AMD processors ``torch.mm`` in fp32 goes through MKL's AVX2
+    path and reaches about half of what oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would
+    understate the machine."""
     device = torch.device(device)
+    if precision == "int8" and device.type == "cpu" and onednn_int8_available():
+        return _int8_ceiling(sizes)
     dtype = _DTYPES.get(precision, torch.bfloat16)
     best = 0.0
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        torch.mm(a, b)
-        _sync(device)
-        times = []
-        for _ in range(3 if device.type == "cpu" else 20):
-            t = time.perf_counter()
-            torch.mm(a, b)
+        kernels = [functools.partial(torch.mm, a, b)]
+        if device.type == "cpu" and onednn_linear_available():
+            kernels.append(functools.partial(PackedLinear(b, None), a))
+        for kernel in kernels:
+            kernel()
             _sync(device)
+            times = []
+            for _ in range(3 if device.type == "cpu" else 20):
+                t = time.perf_counter()
+                kernel()
+                _sync(device)
+                times.append(time.perf_counter() - t)
+            best = max(best, 2 * n**3 / min(times) / 1e9)
+    return best
+
+
+def _int8_ceiling(sizes: tuple[int, ...]) -> float:
+    """GOP/s of oneDNN's int8 linear kernel (uint8 x int8, fp32 out) on square matrices."""
+    best = 0.0
+    for n in sizes:
+        layer = Int8Linear(nn.Linear(n, n, bias=False), out_dtype=torch.float32)
+        a = torch.randn(n, n)
+        q, scale, zp = _quantize_activations(a)
+        args = (
+            q,
+            scale,
+            zp,
+            layer.packed,
+            layer.w_scale,
+            layer.w_zero_point,
+            None,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )
+        torch.ops.onednn.qlinear_pointwise(*args)
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            torch.ops.onednn.qlinear_pointwise(*args)
             times.append(time.perf_counter() - t)
         best = max(best, 2 * n**3 / min(times) / 1e9)
     return best
@@ -73,21 +125,6 @@ class BenchResult:
     peak_memory_mb: float
 
 
-def prepare_inference(model: nn.Module, precision: str) -> nn.Module:
-    """Weights prepared once for serving: eval mode, bf16 weights, or int8 (dynamic quantisation:
-    int8 weights, activations quantised per batch, x86 int8 dot-product kernels)."""
-    model = model.eval()
-    if precision == "bf16":
-        return model.to(torch.bfloat16)
-    if precision == "int8":
-        from torch.ao.quantization import quantize_dynamic
-
-        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-    if precision != "fp32":
-        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
-    return model
-
-
 def peak_rss_kb() -> int:
     """This process's peak resident memory (KB). ``VmHWM`` belongs to the process's own address
     space; ``ru_maxrss``, the fallback, also counts the parent's peak from before ``exec``."""
@@ -101,15 +138,20 @@ def peak_rss_kb() -> int:
 
 
 def make_step(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, precision: str, compile: bool = False
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mode: str,
+    precision: str,
+    compile: bool = False,
+    pack: bool | None = None,
 ) -> Callable[[], None]:
     """One timed unit of work: an inference forward (weights prepared with
     :func:`prepare_inference`), or a training step (forward, backward, AdamW) with bf16 autocast
     and fp32 weights when ``precision`` is bf16. Shared with ``benchmarks/peers.py``."""
     if mode == "infer":
-        model = prepare_inference(model, precision)
-        if precision == "bf16":
-            x = x.to(torch.bfloat16)
+        model = prepare_inference(model, precision, pack=pack)
+        x = x.to(model.input_dtype)
         fn = torch.compile(model) if compile else model
 
         def infer_step() -> None:

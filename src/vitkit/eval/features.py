@@ -144,6 +144,7 @@ def model_outputs(
             for images, y in _batches(dataset, batch_size, max_images, sample_seed):
                 x = match_channels(images.to(dev, non_blocking=True), in_chans)
                 x = eval_transform(x, tcfg)  # (B, C, H, W) float, the model's range
+                x = x.to(getattr(model, "input_dtype", x.dtype))  # a model from prepare_inference
                 out = forward(x)
                 outs.append(out.float().cpu())
                 labels.append(y.long().cpu())

@@ -1,0 +1,218 @@
+"""Serving: a model's weights prepared once for inference.
+
+:func:`prepare_inference` returns an inference-only copy of a model in fp32, bf16 or int8. On x86
+CPUs its fp32 and bf16 linear layers run through oneDNN with the weights reordered once into the
+kernel's blocked layout (:class:`PackedLinear`), and the MLP's GELU is fused into the first dense
+layer. Why: ``nn.Linear`` in fp32 calls MKL's sgemm, which on AMD processors takes an AVX2 path
+(about 210 GFLOP/s on the 2-core Zen machine vitkit is built on, against about 500 for oneDNN's
+AVX-512 kernel on the same shapes); in bf16 the packed weight saves the reorder that
+``nn.Linear`` repeats on every call (~1.25x on ViT-B/16's shapes). ``benchmarks/RESULTS.md`` has
+the measurements. Elsewhere (CUDA, builds without oneDNN) the layers are left as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from .models.vit import Mlp
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear kernels (x86 CPU builds do)."""
+    mkldnn = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_linear_pointwise")
+        and hasattr(mkldnn, "_reorder_linear_weight")
+    )
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` for CPU inference with its weight reordered once for oneDNN.
+
+    ``act`` ("gelu" or "gelu_tanh") fuses that activation into the kernel's epilogue. The packed
+    weight is an opaque oneDNN tensor: it is not part of ``state_dict`` (save the original
+    model), has no gradient, and lives on the CPU only.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None = None, rows_hint: int | None = None
+    ) -> None:
+        super().__init__()
+        if act not in (None, "gelu", "gelu_tanh"):
+            raise ValueError(f"act must be None, 'gelu' or 'gelu_tanh', got {act!r}")
+        self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
+        self.act = act
+        self.rows_hint = rows_hint
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows_hint)
+        self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, dtype: torch.dtype, act: str | None = None, rows_hint: int | None = None
+    ) -> PackedLinear:
+        return cls(linear.weight.to(dtype), linear.bias, act, rows_hint)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:
+            raise TypeError(f"PackedLinear holds {self.dtype} weights but got a {x.dtype} input")
+        if self.act is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        algorithm = "tanh" if self.act == "gelu_tanh" else "none"
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], algorithm)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
+        bias = None if self.bias is None else self.bias.clone()
+        return PackedLinear(self.packed.to_dense(), bias, self.act, self.rows_hint)
+
+    def extra_repr(self) -> str:
+        act = f", act={self.act}" if self.act else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}{act}"
+
+
+def onednn_int8_available() -> bool:
+    """Whether this torch build has oneDNN's int8 linear kernels (x86 CPU builds do)."""
+    onednn = getattr(torch.ops, "onednn", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(onednn, "qlinear_pointwise")
+        and hasattr(onednn, "qlinear_prepack")
+        and hasattr(torch, "quantize_per_tensor")
+    )
+
+
+def _quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """Asymmetric uint8, one scale per tensor, from this batch's range (dynamic quantisation)."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = max((hi - lo) / 255.0, 1e-8)
+    zero_point = min(max(round(-lo / scale), 0), 255)
+    with warnings.catch_warnings():  # quantized tensors are deprecated; only the fused kernel is used
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
+    return q, scale, zero_point
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` for CPU inference in int8 on oneDNN's int8 dot-product kernels (VNNI).
+
+    Weights: symmetric int8, one scale per output channel, packed once. Activations: asymmetric
+    uint8 with one scale per tensor taken from each batch's range (dynamic quantisation, as
+    ``torch.ao.quantization.quantize_dynamic``). The output is dequantised to the input's dtype,
+    with ``act`` ("gelu", "gelu_tanh") fused into the kernel.
+    """
+
+    def __init__(self, linear: nn.Linear, act: str | None = None, out_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if act not in (None, "gelu", "gelu_tanh"):
+            raise ValueError(f"act must be None, 'gelu' or 'gelu_tanh', got {act!r}")
+        w = linear.weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.act = act
+        self.out_dtype = out_dtype  # None: the input's dtype
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        wq = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+        self.w_scale = scale
+        self.w_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
+        self.packed = torch.ops.onednn.qlinear_prepack(wq, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, scale, zp = _quantize_activations(x)
+        post, algorithm = ("none", "") if self.act is None else ("gelu", "tanh" if self.act == "gelu_tanh" else "none")
+        return torch.ops.onednn.qlinear_pointwise(
+            q, scale, zp, self.packed, self.w_scale, self.w_zero_point, self.bias, 1.0, 0,
+            self.out_dtype or x.dtype, post, [], algorithm,
+        )  # fmt: skip
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Int8Linear:
+        raise TypeError("an Int8Linear cannot be copied; prepare the original model again")
+
+    def extra_repr(self) -> str:
+        act = f", act={self.act}" if self.act else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8{act}"
+
+
+def _act_name(module: nn.Module) -> str | None:
+    if isinstance(module, nn.GELU):
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    return None
+
+
+def pack_linears(model: nn.Module, dtype: torch.dtype, rows_hint: int | None = None, int8: bool = False) -> int:
+    """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`PackedLinear` in ``dtype``
+    (or an :class:`Int8Linear` when ``int8``); in vitkit's Transformer MLP the GELU after the
+    first dense layer is fused into it. Returns the number of layers replaced."""
+
+    def make(linear: nn.Linear, act: str | None, out_dtype: torch.dtype = dtype) -> nn.Module:
+        return Int8Linear(linear, act, out_dtype) if int8 else PackedLinear.from_linear(linear, dtype, act, rows_hint)
+
+    count = 0
+    for module in list(model.modules()):
+        if isinstance(module, Mlp) and type(module.fc1) is nn.Linear and _act_name(module.act) is not None:
+            # in int8, fc1's output goes straight to fc2's quantisation, which reads fp32
+            module.fc1 = make(module.fc1, _act_name(module.act), torch.float32)
+            module.act = nn.Identity()
+            count += 1
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, make(child, None))
+                count += 1
+    return count
+
+
+def prepare_inference(model: nn.Module, precision: str = "fp32", pack: bool | None = None) -> nn.Module:
+    """An inference-only copy of ``model``, prepared once for serving (the argument is untouched).
+
+    ``precision``: "fp32"; "bf16" (bf16 weights); "int8" (dynamic quantisation of the linear
+    layers: int8 weights per output channel, activations quantised per batch, on the CPU's int8
+    dot-product instructions; with oneDNN the rest of the model runs in bf16). Feed inputs of
+    the returned model's ``input_dtype``. ``pack`` (default: on a CPU with oneDNN) uses oneDNN's
+    packed kernels (:class:`PackedLinear`, :class:`Int8Linear`); without it fp32 and bf16 keep
+    ``nn.Linear`` and int8 uses ``torch.ao.quantization.quantize_dynamic``. The copy cannot be
+    trained and its ``state_dict`` lacks the packed layers' weights; keep the original to save
+    or fine-tune.
+    """
+    if precision not in ("fp32", "bf16", "int8"):
+        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+    model = copy.deepcopy(model).eval()
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    available = onednn_int8_available() if precision == "int8" else onednn_linear_available()
+    if pack is None:
+        pack = on_cpu and available
+    if pack and not on_cpu:
+        raise ValueError("pack=True needs a model on the CPU (oneDNN kernels)")
+    if pack and not available:
+        raise RuntimeError(f"pack=True needs a torch build with oneDNN's {precision} linear kernels; this one has none")
+    if precision == "int8" and not pack:
+        from torch.ao.quantization import quantize_dynamic
+
+        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        model.input_dtype = torch.float32
+        return model
+    dtype = torch.bfloat16 if precision == "int8" else _DTYPES[precision]
+    if pack:
+        pack_linears(model, dtype, int8=precision == "int8")  # from the fp32 weights
+    model = model.to(dtype)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.input_dtype = dtype
+    return model
+
+
+__all__ = [
+    "Int8Linear",
+    "PackedLinear",
+    "onednn_int8_available",
+    "onednn_linear_available",
+    "pack_linears",
+    "prepare_inference",
+]
