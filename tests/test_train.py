@@ -132,6 +132,35 @@ def test_patch_drop_runs_for_its_share_of_the_steps(tmp_path):
         Trainer(load_recipe(write_recipe(tmp_path, train__patch_drop=1.0)), tmp_path / "bad")
 
 
+def test_tensorboard_gets_every_logged_scalar(tmp_path, monkeypatch):
+    from vitkit.train import loop
+
+    class FakeWriter:
+        def __init__(self) -> None:
+            self.scalars: list[tuple[str, float, int]] = []
+            self.closed = False
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            self.scalars.append((tag, value, step))
+
+        def close(self) -> None:
+            self.closed = True
+
+    writer = FakeWriter()
+    monkeypatch.setattr(loop, "_tensorboard", lambda out: writer)
+    train(load_recipe(write_recipe(tmp_path, train__steps=4, log__eval_every=4)), tmp_path / "run")
+    tags = {tag for tag, _, _ in writer.scalars}
+    assert {"loss", "lr", "top1"} <= tags and writer.closed
+    assert sorted({step for tag, _, step in writer.scalars if tag == "loss"}) == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_compiled_training_runs_and_learns(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, train__steps=30, train__compile=True, log__eval_every=30))
+    result = train(recipe, tmp_path / "run")
+    assert result.final_top1 is not None and result.final_top1 > 0.3
+
+
 def test_resume_with_another_recipe_is_refused(tmp_path):
     train(load_recipe(write_recipe(tmp_path, train__steps=4)), tmp_path / "run")
     with pytest.raises(TrainingError, match=r"different recipe \(changed: optim.lr"):
