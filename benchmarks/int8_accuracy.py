@@ -10,7 +10,6 @@ writes JSON.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from pathlib import Path
 
@@ -35,7 +34,7 @@ def main() -> None:
     dataset = build_dataset(args.data, args.split)
     rows = []
     for precision in ("fp32", "bf16", "int8"):
-        model = prepare_inference(copy.deepcopy(base), precision)
+        model = prepare_inference(base, precision)  # a copy; base stays as loaded
         res = evaluate(model, dataset, batch_size=args.batch_size, precision="bf16" if precision == "bf16" else "fp32")
         rows.append({"precision": precision, "top1": 100 * res["top1"], "images_per_s": res["images_per_s"]})
     fp32 = rows[0]["top1"]

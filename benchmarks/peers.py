@@ -7,7 +7,9 @@ peer also runs in its own best mode (bf16 weights, its fused attention, torch.co
 Peers that are not installed are skipped and listed. vitkit serves through
 ``vitkit.inference.prepare_inference`` (oneDNN-packed layers); the peers run their own modules.
 The rows "timm+vitkit-serving" give timm's model vitkit's serving path, to show how much of the
-inference lead is that path: they are reference rows, not peers.
+inference lead is that path: they are reference rows, not peers (they get the packed layers, not
+the GELU fusion, which is for vitkit's MLP). In int8, vitkit runs everything but the linear layers
+in bf16; timm's `quantize_dynamic` runs it in fp32.
 
     python benchmarks/peers.py                      # all suites
     python benchmarks/peers.py --suite infer_b16    # one suite

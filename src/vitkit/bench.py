@@ -57,7 +57,7 @@ def matmul_ceiling(precision: str = "fp32", device: str | torch.device = "cpu", 
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         kernels = [functools.partial(torch.mm, a, b)]
-        if device.type == "cpu" and onednn_linear_available():
+        if device.type == "cpu" and onednn_linear_available(dtype):
             kernels.append(functools.partial(PackedLinear(b, None), a))
         for kernel in kernels:
             kernel()
@@ -150,7 +150,7 @@ def make_step(
     :func:`prepare_inference`), or a training step (forward, backward, AdamW) with bf16 autocast
     and fp32 weights when ``precision`` is bf16. Shared with ``benchmarks/peers.py``."""
     if mode == "infer":
-        model = prepare_inference(model, precision, pack=pack)
+        model = prepare_inference(model, precision, pack=pack, copy_model=False)  # built for this run
         x = x.to(model.input_dtype)
         fn = torch.compile(model) if compile else model
 

@@ -13,6 +13,7 @@ the measurements. Elsewhere (CUDA, builds without oneDNN) the layers are left as
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from typing import Any
 
@@ -24,14 +25,28 @@ from .models.vit import Mlp
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def onednn_linear_available() -> bool:
-    """Whether this torch build has oneDNN's packed linear kernels (x86 CPU builds do)."""
+def onednn_linear_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU have oneDNN's packed linear kernels in ``dtype`` (bf16
+    needs AVX-512 on x86)."""
     mkldnn = torch.ops.mkldnn
-    return (
+    ok = (
         torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_linear_pointwise")
         and hasattr(mkldnn, "_reorder_linear_weight")
     )
+    if ok and dtype == torch.bfloat16:
+        ok = bool(getattr(mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+    return ok
+
+
+def _check_serving_input(layer: str, x: torch.Tensor) -> None:
+    if x.device.type != "cpu":
+        raise ValueError(f"{layer} runs on the CPU only; got an input on {x.device}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError(
+            f"{layer} is inference-only (no gradient flows through it); take gradients through the "
+            "original model, not the one prepare_inference returned"
+        )
 
 
 class PackedLinear(nn.Module):
@@ -62,6 +77,7 @@ class PackedLinear(nn.Module):
         return cls(linear.weight.to(dtype), linear.bias, act, rows_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_serving_input("PackedLinear", x)
         if x.dtype != self.dtype:
             raise TypeError(f"PackedLinear holds {self.dtype} weights but got a {x.dtype} input")
         if self.act is None:
@@ -71,7 +87,7 @@ class PackedLinear(nn.Module):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
         bias = None if self.bias is None else self.bias.clone()
-        return PackedLinear(self.packed.to_dense(), bias, self.act, self.rows_hint)
+        return PackedLinear(self.packed.to_dense(), bias, self.act, self.rows_hint).train(self.training)
 
     def extra_repr(self) -> str:
         act = f", act={self.act}" if self.act else ""
@@ -79,7 +95,7 @@ class PackedLinear(nn.Module):
 
 
 def onednn_int8_available() -> bool:
-    """Whether this torch build has oneDNN's int8 linear kernels (x86 CPU builds do)."""
+    """Whether this torch build has oneDNN's int8 linear kernels."""
     onednn = getattr(torch.ops, "onednn", None)
     return (
         torch.backends.mkldnn.is_available()
@@ -92,7 +108,10 @@ def onednn_int8_available() -> bool:
 def _quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
     """Asymmetric uint8, one scale per tensor, from this batch's range (dynamic quantisation)."""
     lo, hi = torch.aminmax(x)
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"Int8Linear got a non-finite input (range {lo} .. {hi}); it cannot be quantised")
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = max((hi - lo) / 255.0, 1e-8)
     zero_point = min(max(round(-lo / scale), 0), 255)
     with warnings.catch_warnings():  # quantized tensors are deprecated; only the fused kernel is used
@@ -126,6 +145,9 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_serving_input("Int8Linear", x)
+        if x.numel() == 0:
+            return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.out_dtype or x.dtype)
         q, scale, zp = _quantize_activations(x)
         post, algorithm = ("none", "") if self.act is None else ("gelu", "tanh" if self.act == "gelu_tanh" else "none")
         return torch.ops.onednn.qlinear_pointwise(
@@ -148,16 +170,19 @@ def _act_name(module: nn.Module) -> str | None:
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype, rows_hint: int | None = None, int8: bool = False) -> int:
-    """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`PackedLinear` in ``dtype``
-    (or an :class:`Int8Linear` when ``int8``); in vitkit's Transformer MLP the GELU after the
-    first dense layer is fused into it. Returns the number of layers replaced."""
+    """Replace the linear layers of ``model`` (in place; those whose type is exactly
+    ``nn.Linear``: subclasses, such as ``nn.MultiheadAttention``'s projection, are left alone)
+    by :class:`PackedLinear` in ``dtype``, or :class:`Int8Linear` when ``int8``. In vitkit's
+    Transformer MLP the GELU after the first dense layer is fused into it. Returns the number of
+    layers replaced."""
 
     def make(linear: nn.Linear, act: str | None, out_dtype: torch.dtype = dtype) -> nn.Module:
         return Int8Linear(linear, act, out_dtype) if int8 else PackedLinear.from_linear(linear, dtype, act, rows_hint)
 
     count = 0
     for module in list(model.modules()):
-        if isinstance(module, Mlp) and type(module.fc1) is nn.Linear and _act_name(module.act) is not None:
+        fusable = isinstance(module, Mlp) and type(module.fc1) is nn.Linear and type(module.fc2) is nn.Linear
+        if fusable and _act_name(module.act) is not None:
             # in int8, fc1's output goes straight to fc2's quantisation, which reads fp32
             module.fc1 = make(module.fc1, _act_name(module.act), torch.float32)
             module.act = nn.Identity()
@@ -169,42 +194,56 @@ def pack_linears(model: nn.Module, dtype: torch.dtype, rows_hint: int | None = N
     return count
 
 
-def prepare_inference(model: nn.Module, precision: str = "fp32", pack: bool | None = None) -> nn.Module:
-    """An inference-only copy of ``model``, prepared once for serving (the argument is untouched).
+def prepare_inference(
+    model: nn.Module, precision: str = "fp32", pack: bool | None = None, copy_model: bool = True
+) -> nn.Module:
+    """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
+    in place when ``copy_model`` is False (saves memory when the original is not needed).
 
     ``precision``: "fp32"; "bf16" (bf16 weights); "int8" (dynamic quantisation of the linear
     layers: int8 weights per output channel, activations quantised per batch, on the CPU's int8
-    dot-product instructions; with oneDNN the rest of the model runs in bf16). Feed inputs of
-    the returned model's ``input_dtype``. ``pack`` (default: on a CPU with oneDNN) uses oneDNN's
-    packed kernels (:class:`PackedLinear`, :class:`Int8Linear`); without it fp32 and bf16 keep
-    ``nn.Linear`` and int8 uses ``torch.ao.quantization.quantize_dynamic``. The copy cannot be
-    trained and its ``state_dict`` lacks the packed layers' weights; keep the original to save
-    or fine-tune.
+    dot-product instructions; with oneDNN the rest of the model runs in bf16 where the CPU has
+    bf16 kernels, else in fp32). Feed inputs of the returned model's ``input_dtype``. ``pack``
+    (default: on a CPU whose oneDNN has the kernels) uses :class:`PackedLinear` /
+    :class:`Int8Linear`; without it fp32 and bf16 keep ``nn.Linear`` and int8 uses
+    ``torch.ao.quantization.quantize_dynamic``. The result cannot be trained or differentiated
+    and its ``state_dict`` lacks the packed layers' weights; keep the original to save or
+    fine-tune.
     """
     if precision not in ("fp32", "bf16", "int8"):
         raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
-    model = copy.deepcopy(model).eval()
+    if any(isinstance(m, (PackedLinear, Int8Linear)) for m in model.modules()):
+        raise ValueError("this model was prepared for inference already; prepare the original model instead")
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    available = onednn_int8_available() if precision == "int8" else onednn_linear_available()
+    if precision == "int8" and not on_cpu:
+        device = next(p.device for p in model.parameters() if p.device.type != "cpu")
+        raise ValueError(f"int8 serving runs on the CPU's int8 kernels; the model is on {device} (use bf16 there)")
+    if precision == "int8":
+        rest = torch.bfloat16 if onednn_linear_available(torch.bfloat16) else torch.float32
+        available = onednn_int8_available()
+    else:
+        rest = _DTYPES[precision]
+        available = onednn_linear_available(rest)
     if pack is None:
         pack = on_cpu and available
     if pack and not on_cpu:
         raise ValueError("pack=True needs a model on the CPU (oneDNN kernels)")
     if pack and not available:
-        raise RuntimeError(f"pack=True needs a torch build with oneDNN's {precision} linear kernels; this one has none")
+        raise RuntimeError(f"pack=True needs oneDNN's {precision} linear kernels; this torch build or CPU has none")
+    if copy_model:
+        model = copy.deepcopy(model)
     if precision == "int8" and not pack:
         from torch.ao.quantization import quantize_dynamic
 
-        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        model = quantize_dynamic(model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=True)
         model.input_dtype = torch.float32
         return model
-    dtype = torch.bfloat16 if precision == "int8" else _DTYPES[precision]
     if pack:
-        pack_linears(model, dtype, int8=precision == "int8")  # from the fp32 weights
-    model = model.to(dtype)
+        pack_linears(model, rest, int8=precision == "int8")  # from the fp32 weights
+    model = model.to(rest).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    model.input_dtype = dtype
+    model.input_dtype = rest
     return model
 
 

@@ -140,11 +140,13 @@ def model_outputs(
     labels: list[torch.Tensor] = []
     start = time.perf_counter()
     try:
-        with torch.inference_mode(), _autocast(dev, precision):
+        # a model from prepare_inference has its precision built in: no autocast around it
+        served = hasattr(model, "input_dtype")
+        with torch.inference_mode(), _autocast(dev, "fp32" if served else precision):
             for images, y in _batches(dataset, batch_size, max_images, sample_seed):
                 x = match_channels(images.to(dev, non_blocking=True), in_chans)
                 x = eval_transform(x, tcfg)  # (B, C, H, W) float, the model's range
-                x = x.to(getattr(model, "input_dtype", x.dtype))  # a model from prepare_inference
+                x = x.to(model.input_dtype) if served else x
                 out = forward(x)
                 outs.append(out.float().cpu())
                 labels.append(y.long().cpu())

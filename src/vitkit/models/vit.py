@@ -246,7 +246,9 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         return resample_pos_embed(self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=prefix)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied."""
+        """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied; in training
+        with a patch drop rate (:meth:`set_patch_drop`) only the kept patch tokens: a random subset
+        of the grid, in raster order."""
         self._check_input(x)
         x = self.patch_embed(x)  # (B, D, gh, gw)
         grid = (x.shape[2], x.shape[3])
