@@ -23,6 +23,7 @@ from torch import nn
 
 from .cli import _EXTRA_PARSERS, command
 from .inference import (
+    _DTYPES,
     Int8Linear,
     PackedLinear,
     _quantize_activations,
@@ -33,8 +34,6 @@ from .inference import (
 from .models.flops import count_params, model_flops
 from .models.registry import create_model
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -43,22 +42,23 @@ def _sync(device: torch.device) -> None:
 
 def matmul_ceiling(precision: str = "fp32", device: str | torch.device = "cpu", sizes=(2048, 4096)) -> float:
     """The machine's matrix-multiply GFLOP/s in ``precision`` (int8: GOP/s of oneDNN's int8 kernel
-    where there is one, else the bf16 figure): the best
-    over large square matrices of ``torch.mm`` and, on a CPU with oneDNN, of oneDNN's packed
-    linear kernel. Both count: on AMD processors ``torch.mm`` in fp32 goes through MKL's AVX2
-    path and reaches about half of what oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would
-    understate the machine."""
+    where there is one, else the bf16 figure): the best over large square matrices of
+    ``torch.mm`` and, on a CPU with oneDNN, of oneDNN's packed linear kernel. Both count: on AMD
+    processors ``torch.mm`` in fp32 goes through MKL's AVX2 path and reaches about half of what
+    oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would understate the machine."""
     device = torch.device(device)
-    if precision == "int8" and device.type == "cpu" and onednn_int8_available():
-        return _int8_ceiling(sizes)
+    int8 = precision == "int8" and device.type == "cpu" and onednn_int8_available()
     dtype = _DTYPES.get(precision, torch.bfloat16)
     best = 0.0
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        kernels = [functools.partial(torch.mm, a, b)]
-        if device.type == "cpu" and onednn_linear_available(dtype):
-            kernels.append(functools.partial(PackedLinear(b, None), a))
+        if int8:
+            kernels = [_int8_kernel(a)]
+        else:
+            kernels = [functools.partial(torch.mm, a, b)]
+            if device.type == "cpu" and onednn_linear_available(dtype):
+                kernels.append(functools.partial(PackedLinear(b, None), a))
         for kernel in kernels:
             kernel()
             _sync(device)
@@ -72,36 +72,15 @@ def matmul_ceiling(precision: str = "fp32", device: str | torch.device = "cpu", 
     return best
 
 
-def _int8_ceiling(sizes: tuple[int, ...]) -> float:
-    """GOP/s of oneDNN's int8 linear kernel (uint8 x int8, fp32 out) on square matrices."""
-    best = 0.0
-    for n in sizes:
-        layer = Int8Linear(nn.Linear(n, n, bias=False), out_dtype=torch.float32)
-        a = torch.randn(n, n)
-        q, scale, zp = _quantize_activations(a)
-        args = (
-            q,
-            scale,
-            zp,
-            layer.packed,
-            layer.w_scale,
-            layer.w_zero_point,
-            None,
-            1.0,
-            0,
-            torch.float32,
-            "none",
-            [],
-            "",
-        )
-        torch.ops.onednn.qlinear_pointwise(*args)
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            torch.ops.onednn.qlinear_pointwise(*args)
-            times.append(time.perf_counter() - t)
-        best = max(best, 2 * n**3 / min(times) / 1e9)
-    return best
+def _int8_kernel(a: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """oneDNN's int8 linear kernel alone (uint8 x int8, fp32 out) on ``a``, quantised beforehand."""
+    n = a.shape[1]
+    layer = Int8Linear(nn.Linear(n, n, bias=False), out_dtype=torch.float32)
+    q, scale, zp = _quantize_activations(a)
+    weights = (layer.packed, layer.w_scale, layer.w_zero_point)
+    return functools.partial(
+        torch.ops.onednn.qlinear_pointwise, q, scale, zp, *weights, None, 1.0, 0, torch.float32, "none", [], ""
+    )
 
 
 @dataclass

@@ -49,6 +49,15 @@ def _check_serving_input(layer: str, x: torch.Tensor) -> None:
         )
 
 
+def _epilogue(act: str | None) -> tuple[str, str]:
+    """oneDNN's (post-op, algorithm) for a fused activation: None, "gelu" or "gelu_tanh"."""
+    if act is None:
+        return "none", ""
+    if act in ("gelu", "gelu_tanh"):
+        return "gelu", "tanh" if act == "gelu_tanh" else "none"
+    raise ValueError(f"act must be None, 'gelu' or 'gelu_tanh', got {act!r}")
+
+
 class PackedLinear(nn.Module):
     """``nn.Linear`` for CPU inference with its weight reordered once for oneDNN.
 
@@ -61,8 +70,7 @@ class PackedLinear(nn.Module):
         self, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None = None, rows_hint: int | None = None
     ) -> None:
         super().__init__()
-        if act not in (None, "gelu", "gelu_tanh"):
-            raise ValueError(f"act must be None, 'gelu' or 'gelu_tanh', got {act!r}")
+        self.post = _epilogue(act)
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self.act = act
@@ -80,10 +88,8 @@ class PackedLinear(nn.Module):
         _check_serving_input("PackedLinear", x)
         if x.dtype != self.dtype:
             raise TypeError(f"PackedLinear holds {self.dtype} weights but got a {x.dtype} input")
-        if self.act is None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        algorithm = "tanh" if self.act == "gelu_tanh" else "none"
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], algorithm)
+        post, algorithm = self.post
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], algorithm)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
         bias = None if self.bias is None else self.bias.clone()
@@ -131,8 +137,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, act: str | None = None, out_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if act not in (None, "gelu", "gelu_tanh"):
-            raise ValueError(f"act must be None, 'gelu' or 'gelu_tanh', got {act!r}")
+        self.post = _epilogue(act)
         w = linear.weight.detach().float()
         self.out_features, self.in_features = w.shape
         self.act = act
@@ -149,7 +154,7 @@ class Int8Linear(nn.Module):
         if x.numel() == 0:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.out_dtype or x.dtype)
         q, scale, zp = _quantize_activations(x)
-        post, algorithm = ("none", "") if self.act is None else ("gelu", "tanh" if self.act == "gelu_tanh" else "none")
+        post, algorithm = self.post
         return torch.ops.onednn.qlinear_pointwise(
             q, scale, zp, self.packed, self.w_scale, self.w_zero_point, self.bias, 1.0, 0,
             self.out_dtype or x.dtype, post, [], algorithm,
