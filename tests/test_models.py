@@ -234,3 +234,10 @@ def test_patch_dropout_keeps_a_subset_of_patches_in_training_only(classifier):
     model(x).sum().backward()  # the encoder and head run on the shorter sequence
     with pytest.raises(ValueError, match=r"patch drop rate must be in \[0, 1\), got 1.0"):
         model.set_patch_drop(1.0)
+
+
+def test_mimetic_init_of_a_resnet_is_a_clear_error():
+    from vitkit.models.init import mimetic_init_
+
+    with pytest.raises(ValueError, match="needs a ViT's attention blocks; ResNetV2 has none"):
+        mimetic_init_(vitkit.create_model("bit_r50x1", num_classes=2))

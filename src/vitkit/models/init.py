@@ -32,6 +32,11 @@ def mimetic_init_(
     seed: int = 0,
 ) -> nn.Module:
     """Re-initialise every block's attention of a vitkit ViT in place (see the module docstring)."""
+    if not hasattr(model, "blocks"):
+        raise ValueError(
+            f"mimetic initialisation needs a ViT's attention blocks; {type(model).__name__} has none "
+            "(in a recipe: model.init=default)"
+        )
     g = torch.Generator().manual_seed(seed)
     for blk in model.blocks:
         attn = blk.attn
