@@ -148,6 +148,8 @@ class Contender:
     times: list[float] = field(default_factory=list)
     step: Callable[[], None] | None = None
     error: str | None = None
+    setup_s: float | None = None  # building, warm-up and compiling
+    peak_mb: float | None = None  # GPU only: peak allocated during warm-up, above what was there
 
     @property
     def label(self) -> str:
@@ -159,13 +161,24 @@ def uses_vitkit_serving(peer: str) -> bool:
 
 
 def make_step(
-    model: nn.Module, arch: str, mode: str, precision: str, batch: int, compile: bool, peer: str = "vitkit"
+    model: nn.Module,
+    arch: str,
+    mode: str,
+    precision: str,
+    batch: int,
+    compile: bool,
+    peer: str = "vitkit",
+    device: str = "cpu",
 ) -> Callable[[], None]:
-    """Inference: vitkit's serving path (oneDNN-packed layers) for vitkit; the peers' own modules
-    (bf16 weights, or torch.ao dynamic int8) for the peers."""
+    """Inference: vitkit's serving path (oneDNN-packed layers on a CPU) for vitkit; the peers' own
+    modules (bf16 weights, or torch.ao dynamic int8) for the peers. On a GPU everyone runs their
+    own module (bf16 weights for inference, autocast and fused AdamW for training)."""
     img, _, c, *_rest, k = ARCHS[arch]
-    x, y = torch.randn(batch, c, img, img), torch.randint(0, k, (batch,))
-    return bench_step(model, x, y, mode, precision, compile, pack=None if uses_vitkit_serving(peer) else False)
+    x = torch.randn(batch, c, img, img, device=device)
+    y = torch.randint(0, k, (batch,), device=device)
+    model = model.to(device)
+    pack = None if uses_vitkit_serving(peer) and device == "cpu" else False
+    return bench_step(model, x, y, mode, precision, compile, pack=pack)
 
 
 SUITES = {
@@ -224,8 +237,23 @@ SUITES = {
     ),
 }
 
+# On a GPU: the issue's ViT-B/16 and L/16 in bf16, at batches that fill an H200-class card.
+GPU_PEERS = ["vitkit", "timm", "hf-sdpa", "torchvision"]
+GPU_SUITES = {
+    "gpu_infer_b16": ("b16", "infer", 256, [(p, "bf16", False) for p in GPU_PEERS]),
+    "gpu_train_b16": ("b16", "train", 128, [(p, "bf16", False) for p in GPU_PEERS]),
+    "gpu_infer_l16": ("l16", "infer", 128, [(p, "bf16", False) for p in GPU_PEERS]),
+    "gpu_train_l16": ("l16", "train", 64, [(p, "bf16", False) for p in GPU_PEERS]),
+}
+SUITES.update(GPU_SUITES)
 
-def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool) -> dict:
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool, device: str = "cpu") -> dict:
     arch, mode, batch, spec = SUITES[name]
     if compile_too:
         spec = spec + [(p, prec, True) for p, prec, c in spec if prec != "int8" and p in ("vitkit", "timm")]
@@ -234,10 +262,19 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
     for ct in contenders:
         try:
             torch.manual_seed(0)
+            if device != "cpu":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
             model = PEERS[ct.peer](arch)
-            ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile, ct.peer)
+            t = time.perf_counter()
+            ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile, ct.peer, device)
             for _ in range(warmup):
                 ct.step()
+            _sync(device)
+            ct.setup_s = time.perf_counter() - t  # includes torch.compile's compile time
+            if device != "cpu":
+                ct.peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
         except Exception as e:  # a peer that is missing or cannot run this mode is reported, not fatal
             ct.error = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
             ct.step = None
@@ -249,10 +286,11 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
             for _ in range(iters):
                 t = time.perf_counter()
                 ct.step()
+                _sync(device)
                 ts.append(time.perf_counter() - t)
             ct.times.append(statistics.median(ts))
     precisions = {ct.precision for ct in contenders}
-    ceilings = {p: matmul_ceiling(p) for p in precisions}
+    ceilings = {p: matmul_ceiling(p, device) for p in precisions}
     rows = []
     for ct in contenders:
         if ct.step is None:
@@ -271,9 +309,19 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
                 "achieved_gflops": flops * ips / 1e9,
                 "fraction_of_ceiling": flops * ips / 1e9 / ceiling,
                 "round_medians_s": ct.times,
+                "setup_s": ct.setup_s,
+                "peak_memory_mb": ct.peak_mb,
             }
         )
-    return {"suite": name, "arch": arch, "mode": mode, "batch": batch, "rows": rows, "ceilings": ceilings}
+    return {
+        "suite": name,
+        "arch": arch,
+        "mode": mode,
+        "batch": batch,
+        "device": device,
+        "rows": rows,
+        "ceilings": ceilings,
+    }
 
 
 def print_suite(res: dict) -> None:
@@ -285,14 +333,18 @@ def print_suite(res: dict) -> None:
         for prec in ("fp32", "bf16", "int8")
     }
     best_peer_any = max((r["images_per_s"] for r in peers), default=None)
-    print(f"{'contender':<32} {'img/s':>9} {'% ceiling':>10} {'vs best peer, same precision':>30}")
+    gpu = res.get("device", "cpu") != "cpu"
+    mem = f" {'peak MB':>9}" if gpu else ""
+    print(f"{'contender':<32} {'img/s':>9} {'% ceiling':>10} {'vs best peer, same precision':>30}{mem}")
     for r in res["rows"]:
         if "error" in r:
             print(f"{r['contender']:<32} {'skipped':>9}  ({r['error']})")
             continue
         ref = best_peer.get(r["precision"])
         ratio = f"{r['images_per_s'] / ref:.2f}x" if ref and uses_vitkit_serving(r["peer"]) else ""
-        print(f"{r['contender']:<32} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}")
+        mem = f" {r['peak_memory_mb']:9.0f}" if gpu and r.get("peak_memory_mb") is not None else ""
+        line = f"{r['contender']:<32} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}"
+        print(line + mem)
     vk = max((r["images_per_s"] for r in ok if r["peer"] == "vitkit"), default=None)
     if vk and best_peer_any:
         print(f"best vitkit mode vs best peer mode: {vk / best_peer_any:.2f}x")
@@ -325,7 +377,12 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also run vitkit and timm under torch.compile")
     ap.add_argument("--memory", action="store_true", help="peak memory of a ViT-B/16 training step per peer")
     ap.add_argument("--json", default="benchmarks/out/peers.json")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default suites: gpu_* on cuda, the rest on cpu)")
     args = ap.parse_args()
+    if args.device != "cpu" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: CUDA is not available here")
+    if args.device != "cpu" and args.memory:
+        ap.error("--memory measures CPU peak memory; on a GPU each suite reports its peak allocated memory")
     torch.set_flush_denormal(True)
     info = {
         "python": platform.python_version(),
@@ -334,7 +391,10 @@ def main() -> None:
         "machine": platform.machine(),
         "processor": _cpu_name(),
         "command": " ".join(sys.argv),
+        "device": args.device,
     }
+    if args.device != "cpu":
+        info["gpu"] = torch.cuda.get_device_name()
     for mod in ("timm", "transformers", "torchvision"):
         try:
             info[mod] = __import__(mod).__version__
@@ -342,8 +402,9 @@ def main() -> None:
             info[mod] = None
     print(json.dumps(info))
     results = []
-    for name in args.suite or list(SUITES):
-        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile)
+    default = [n for n in SUITES if (n in GPU_SUITES) == (args.device != "cpu")]
+    for name in args.suite or default:
+        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile, args.device)
         print_suite(res)
         results.append(res)
     memory = {}

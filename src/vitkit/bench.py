@@ -40,13 +40,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_ceiling(precision: str = "fp32", device: str | torch.device = "cpu", sizes=(2048, 4096)) -> float:
+def matmul_ceiling(
+    precision: str = "fp32", device: str | torch.device = "cpu", sizes: tuple[int, ...] | None = None
+) -> float:
     """The machine's matrix-multiply GFLOP/s in ``precision`` (int8: GOP/s of oneDNN's int8 kernel
     where there is one, else the bf16 figure): the best over large square matrices of
     ``torch.mm`` and, on a CPU with oneDNN, of oneDNN's packed linear kernel. Both count: on AMD
     processors ``torch.mm`` in fp32 goes through MKL's AVX2 path and reaches about half of what
-    oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would understate the machine."""
+    oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would understate the machine. Sizes
+    default to 2048 and 4096 on a CPU, 4096 and 8192 on a GPU (smaller ones do not fill it)."""
     device = torch.device(device)
+    sizes = sizes or ((2048, 4096) if device.type == "cpu" else (4096, 8192))
     int8 = precision == "int8" and device.type == "cpu" and onednn_int8_available()
     dtype = _DTYPES.get(precision, torch.bfloat16)
     best = 0.0
@@ -143,7 +147,7 @@ def make_step(
     if precision not in ("fp32", "bf16"):
         raise ValueError("training runs in fp32 or bf16 (autocast with fp32 weights)")
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=x.is_cuda or None)  # one kernel on CUDA
     fn = torch.compile(model) if compile else model
 
     def train_step() -> None:

@@ -203,7 +203,8 @@ class Trainer:
             raise ValueError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
         # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
         self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
-        self.optimizer = build_optimizer(self.model, r.optim)
+        fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
+        self.optimizer = build_optimizer(self.model, r.optim, fused=fused)
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
         self.state = TrainState()
         self.resumed_from: int | None = None

@@ -33,14 +33,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimSection, fused: bool = False) -> torch.optim.Optimizer:
+    """The recipe's optimiser over ``model``'s trainable parameters. ``fused`` (CUDA parameters
+    only) runs Adam's update as one kernel per group instead of several per tensor."""
     name = cfg.name.lower()
     groups = param_groups(model, cfg.weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    if name == "adam":
+    if name in ("adamw", "adam"):
         # The paper's Adam with "weight decay": we apply it decoupled, as big_vision does.
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
     raise ValueError(f"unknown optimiser {cfg.name!r}: adamw, adam or sgd")
