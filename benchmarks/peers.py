@@ -351,15 +351,24 @@ def print_suite(res: dict) -> None:
     res["best_vitkit_vs_best_peer"] = vk / best_peer_any if vk and best_peer_any else None
 
 
+PEER_MODULES = ("timm", "transformers", "torchvision.models.vision_transformer")
+
+
 def train_peak_memory(peer: str, arch: str, batch: int, precision: str) -> float | None:
-    """Peak resident memory (MB) of a few training steps above the model's own, each peer in a
-    fresh process."""
+    """Peak resident memory (MB) of building the model and three training steps, each peer in a
+    fresh process. Every process imports all the installed peer libraries first and takes its
+    baseline after that: the heap a library's import leaves behind is reused by later allocations,
+    so a baseline taken after different imports (or after the model is built) would measure the
+    imports, not the training step."""
     code = (
-        "import sys,torch;sys.path.insert(0,'benchmarks');import peers as P;from vitkit.bench import peak_rss_kb;"
-        f"torch.manual_seed(0);m=P.PEERS[{peer!r}]({arch!r});"
-        "b=peak_rss_kb();"
-        f"s=P.make_step(m,{arch!r},'train',{precision!r},{batch},False);[s() for _ in range(3)];"
-        "print((peak_rss_kb()-b)/1024)"
+        "import sys,importlib,torch;sys.path.insert(0,'benchmarks');import peers as P;"
+        "from vitkit.bench import peak_rss_kb\n"
+        "for m in P.PEER_MODULES:\n"
+        "    try: importlib.import_module(m)\n"
+        "    except Exception: pass\n"
+        "b=peak_rss_kb();torch.manual_seed(0)\n"
+        f"s=P.make_step(P.PEERS[{peer!r}]({arch!r}),{arch!r},'train',{precision!r},{batch},False)\n"
+        "[s() for _ in range(3)];print((peak_rss_kb()-b)/1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     try:
@@ -409,7 +418,7 @@ def main() -> None:
         results.append(res)
     memory = {}
     if args.memory:
-        print("\n== peak memory of a ViT-B/16 training step (batch 8, bf16 autocast), MB above the baseline ==")
+        print("\n== peak memory of building a ViT-B/16 and 3 training steps (batch 8, bf16 autocast), MB ==")
         for peer in ("vitkit", "timm", "hf-sdpa", "torchvision"):
             memory[peer] = train_peak_memory(peer, "b16", 8, "bf16")
             print(f"{peer:<14} {memory[peer] if memory[peer] is not None else 'skipped'}")

@@ -61,7 +61,7 @@ def test_fused_attention_matches_explicit_forward_and_backward(dtype):
     torch.nn.init.normal_(model.head.weight, std=0.02)  # zero-initialised: would hide everything
     x = torch.randn(4, 3, 64, 64, device="cuda")
     out, grads = {}, {}
-    for impl in ("sdpa", "math"):
+    for impl in ("sdpa", "math", "recompute"):
         model.set_attention_impl(impl)
         model.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
@@ -72,6 +72,8 @@ def test_fused_attention_matches_explicit_forward_and_backward(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert rel_err(out["sdpa"], out["math"]) < tol
     assert rel_err(grads["sdpa"], grads["math"]) < (1e-4 if dtype == torch.float32 else 5e-2)
+    assert rel_err(out["recompute"], out["math"]) < 1e-6
+    assert rel_err(grads["recompute"], grads["math"]) < 1e-5
 
 
 def test_cuda_forward_matches_cpu_in_fp32_and_bf16():

@@ -174,23 +174,55 @@ def test_model_in_train_mode_uses_dropout():
     assert not torch.allclose(a, b)
 
 
-def test_attention_paths_agree_in_values_and_gradients():
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_attention_paths_agree_in_values_and_gradients(autocast):
     torch.manual_seed(0)
     m = tiny("vit_ti16").train()
     torch.nn.init.normal_(m.head.weight, std=0.1)
     x = torch.randn(2, 3, *m.cfg.img_size)
-    outs, grads = [], []
-    for impl in ("sdpa", "math"):
+    outs, grads = {}, {}
+    for impl in ("sdpa", "math", "recompute"):
         m.set_attention_impl(impl)
         m.zero_grad()
-        out = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = m(x).float()
         out.square().sum().backward()
-        outs.append(out.detach())
-        grads.append(m.blocks[0].attn.qkv.weight.grad.clone())
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+        outs[impl] = out.detach()
+        grads[impl] = m.blocks[0].attn.qkv.weight.grad.clone()
+    if autocast:  # recompute is the explicit path with the weights recomputed: the same numbers
+        torch.testing.assert_close(outs["recompute"], outs["math"], atol=0, rtol=0)
+        torch.testing.assert_close(grads["recompute"], grads["math"], atol=0, rtol=0)
+        for a, b in ((outs["sdpa"], outs["math"]), (grads["sdpa"], grads["math"])):  # bf16 rounding
+            assert (a - b).norm() / b.norm() < 2e-2
+    else:
+        torch.testing.assert_close(outs["recompute"], outs["math"], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(grads["recompute"], grads["math"], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(outs["sdpa"], outs["math"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grads["sdpa"], grads["math"], atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="attention impl"):
         m.set_attention_impl("flash")
+
+
+def test_cpu_training_attention_keeps_weights_only_for_short_sequences():
+    """CPU training keeps the N x N weights for the backward only while they cost less than q, k
+    and v (N <= 3 head_dim); longer sequences recompute them, keeping what the fused kernel keeps."""
+
+    def saved_shapes(m, impl):
+        m.set_attention_impl(impl)
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+            m(torch.randn(2, 3, *m.cfg.img_size))
+        return shapes
+
+    for patch, keeps in ((4, False), (8, True)):  # N = 65 > 3 x 8, N = 17 < 3 x 8
+        m = vitkit.create_model("vit_ti16", img_size=32, patch_size=patch, width=32, depth=1, num_heads=4, mlp_dim=64)
+        n = m.cfg.grid_size[0] * m.cfg.grid_size[1] + 1
+        square = (2, 4, n, n)
+        assert square in saved_shapes(m, "math")
+        assert (square in saved_shapes(m, "auto")) == keeps
+        assert square not in saved_shapes(m, "recompute")
+        with torch.no_grad():  # nothing is saved without gradients: the explicit path
+            assert m.blocks[0].attn._path(torch.zeros(1, 4, n, 8, dtype=torch.bfloat16), False, 0.0) == "math"
 
 
 def test_mimetic_init_makes_qk_product_near_identity():

@@ -45,15 +45,53 @@ class PatchEmbed(nn.Module):
 # Transformer block (eqs. 2-3).
 
 
+ATTENTION_IMPLS = ("auto", "sdpa", "math", "recompute")
+
+
+class _RecomputedAttention(torch.autograd.Function):
+    """``softmax(q k^T * scale) v`` that saves only q, k and v for the backward, as the fused
+    kernels do, and recomputes the N x N weights there. The explicit path (``q k^T``, softmax,
+    ``@ v``) keeps the weights alive from forward to backward: 12 x B x H x N^2 values for a
+    ViT-B/16. Numerically the explicit path in the inputs' dtype, softmax included (as CPU
+    autocast runs it)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        with torch.autocast(q.device.type, enabled=False):
+            k, v = k.to(q.dtype), v.to(q.dtype)
+            weights = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = weights @ v
+        ctx.save_for_backward(q, k, v)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        q, k, v = ctx.saved_tensors
+        grad = grad.to(v.dtype)
+        qs = q * ctx.scale
+        weights = (qs @ k.transpose(-2, -1)).softmax(dim=-1)  # recomputed
+        grad_v = weights.transpose(-2, -1) @ grad
+        grad_w = grad @ v.transpose(-2, -1)
+        grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, weights.dtype)
+        grad_q = (grad_s @ k) * ctx.scale
+        grad_k = grad_s.transpose(-2, -1) @ qs
+        return grad_q, grad_k, grad_v, None
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv projection.
 
-    Two paths compute the same function. ``scaled_dot_product_attention`` (fused, memory
+    Three paths compute the same function. ``scaled_dot_product_attention`` (fused, memory
     efficient) is used on accelerators and for fp32 inference on the CPU. The explicit path
-    (``q k^T``, softmax, ``@ v``) is used when the caller asks for the weights and, by default,
-    for CPU training and bf16 CPU inference: for ViT-length sequences its backward is several
-    times faster than the CPU fused kernel's, and its bf16 forward ~8% faster (see
-    benchmarks/RESULTS.md). ``impl`` forces one: "auto", "sdpa" or "math".
+    (``q k^T``, softmax, ``@ v``: "math") is used when the caller asks for the weights and for
+    bf16 CPU inference, where it is ~8% faster than the fused kernel. CPU training takes the
+    explicit path too, since for ViT-length sequences its backward is several times faster than
+    the CPU fused kernel's; for sequences longer than 3 x head_dim (ViT-B/16 at 224 px: 197 > 192)
+    it recomputes the weights in the backward ("recompute", :class:`_RecomputedAttention`) and so
+    keeps no more for the backward than the fused kernel does (benchmarks/RESULTS.md). ``impl``
+    forces one: "auto", "sdpa", "math" or "recompute".
     """
 
     impl: str = "auto"
@@ -68,11 +106,21 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _use_math(self, q: torch.Tensor) -> bool:
-        if self.impl != "auto":
-            return self.impl == "math"
-        # On the CPU the fused kernel wins only for fp32 inference (benchmarks/RESULTS.md).
-        return q.device.type == "cpu" and (torch.is_grad_enabled() or q.dtype != torch.float32)
+    def _path(self, q: torch.Tensor, return_weights: bool, drop: float) -> str:
+        if return_weights:
+            return "math"
+        impl = self.impl
+        if impl == "auto":
+            # On the CPU the fused kernel wins only for fp32 inference (benchmarks/RESULTS.md).
+            if q.device.type != "cpu" or not (torch.is_grad_enabled() or q.dtype != torch.float32):
+                return "sdpa"
+            # Recompute the weights when keeping them would cost more than q, k and v together
+            # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is faster.
+            long = q.shape[-2] > 3 * q.shape[-1]
+            impl = "recompute" if long and torch.is_grad_enabled() and q.requires_grad else "math"
+        if impl == "recompute" and (drop > 0.0 or not torch.is_grad_enabled()):
+            return "math"  # dropout on the weights needs them kept; without gradients nothing is saved
+        return impl
 
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
@@ -82,9 +130,12 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
         drop = self.attn_drop if self.training else 0.0
         weights = None
-        if return_weights or self._use_math(q):
+        path = self._path(q, return_weights, drop)
+        if path == "math":
             weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
             out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
+        elif path == "recompute":
+            out = _RecomputedAttention.apply(q, k, v, self.scale)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # (B, H, N, hd)
         out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
@@ -338,8 +389,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     def set_attention_impl(self, impl: str) -> None:
         """Choose the attention path of every block: "auto" (default), "sdpa" or "math"."""
-        if impl not in ("auto", "sdpa", "math"):
-            raise ValueError(f"attention impl must be 'auto', 'sdpa' or 'math', got {impl!r}")
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         for blk in self.blocks:
             blk.attn.impl = impl
 

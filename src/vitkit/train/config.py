@@ -74,7 +74,7 @@ class TrainSection:
     fsdp: bool = False  # shard parameters with FSDP2 (torch.distributed.fsdp.fully_shard)
     patch_drop: float = 0.0  # fraction of patch tokens dropped per training image (PatchDropout)
     patch_drop_until: float = 1.0  # ... during this fraction of the steps; all tokens afterwards
-    attention: str = "auto"  # auto | sdpa | math; sdpa saves ~13% memory on CPU, math is faster there
+    attention: str = "auto"  # auto | sdpa | math | recompute (Attention's docstring says which runs where)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
