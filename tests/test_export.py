@@ -92,3 +92,54 @@ def test_bench_reports_fraction_of_ceiling():
     assert r.images_per_s > 0 and r.gflops_per_image > 0
     assert r.fraction_of_ceiling == pytest.approx(r.achieved_gflops / 100.0)
     assert r.achieved_gflops == pytest.approx(3 * r.gflops_per_image * r.images_per_s)
+
+
+@pytest.mark.skipif(not onednn_int8_available(), reason="this torch build has no oneDNN int8 kernels")
+def test_static_int8_calibrated_once_from_images():
+    from vitkit.data import build_dataset
+    from vitkit.eval import model_inputs
+    from vitkit.inference import calibrate_int8
+
+    torch.manual_seed(0)
+    m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.1)
+    data = build_dataset("synthetic", "train", img_size=32, n=64)
+    calib = [x for x, _ in model_inputs(m, data, batch_size=32)]  # the model's own preprocessing
+    x = torch.cat(calib)[:8]
+    with torch.inference_mode():
+        ref = m(x)
+        q8 = prepare_inference(m, "int8", calibration=calib)
+        got = q8(x.to(q8.input_dtype)).float()
+        fc1, fc2 = q8.blocks[0].mlp.fc1, q8.blocks[0].mlp.fc2
+        assert fc2.input_qparams is not None and fc1.output_qparams == fc2.input_qparams
+        assert fc1(torch.zeros(2, 3, 192, dtype=q8.input_dtype)).dtype == torch.uint8  # fc2's codes
+        assert "static" in repr(fc2) and not any(getattr(layer, "observing", False) for layer in q8.modules())
+        assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98
+        assert torch.isfinite(q8((100 * x).to(q8.input_dtype))).all()  # out of range: clamped, not broken
+        dynamic = prepare_inference(m, "int8")
+        with pytest.raises(TypeError, match="no static input scale"):
+            dynamic.blocks[0].mlp.fc2(torch.zeros(2, 3, 768, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="got no images"):
+            calibrate_int8(dynamic, [])
+        assert calibrate_int8(dynamic, x) == 2 * 4 + 1  # the same model, calibrated after the fact
+    with pytest.raises(ValueError, match="prepared with prepare_inference"):
+        calibrate_int8(prepare_inference(m, "bf16"), x)
+    with pytest.raises(ValueError, match="calibration sets static int8 scales"):
+        prepare_inference(m, "bf16", calibration=x)
+
+
+def test_attention_scale_folded_into_qkv_for_serving():
+    from vitkit.inference import fold_attention_scale
+
+    torch.manual_seed(0)
+    m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_heads=6, num_classes=5).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.1)  # head_dim 32: the scale is not a power of two
+    x = torch.randn(2, 3, 32, 32)
+    folded = copy.deepcopy(m)
+    assert fold_attention_scale(folded) == 2 and folded.blocks[0].attn.scale == 1.0
+    with torch.no_grad():
+        for impl in ("sdpa", "math"):
+            m.set_attention_impl(impl)
+            folded.set_attention_impl(impl)
+            torch.testing.assert_close(folded(x), m(x), atol=1e-5, rtol=1e-5)
+    assert m.blocks[0].attn.scale == 32**-0.5

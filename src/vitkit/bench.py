@@ -130,10 +130,14 @@ def make_step(
     pack: bool | None = None,
 ) -> Callable[[], None]:
     """One timed unit of work: an inference forward (weights prepared with
-    :func:`prepare_inference`), or a training step (forward, backward, AdamW) with bf16 autocast
-    and fp32 weights when ``precision`` is bf16. Shared with ``benchmarks/peers.py``."""
+    :func:`prepare_inference`; int8 with static scales calibrated on ``x``), or a training step
+    (forward, backward, AdamW) with bf16 autocast and fp32 weights when ``precision`` is bf16.
+    Shared with ``benchmarks/peers.py``."""
     if mode == "infer":
-        model = prepare_inference(model, precision, pack=pack, copy_model=False)  # built for this run
+        # int8 on oneDNN: static scales calibrated on the benchmark's own input
+        static = precision == "int8" and pack is not False and x.device.type == "cpu" and onednn_int8_available()
+        calibration = x if static else None
+        model = prepare_inference(model, precision, pack=pack, copy_model=False, calibration=calibration)
         x = x.to(model.input_dtype)
         fn = torch.compile(model) if compile else model
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from .models.vit import Mlp
+from .models.vit import Attention, Mlp
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -111,28 +112,44 @@ def onednn_int8_available() -> bool:
     )
 
 
-def _quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
-    """Asymmetric uint8, one scale per tensor, from this batch's range (dynamic quantisation)."""
+def _quantize_activations(
+    x: torch.Tensor, scale: float | None = None, zero_point: int | None = None
+) -> tuple[torch.Tensor, float, int]:
+    """Asymmetric uint8 codes of ``x``, one scale per tensor: the given (static) scale and zero
+    point, or this batch's range (dynamic quantisation)."""
+    if scale is None or zero_point is None:
+        scale, zero_point = _range_to_qparams(*_finite_range(x))
+    with warnings.catch_warnings():  # quantized tensors are deprecated; only the fused kernel is used
+        warnings.simplefilter("ignore")
+        qt = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8)
+    # The kernel takes plain uint8: alias the quantised tensor's bytes (``int_repr`` would copy them).
+    q = torch.empty(0, dtype=torch.uint8).set_(qt.untyped_storage(), qt.storage_offset(), qt.shape, qt.stride())
+    return q, scale, zero_point
+
+
+def _finite_range(x: torch.Tensor) -> tuple[float, float]:
     lo, hi = torch.aminmax(x)
     lo, hi = float(lo), float(hi)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"Int8Linear got a non-finite input (range {lo} .. {hi}); it cannot be quantised")
+    return lo, hi
+
+
+def _range_to_qparams(lo: float, hi: float) -> tuple[float, int]:
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = max((hi - lo) / 255.0, 1e-8)
-    zero_point = min(max(round(-lo / scale), 0), 255)
-    with warnings.catch_warnings():  # quantized tensors are deprecated; only the fused kernel is used
-        warnings.simplefilter("ignore")
-        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
-    return q, scale, zero_point
+    return scale, min(max(round(-lo / scale), 0), 255)
 
 
 class Int8Linear(nn.Module):
     """``nn.Linear`` for CPU inference in int8 on oneDNN's int8 dot-product kernels (VNNI).
 
     Weights: symmetric int8, one scale per output channel, packed once. Activations: asymmetric
-    uint8 with one scale per tensor taken from each batch's range (dynamic quantisation, as
-    ``torch.ao.quantization.quantize_dynamic``). The output is dequantised to the input's dtype,
-    with ``act`` ("gelu", "gelu_tanh") fused into the kernel.
+    uint8 with one scale per tensor, either taken from each batch's range (dynamic quantisation,
+    as ``torch.ao.quantization.quantize_dynamic``) or fixed by :func:`calibrate_int8` (static).
+    The output is dequantised to the input's dtype with ``act`` ("gelu", "gelu_tanh") fused into
+    the kernel, or, where the next layer's input scale is known (``output_qparams``), written
+    directly as that layer's uint8 codes; such an input (dtype uint8) is taken as it is.
     """
 
     def __init__(self, linear: nn.Linear, act: str | None = None, out_dtype: torch.dtype | None = None) -> None:
@@ -148,16 +165,34 @@ class Int8Linear(nn.Module):
         self.w_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
         self.packed = torch.ops.onednn.qlinear_prepack(wq, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.input_qparams: tuple[float, int] | None = None  # static input scale, zero point
+        self.output_qparams: tuple[float, int] | None = None  # uint8 output with these
+        self.observed: tuple[float, float] | None = None  # input range seen while calibrating
+        self.observing = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_serving_input("Int8Linear", x)
+        out_dtype = self.out_dtype or x.dtype
+        if self.output_qparams is not None:
+            out_dtype = torch.uint8
         if x.numel() == 0:
-            return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.out_dtype or x.dtype)
-        q, scale, zp = _quantize_activations(x)
+            return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
+        if x.dtype == torch.uint8:
+            if self.input_qparams is None:
+                raise TypeError("Int8Linear got uint8 codes but has no static input scale (calibrate_int8 sets it)")
+            q, (scale, zp) = x, self.input_qparams
+        else:
+            if self.observing:
+                lo, hi = _finite_range(x)
+                if self.observed is not None:
+                    lo, hi = min(lo, self.observed[0]), max(hi, self.observed[1])
+                self.observed = (lo, hi)
+            q, scale, zp = _quantize_activations(x, *(self.input_qparams or (None, None)))
+        y_scale, y_zp = self.output_qparams or (1.0, 0)
         post, algorithm = self.post
         return torch.ops.onednn.qlinear_pointwise(
-            q, scale, zp, self.packed, self.w_scale, self.w_zero_point, self.bias, 1.0, 0,
-            self.out_dtype or x.dtype, post, [], algorithm,
+            q, scale, zp, self.packed, self.w_scale, self.w_zero_point, self.bias, y_scale, y_zp,
+            out_dtype, post, [], algorithm,
         )  # fmt: skip
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Int8Linear:
@@ -165,13 +200,68 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         act = f", act={self.act}" if self.act else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8{act}"
+        mode = "static" if self.input_qparams is not None else "dynamic"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 {mode}{act}"
+
+
+def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tensor]) -> int:
+    """Fix the input scale of every :class:`Int8Linear` in ``model`` (prepared with
+    ``prepare_inference(..., "int8")``) from the range its input takes on ``batches`` (images, or
+    an iterable of image batches, a few hundred images in all): static quantisation. Where an
+    MLP's first layer feeds its second, the first then writes the second's uint8 codes directly,
+    so the widest activation of the block is never quantised on its own. Returns the number of
+    layers calibrated. Inputs outside the calibrated range are clamped to it."""
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    if not layers:
+        raise ValueError("calibrate_int8 needs a model prepared with prepare_inference(model, 'int8')")
+    if isinstance(batches, torch.Tensor):
+        batches = [batches]
+    for layer in layers:
+        layer.input_qparams = layer.output_qparams = layer.observed = None
+        layer.observing = True
+    seen = 0
+    try:
+        with torch.inference_mode():
+            for images in batches:
+                model(images.to(getattr(model, "input_dtype", torch.float32)))
+                seen += len(images)
+    finally:
+        for layer in layers:
+            layer.observing = False
+    if not seen:
+        raise ValueError("calibrate_int8 got no images")
+    for layer in layers:
+        if layer.observed is None:
+            raise ValueError(f"calibrate_int8: {layer} saw no input; is it used by the model's forward?")
+        layer.input_qparams = _range_to_qparams(*layer.observed)
+    for mlp in model.modules():
+        fused = isinstance(mlp, Mlp) and isinstance(mlp.act, nn.Identity)  # GELU in fc1's epilogue
+        if fused and isinstance(mlp.fc1, Int8Linear) and isinstance(mlp.fc2, Int8Linear):
+            mlp.fc1.output_qparams = mlp.fc2.input_qparams  # fc1 writes fc2's codes
+    return len(layers)
 
 
 def _act_name(module: nn.Module) -> str | None:
     if isinstance(module, nn.GELU):
         return "gelu_tanh" if module.approximate == "tanh" else "gelu"
     return None
+
+
+def fold_attention_scale(model: nn.Module) -> int:
+    """Fold each attention layer's ``1/sqrt(head_dim)`` into the query rows of its qkv projection
+    (in place), so that serving skips that multiply. Exact when the scale is a power of two
+    (head_dim 64 or 16). Returns the number of layers changed."""
+    count = 0
+    for attn in model.modules():
+        if isinstance(attn, Attention) and type(attn.qkv) is nn.Linear and attn.scale != 1.0:
+            d = attn.qkv.out_features // 3
+            with torch.no_grad():
+                attn.qkv.weight[:d] *= attn.scale
+                if attn.qkv.bias is not None:
+                    attn.qkv.bias[:d] *= attn.scale
+            attn.scale = 1.0
+            count += 1
+    return count
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype, rows_hint: int | None = None, int8: bool = False) -> int:
@@ -200,7 +290,11 @@ def pack_linears(model: nn.Module, dtype: torch.dtype, rows_hint: int | None = N
 
 
 def prepare_inference(
-    model: nn.Module, precision: str = "fp32", pack: bool | None = None, copy_model: bool = True
+    model: nn.Module,
+    precision: str = "fp32",
+    pack: bool | None = None,
+    copy_model: bool = True,
+    calibration: torch.Tensor | Iterable[torch.Tensor] | None = None,
 ) -> nn.Module:
     """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
     in place when ``copy_model`` is False (saves memory when the original is not needed).
@@ -211,7 +305,10 @@ def prepare_inference(
     bf16 kernels, else in fp32). Feed inputs of the returned model's ``input_dtype``. ``pack``
     (default: on a CPU whose oneDNN has the kernels) uses :class:`PackedLinear` /
     :class:`Int8Linear`; without it fp32 and bf16 keep ``nn.Linear`` and int8 uses
-    ``torch.ao.quantization.quantize_dynamic``. The result cannot be trained or differentiated
+    ``torch.ao.quantization.quantize_dynamic``. ``calibration`` (int8 on oneDNN only: images, or
+    an iterable of image batches) fixes the activation scales from those images instead of each
+    batch's range (static quantisation, :func:`calibrate_int8`), which is faster. The query
+    scale of attention is folded into the qkv weights. The result cannot be trained or differentiated
     and its ``state_dict`` lacks the packed layers' weights; keep the original to save or
     fine-tune.
     """
@@ -235,6 +332,8 @@ def prepare_inference(
         raise ValueError("pack=True needs a model on the CPU (oneDNN kernels)")
     if pack and not available:
         raise RuntimeError(f"pack=True needs oneDNN's {precision} linear kernels; this torch build or CPU has none")
+    if calibration is not None and not (precision == "int8" and pack):
+        raise ValueError("calibration sets static int8 scales: it needs precision='int8' on oneDNN (pack)")
     if copy_model:
         model = copy.deepcopy(model)
     if precision == "int8" and not pack:
@@ -243,18 +342,23 @@ def prepare_inference(
         model = quantize_dynamic(model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=True)
         model.input_dtype = torch.float32
         return model
+    fold_attention_scale(model)
     if pack:
         pack_linears(model, rest, int8=precision == "int8")  # from the fp32 weights
     model = model.to(rest).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     model.input_dtype = rest
+    if calibration is not None:
+        calibrate_int8(model, calibration)
     return model
 
 
 __all__ = [
     "Int8Linear",
     "PackedLinear",
+    "calibrate_int8",
+    "fold_attention_scale",
     "onednn_int8_available",
     "onednn_linear_available",
     "pack_linears",

@@ -13,7 +13,14 @@ from .classify import (
     topk_hits,
     write_confusion_matrix,
 )
-from .features import ModelOutputs, extract_features, match_channels, model_outputs, model_preprocessing
+from .features import (
+    ModelOutputs,
+    extract_features,
+    match_channels,
+    model_inputs,
+    model_outputs,
+    model_preprocessing,
+)
 from .fewshot import (
     BIAS_CONSTANT,
     DEFAULT_L2,
@@ -46,6 +53,7 @@ __all__ = [
     "knn_eval",
     "linear_probe",
     "match_channels",
+    "model_inputs",
     "model_outputs",
     "model_preprocessing",
     "ridge_closed_form",

@@ -90,6 +90,35 @@ def _batches(
             return  # before the source reads another batch
 
 
+def model_inputs(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    img_size: int | tuple[int, int] | None = None,
+    max_images: int | None = None,
+    sample_seed: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``dataset`` as ``model`` takes it: (images (B, C, H, W) float32 resized and normalised the
+    model's way, labels), lazily; the subset and resizing as in :func:`model_outputs` (a ViT of
+    another size gets its position embeddings resized in place now). Also the calibration input
+    of :func:`vitkit.inference.calibrate_int8`."""
+    dev = torch.device(device)
+    pre = model_preprocessing(model, img_size)
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
+        model.set_img_size(pre.img_size)
+    in_chans = cfg.in_chans if cfg is not None else len(pre.mean)
+    tcfg = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)
+
+    def generate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for images, y in _batches(dataset, batch_size, max_images, sample_seed):
+            x = match_channels(images.to(dev, non_blocking=True), in_chans)
+            yield eval_transform(x, tcfg), y  # (B, C, H, W) float, the model's range
+
+    return generate()
+
+
 def model_outputs(
     model: nn.Module,
     dataset: Dataset,
@@ -117,12 +146,7 @@ def model_outputs(
     if max_images is not None and max_images < 1:
         raise ValueError(f"max_images must be positive, got {max_images}")
     dev = torch.device(device)
-    pre = model_preprocessing(model, img_size)
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
-        model.set_img_size(pre.img_size)
-    in_chans = cfg.in_chans if cfg is not None else len(pre.mean)
-    tcfg = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)
+    batches = model_inputs(model, dataset, batch_size, dev, img_size, max_images, sample_seed)
 
     if head == "logits":
         forward = model
@@ -143,9 +167,7 @@ def model_outputs(
         # a model from prepare_inference has its precision built in: no autocast around it
         served = hasattr(model, "input_dtype")
         with torch.inference_mode(), _autocast(dev, "fp32" if served else precision):
-            for images, y in _batches(dataset, batch_size, max_images, sample_seed):
-                x = match_channels(images.to(dev, non_blocking=True), in_chans)
-                x = eval_transform(x, tcfg)  # (B, C, H, W) float, the model's range
+            for x, y in batches:
                 x = x.to(model.input_dtype) if served else x
                 out = forward(x)
                 outs.append(out.float().cpu())

@@ -132,12 +132,13 @@ class Attention(nn.Module):
         weights = None
         path = self._path(q, return_weights, drop)
         if path == "math":
-            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+            q = q if self.scale == 1.0 else q * self.scale  # 1.0: folded into the weights (serving)
+            weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
             out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
         elif path == "recompute":
             out = _RecomputedAttention.apply(q, k, v, self.scale)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # (B, H, N, hd)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)  # (B, H, N, hd)
         out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
         out = self.proj_drop(self.proj(out))
         return (out, weights) if return_weights else out
