@@ -105,3 +105,23 @@ def test_user_errors_are_one_line(run_dir, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err, err
+
+
+def test_eval_scores_the_serving_path(run_dir, tmp_path, capsys):
+    """``--serve`` and ``--precision int8`` evaluate the model as prepare_inference serves it."""
+    base = ["eval", str(run_dir), "--data", "synthetic", "--max-images", "64"]
+    results = {}
+    for extra in ([], ["--serve"], ["--precision", "int8", "--calib", "64"], ["--precision", "int8", "--calib", "0"]):
+        out_json = tmp_path / "e.json"
+        assert main([*base, *extra, "--json", str(out_json)]) == 0
+        results[" ".join(extra)] = json.loads(out_json.read_text())
+    captured = capsys.readouterr()
+    assert "int8: activation scales calibrated on 64 images of synthetic train" in captured.err
+    assert "fp32 served" in captured.out and "int8 served" in captured.out
+    eager, served = results[""], results["--serve"]
+    assert eager["mode"] == "eager" and served["mode"] == "served"
+    assert served["top1"] == eager["top1"]  # packed fp32: the same function
+    for key in ("--precision int8 --calib 64", "--precision int8 --calib 0"):
+        assert abs(results[key]["top1"] - eager["top1"]) <= 3 / 64  # a random model: a few images may flip
+    with pytest.raises(SystemExit):
+        main([*base, "--precision", "int4"])

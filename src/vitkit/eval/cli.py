@@ -106,13 +106,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     model = _load(args)
     dataset = _dataset(args.data, args.split)
+    precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
+    if args.serve or precision == "int8":
+        model, mode = _served(model, args), "served"
+        precision = "fp32"  # the served model carries its precision; no autocast around it
     with _progress(f"eval {args.split}", _size(dataset, args.max_images)) as update:
         m = evaluate(
             model,
             dataset,
             batch_size=args.batch_size,
             device=args.device,
-            precision=args.precision,
+            precision=precision,
             max_images=args.max_images,
             progress=update,
         )
@@ -135,7 +139,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"top-1        {_pct(m['top1'])}")
     print(f"top-5        {_pct(m['top5'])}")
     print(f"per-class    {_pct(m['mean_per_class'])} (mean over classes)")
-    print(f"throughput   {m['images_per_s']:.1f} images/s ({args.device}, {args.precision}, data included)")
+    print(f"throughput   {m['images_per_s']:.1f} images/s ({args.device}, {args.precision} {mode}, data included)")
     rows = m["per_class"]
     if len(rows) > MAX_CLASS_ROWS:
         print(f"\n{MAX_CLASS_ROWS // 5} weakest of {len(rows)} classes (all of them in the JSON):")
@@ -149,11 +153,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.json:
         payload = {**_describe(model), "data": args.data, "split": args.split, "precision": args.precision}
+        payload["mode"] = mode
         payload.update({k: v for k, v in m.items() if k != "confusion"})
         payload["confusion_json"] = str(json_path)
         payload["confusion_png"] = str(png_path) if png_path else None
         _write_json(args.json, payload)
     return 0
+
+
+def _served(model: Any, args: argparse.Namespace) -> Any:
+    """The model as ``prepare_inference`` serves it; int8 calibrated on ``--calib`` images of
+    ``--calib-split`` (0: dynamic quantisation)."""
+    from vitkit.eval import model_inputs
+    from vitkit.inference import onednn_int8_available, prepare_inference
+
+    calibration = None
+    if args.precision == "int8" and args.calib and onednn_int8_available():
+        calib_data = _dataset(args.data, args.calib_split)
+        batches = model_inputs(model, calib_data, batch_size=args.batch_size, max_images=args.calib)
+        calibration = [x for x, _ in batches]
+        print(f"int8: activation scales calibrated on {sum(len(x) for x in calibration)} images of "
+              f"{args.data} {args.calib_split}", file=sys.stderr)  # fmt: skip
+    return prepare_inference(model.to(args.device), args.precision, calibration=calibration)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,14 +381,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
 # parsers
 
 
-def _common(p: argparse.ArgumentParser, data: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, data: bool = True, serving: bool = False) -> None:
     p.add_argument("ckpt", help="weights: vitkit .safetensors, a run folder, official .npz, timm or HF files")
     if data:
         p.add_argument("--data", required=True, help="dataset: fashion-mnist, mnist, synthetic, a folder...")
     p.add_argument("--img-size", type=_parse_size, default=None, help="evaluate at this size, N or HxW")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1...")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    if serving:  # eval also scores the serving path, int8 included
+        text = "fp32; bf16 (autocast, or bf16 weights with --serve); int8 (served, CPU only)"
+        p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32", help=text)
+    else:
+        p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--json", help="also write the numbers to this JSON file")
 
 
@@ -380,7 +405,10 @@ def _splits(p: argparse.ArgumentParser, max_train: int | None, max_train_help: s
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1/top-5, per-class accuracy and confusion matrix of a classifier")
-    _common(p)
+    _common(p, serving=True)
+    p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
+    p.add_argument("--calib", type=int, default=512, help="int8: images that calibrate static scales (0: dynamic)")
+    p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
     p.add_argument("--split", default="test")
     p.add_argument("--max-images", type=int, default=None, help="a random subset of the split")
     p.add_argument("--out", default=None, help="folder for the confusion matrix (default: RUN/eval or ./eval_out)")
