@@ -116,6 +116,8 @@ def test_static_int8_calibrated_once_from_images():
         assert "static" in repr(fc2) and not any(getattr(layer, "observing", False) for layer in q8.modules())
         assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98
         assert torch.isfinite(q8((100 * x).to(q8.input_dtype))).all()  # out of range: clamped, not broken
+        with pytest.raises(ValueError, match=r"non-finite input \(shape \(8, 3, 32, 32\)\)"):
+            q8(torch.full_like(x, float("nan")).to(q8.input_dtype))
         dynamic = prepare_inference(m, "int8")
         with pytest.raises(TypeError, match="no static input scale"):
             dynamic.blocks[0].mlp.fc2(torch.zeros(2, 3, 768, dtype=torch.uint8))

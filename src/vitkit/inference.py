@@ -204,6 +204,12 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 {mode}{act}"
 
 
+def _require_finite_input(module: nn.Module, args: tuple[Any, ...]) -> None:
+    x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
+        raise ValueError(f"the int8 model got a non-finite input (shape {tuple(x.shape)}); it cannot be quantised")
+
+
 def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tensor]) -> int:
     """Fix the input scale of every :class:`Int8Linear` in ``model`` (prepared with
     ``prepare_inference(..., "int8")``) from the range its input takes on ``batches`` (images, or
@@ -234,6 +240,10 @@ def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tens
         if layer.observed is None:
             raise ValueError(f"calibrate_int8: {layer} saw no input; is it used by the model's forward?")
         layer.input_qparams = _range_to_qparams(*layer.observed)
+    if not hasattr(model, "_finite_input_check"):
+        # Static scales no longer look at each batch's range, which is where a non-finite input
+        # used to be caught; quantised, a NaN would become an ordinary code and a wrong answer.
+        model._finite_input_check = model.register_forward_pre_hook(_require_finite_input)
     for mlp in model.modules():
         fused = isinstance(mlp, Mlp) and isinstance(mlp.act, nn.Identity)  # GELU in fc1's epilogue
         if fused and isinstance(mlp.fc1, Int8Linear) and isinstance(mlp.fc2, Int8Linear):
