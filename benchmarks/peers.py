@@ -351,7 +351,8 @@ def print_suite(res: dict) -> None:
     res["best_vitkit_vs_best_peer"] = vk / best_peer_any if vk and best_peer_any else None
 
 
-PEER_MODULES = ("timm", "transformers", "torchvision.models.vision_transformer")
+# transformers imports lazily: name the ViT module itself
+PEER_MODULES = ("timm", "transformers.models.vit.modeling_vit", "torchvision.models.vision_transformer")
 
 
 def train_peak_memory(peer: str, arch: str, batch: int, precision: str) -> float | None:

@@ -72,8 +72,10 @@ def test_fused_attention_matches_explicit_forward_and_backward(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert rel_err(out["sdpa"], out["math"]) < tol
     assert rel_err(grads["sdpa"], grads["math"]) < (1e-4 if dtype == torch.float32 else 5e-2)
-    assert rel_err(out["recompute"], out["math"]) < 1e-6
-    assert rel_err(grads["recompute"], grads["math"]) < 1e-5
+    # recompute runs the explicit path's ops in its dtypes (CUDA autocast: softmax in fp32); only
+    # the order of a bf16 reduction may differ
+    assert rel_err(out["recompute"], out["math"]) < (1e-6 if dtype == torch.float32 else 1e-3)
+    assert rel_err(grads["recompute"], grads["math"]) < (1e-5 if dtype == torch.float32 else 5e-3)
 
 
 def test_cuda_forward_matches_cpu_in_fp32_and_bf16():

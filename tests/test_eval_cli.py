@@ -123,5 +123,10 @@ def test_eval_scores_the_serving_path(run_dir, tmp_path, capsys):
     assert served["top1"] == eager["top1"]  # packed fp32: the same function
     for key in ("--precision int8 --calib 64", "--precision int8 --calib 0"):
         assert abs(results[key]["top1"] - eager["top1"]) <= 3 / 64  # a random model: a few images may flip
+    assert "int8: dynamic quantisation (activation scales from each batch; --calib 0)" in captured.err
     with pytest.raises(SystemExit):
         main([*base, "--precision", "int4"])
+    with pytest.raises(SystemExit, match="--calib must be 0"):
+        main([*base, "--precision", "int8", "--calib", "-5"])
+    with pytest.raises(SystemExit, match="runs on the CPU's int8 kernels, not on cuda"):
+        main([*base, "--precision", "int8", "--device", "cuda"])

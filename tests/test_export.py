@@ -123,7 +123,12 @@ def test_static_int8_calibrated_once_from_images():
             dynamic.blocks[0].mlp.fc2(torch.zeros(2, 3, 768, dtype=torch.uint8))
         with pytest.raises(ValueError, match="got no images"):
             calibrate_int8(dynamic, [])
-        assert calibrate_int8(dynamic, x) == 2 * 4 + 1  # the same model, calibrated after the fact
+        assert dynamic.blocks[0].mlp.fc2.input_qparams is None  # a failed calibration changes nothing
+        assert calibrate_int8(dynamic, model_inputs(m, data, batch_size=32)) == 2 * 4 + 1  # (images, labels)
+        static = [layer.input_qparams for layer in dynamic.modules() if hasattr(layer, "input_qparams")]
+        with pytest.raises(ValueError, match="differs from the model's img_size"):
+            calibrate_int8(dynamic, [torch.zeros(2, 3, 16, 16)])  # fails inside the model's forward
+        assert static == [layer.input_qparams for layer in dynamic.modules() if hasattr(layer, "input_qparams")]
     with pytest.raises(ValueError, match="prepared with prepare_inference"):
         calibrate_int8(prepare_inference(m, "bf16"), x)
     with pytest.raises(ValueError, match="calibration sets static int8 scales"):
@@ -139,6 +144,8 @@ def test_attention_scale_folded_into_qkv_for_serving():
     x = torch.randn(2, 3, 32, 32)
     folded = copy.deepcopy(m)
     assert fold_attention_scale(folded) == 2 and folded.blocks[0].attn.scale == 1.0
+    # only packed models are folded: a model of plain nn.Linear could be saved, scale and all
+    assert prepare_inference(m, "fp32", pack=False).blocks[0].attn.scale == 32**-0.5
     with torch.no_grad():
         for impl in ("sdpa", "math"):
             m.set_attention_impl(impl)

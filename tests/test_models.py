@@ -203,6 +203,24 @@ def test_attention_paths_agree_in_values_and_gradients(autocast):
         m.set_attention_impl("flash")
 
 
+def test_recomputed_attention_supports_double_backward_and_torch_func():
+    from vitkit.models.vit import _RecomputedAttention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def explicit(q, k, v):
+        return ((q * 0.5) @ k.transpose(-2, -1)).softmax(-1) @ v
+
+    def recompute(q, k, v):
+        return _RecomputedAttention.apply(q, k, v, 0.5, torch.float64, torch.float64)
+
+    assert torch.autograd.gradcheck(recompute, (q, k, v))
+    assert torch.autograd.gradgradcheck(recompute, (q, k, v))  # e.g. gradient penalties
+    ref = torch.func.grad(lambda q: explicit(q, k, v).square().sum())(q)
+    torch.testing.assert_close(torch.func.grad(lambda q: recompute(q, k, v).square().sum())(q), ref)
+
+
 def test_cpu_training_attention_keeps_weights_only_for_short_sequences():
     """CPU training keeps the N x N weights for the backward only while they cost less than q, k
     and v (N <= 3 head_dim); longer sequences recompute them, keeping what the fused kernel keeps."""

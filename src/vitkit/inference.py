@@ -210,18 +210,21 @@ def _require_finite_input(module: nn.Module, args: tuple[Any, ...]) -> None:
         raise ValueError(f"the int8 model got a non-finite input (shape {tuple(x.shape)}); it cannot be quantised")
 
 
-def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tensor]) -> int:
+def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tensor | tuple[torch.Tensor, Any]]) -> int:
     """Fix the input scale of every :class:`Int8Linear` in ``model`` (prepared with
-    ``prepare_inference(..., "int8")``) from the range its input takes on ``batches`` (images, or
-    an iterable of image batches, a few hundred images in all): static quantisation. Where an
-    MLP's first layer feeds its second, the first then writes the second's uint8 codes directly,
-    so the widest activation of the block is never quantised on its own. Returns the number of
-    layers calibrated. Inputs outside the calibrated range are clamped to it."""
+    ``prepare_inference(..., "int8")``) from the range its input takes on ``batches``: images, or
+    an iterable of image batches or of (images, labels) pairs such as
+    :func:`vitkit.eval.model_inputs` gives, a few hundred images in all (static quantisation).
+    Where an MLP's first layer feeds its second, the first then writes the second's uint8 codes
+    directly, so the widest activation of the block is never quantised on its own. Inputs outside
+    the calibrated range are clamped to it. Returns the number of layers calibrated. If it fails,
+    the model is left as it was. Not to be called while another thread runs the model."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if not layers:
         raise ValueError("calibrate_int8 needs a model prepared with prepare_inference(model, 'int8')")
     if isinstance(batches, torch.Tensor):
         batches = [batches]
+    before = [(layer.input_qparams, layer.output_qparams) for layer in layers]
     for layer in layers:
         layer.input_qparams = layer.output_qparams = layer.observed = None
         layer.observing = True
@@ -229,25 +232,32 @@ def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tens
     try:
         with torch.inference_mode():
             for images in batches:
+                images = images[0] if isinstance(images, (tuple, list)) else images
                 model(images.to(getattr(model, "input_dtype", torch.float32)))
                 seen += len(images)
+        if not seen:
+            raise ValueError("calibrate_int8 got no images")
+        for layer in layers:
+            if layer.observed is None:
+                raise ValueError(f"calibrate_int8: {layer} saw no input; is it used by the model's forward?")
+    except BaseException:
+        for layer, (inp, out) in zip(layers, before, strict=True):
+            layer.input_qparams, layer.output_qparams = inp, out
+        raise
     finally:
         for layer in layers:
             layer.observing = False
-    if not seen:
-        raise ValueError("calibrate_int8 got no images")
     for layer in layers:
-        if layer.observed is None:
-            raise ValueError(f"calibrate_int8: {layer} saw no input; is it used by the model's forward?")
         layer.input_qparams = _range_to_qparams(*layer.observed)
+    for mlp in model.modules():
+        # exactly vitkit's Mlp, whose forward goes fc1 -> (fused GELU) -> dropout (eval: none) -> fc2
+        fused = type(mlp) is Mlp and isinstance(mlp.act, nn.Identity) and not mlp.drop1.training
+        if fused and isinstance(mlp.fc1, Int8Linear) and isinstance(mlp.fc2, Int8Linear):
+            mlp.fc1.output_qparams = mlp.fc2.input_qparams  # fc1 writes fc2's codes
     if not hasattr(model, "_finite_input_check"):
         # Static scales no longer look at each batch's range, which is where a non-finite input
         # used to be caught; quantised, a NaN would become an ordinary code and a wrong answer.
         model._finite_input_check = model.register_forward_pre_hook(_require_finite_input)
-    for mlp in model.modules():
-        fused = isinstance(mlp, Mlp) and isinstance(mlp.act, nn.Identity)  # GELU in fc1's epilogue
-        if fused and isinstance(mlp.fc1, Int8Linear) and isinstance(mlp.fc2, Int8Linear):
-            mlp.fc1.output_qparams = mlp.fc2.input_qparams  # fc1 writes fc2's codes
     return len(layers)
 
 
@@ -304,7 +314,7 @@ def prepare_inference(
     precision: str = "fp32",
     pack: bool | None = None,
     copy_model: bool = True,
-    calibration: torch.Tensor | Iterable[torch.Tensor] | None = None,
+    calibration: torch.Tensor | Iterable[torch.Tensor | tuple[torch.Tensor, Any]] | None = None,
 ) -> nn.Module:
     """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
     in place when ``copy_model`` is False (saves memory when the original is not needed).
@@ -315,10 +325,11 @@ def prepare_inference(
     bf16 kernels, else in fp32). Feed inputs of the returned model's ``input_dtype``. ``pack``
     (default: on a CPU whose oneDNN has the kernels) uses :class:`PackedLinear` /
     :class:`Int8Linear`; without it fp32 and bf16 keep ``nn.Linear`` and int8 uses
-    ``torch.ao.quantization.quantize_dynamic``. ``calibration`` (int8 on oneDNN only: images, or
-    an iterable of image batches) fixes the activation scales from those images instead of each
-    batch's range (static quantisation, :func:`calibrate_int8`), which is faster. The query
-    scale of attention is folded into the qkv weights. The result cannot be trained or differentiated
+    ``torch.ao.quantization.quantize_dynamic``. ``calibration`` (int8 on oneDNN only: what
+    :func:`calibrate_int8` takes) fixes the activation scales from those images instead of each
+    batch's range (static quantisation, :func:`calibrate_int8`), which is faster. Packed models
+    also have attention's query scale folded into the qkv weights. The result cannot be trained
+    or differentiated
     and its ``state_dict`` lacks the packed layers' weights; keep the original to save or
     fine-tune.
     """
@@ -352,8 +363,10 @@ def prepare_inference(
         model = quantize_dynamic(model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=True)
         model.input_dtype = torch.float32
         return model
-    fold_attention_scale(model)
     if pack:
+        # Folded only where the packed layers keep the weights out of state_dict anyway: a model
+        # of plain nn.Linear could be saved, and its saved scale would no longer match.
+        fold_attention_scale(model)
         pack_linears(model, rest, int8=precision == "int8")  # from the fp32 weights
     model = model.to(rest).eval()
     for p in model.parameters():

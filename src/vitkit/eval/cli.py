@@ -167,13 +167,19 @@ def _served(model: Any, args: argparse.Namespace) -> Any:
     from vitkit.eval import model_inputs
     from vitkit.inference import onednn_int8_available, prepare_inference
 
+    if args.calib < 0:
+        raise SystemExit(f"error: --calib must be 0 (dynamic int8) or a number of images, got {args.calib}")
+    if args.precision == "int8" and not args.device.startswith("cpu"):
+        raise SystemExit(f"error: --precision int8 runs on the CPU's int8 kernels, not on {args.device}")
     calibration = None
     if args.precision == "int8" and args.calib and onednn_int8_available():
         calib_data = _dataset(args.data, args.calib_split)
-        batches = model_inputs(model, calib_data, batch_size=args.batch_size, max_images=args.calib)
-        calibration = [x for x, _ in batches]
-        print(f"int8: activation scales calibrated on {sum(len(x) for x in calibration)} images of "
-              f"{args.data} {args.calib_split}", file=sys.stderr)  # fmt: skip
+        calibration = list(model_inputs(model, calib_data, batch_size=args.batch_size, max_images=args.calib))
+        n = sum(len(x) for x, _ in calibration)
+        print(f"int8: activation scales calibrated on {n} images of {args.data} {args.calib_split}", file=sys.stderr)
+    elif args.precision == "int8":
+        why = "--calib 0" if not args.calib else "this torch build has no oneDNN int8 kernels"
+        print(f"int8: dynamic quantisation (activation scales from each batch; {why})", file=sys.stderr)
     return prepare_inference(model.to(args.device), args.precision, calibration=calibration)
 
 

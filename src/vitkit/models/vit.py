@@ -48,36 +48,57 @@ class PatchEmbed(nn.Module):
 ATTENTION_IMPLS = ("auto", "sdpa", "math", "recompute")
 
 
+_SOFTMAX_DTYPES: dict[tuple, torch.dtype] = {}
+
+
+def _attention_dtypes(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """The dtypes the explicit path computes in here: (its matmuls, its softmax output). Under
+    autocast the matmuls run in the autocast dtype; softmax stays there on the CPU but CUDA's
+    autocast runs it in fp32. Asked of autocast itself (once per setting), not assumed."""
+    dev = q.device.type
+    enabled = torch.is_autocast_enabled(dev)
+    mm = torch.get_autocast_dtype(dev) if enabled else q.dtype
+    key = (dev, enabled, mm)
+    if key not in _SOFTMAX_DTYPES:
+        _SOFTMAX_DTYPES[key] = torch.softmax(torch.zeros(2, dtype=mm, device=q.device), -1).dtype
+    return mm, _SOFTMAX_DTYPES[key]
+
+
 class _RecomputedAttention(torch.autograd.Function):
     """``softmax(q k^T * scale) v`` that saves only q, k and v for the backward, as the fused
     kernels do, and recomputes the N x N weights there. The explicit path (``q k^T``, softmax,
     ``@ v``) keeps the weights alive from forward to backward: 12 x B x H x N^2 values for a
-    ViT-B/16. Numerically the explicit path in the inputs' dtype, softmax included (as CPU
-    autocast runs it)."""
+    ViT-B/16. Computes in the explicit path's dtypes under the caller's autocast (``mm``: the
+    matmuls, ``sm``: softmax's output; :func:`_attention_dtypes`), so the two give the same
+    numbers. The backward is built of differentiable ops: double backward and ``torch.func``
+    work."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mm: torch.dtype, sm: torch.dtype
+    ) -> torch.Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            k, v = k.to(q.dtype), v.to(q.dtype)
-            weights = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-            out = weights @ v
-        ctx.save_for_backward(q, k, v)
-        ctx.scale = scale
-        return out
+            weights = torch.softmax(((q * scale).to(mm) @ k.to(mm).transpose(-2, -1)).to(sm), dim=-1)
+            return weights.to(mm) @ v.to(mm)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        q, k, v, ctx.scale, ctx.mm, ctx.sm = inputs
+        ctx.save_for_backward(q, k, v)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
-        grad = grad.to(v.dtype)
-        qs = q * ctx.scale
-        weights = (qs @ k.transpose(-2, -1)).softmax(dim=-1)  # recomputed
-        grad_v = weights.transpose(-2, -1) @ grad
-        grad_w = grad @ v.transpose(-2, -1)
-        grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, weights.dtype)
-        grad_q = (grad_s @ k) * ctx.scale
-        grad_k = grad_s.transpose(-2, -1) @ qs
-        return grad_q, grad_k, grad_v, None
+        mm, sm, scale = ctx.mm, ctx.sm, ctx.scale
+        with torch.autocast(q.device.type, enabled=False):
+            qs, km, vm, grad = (q * scale).to(mm), k.to(mm), v.to(mm), grad.to(mm)
+            weights = torch.softmax((qs @ km.transpose(-2, -1)).to(sm), dim=-1)  # recomputed
+            grad_v = weights.to(mm).transpose(-2, -1) @ grad
+            grad_w = (grad @ vm.transpose(-2, -1)).to(sm)
+            grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, sm).to(mm)
+            grad_q = (grad_s @ km) * scale
+            grad_k = grad_s.transpose(-2, -1) @ qs
+        return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
 
 
 class Attention(nn.Module):
@@ -136,7 +157,7 @@ class Attention(nn.Module):
             weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
             out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
         elif path == "recompute":
-            out = _RecomputedAttention.apply(q, k, v, self.scale)
+            out = _RecomputedAttention.apply(q, k, v, self.scale, *_attention_dtypes(q))
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)  # (B, H, N, hd)
         out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
@@ -389,7 +410,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def set_attention_impl(self, impl: str) -> None:
-        """Choose the attention path of every block: "auto" (default), "sdpa" or "math"."""
+        """Choose the attention path of every block: "auto" (default), "sdpa", "math" or
+        "recompute" (:class:`Attention` says which runs where)."""
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         for blk in self.blocks:
