@@ -87,6 +87,14 @@ def test_matmul_ceiling_counts_every_kernel():
         assert matmul_ceiling(precision, sizes=(256,)) > 0
 
 
+@pytest.mark.slow
+def test_bench_compiles_the_unpacked_serving_model():
+    r = bench_model("vit_ti16", batch=2, precision="bf16", img_size=32, compile=True, warmup=1, iters=2, ceiling=1.0)
+    assert r.compiled and r.compile_s is not None and r.images_per_s > 0
+    with pytest.raises(ValueError, match="--compile is for fp32 and bf16"):
+        bench_model("vit_ti16", batch=2, precision="int8", img_size=32, compile=True, iters=1, ceiling=1.0)
+
+
 def test_bench_reports_fraction_of_ceiling():
     r = bench_model("vit_ti16", batch=2, mode="train", img_size=32, warmup=1, iters=2, ceiling=100.0)
     assert r.images_per_s > 0 and r.gflops_per_image > 0

@@ -134,6 +134,11 @@ def make_step(
     (forward, backward, AdamW) with bf16 autocast and fp32 weights when ``precision`` is bf16.
     Shared with ``benchmarks/peers.py``."""
     if mode == "infer":
+        if compile:
+            # Inductor does its own weight packing and cannot lower the oneDNN-packed layers
+            if precision == "int8":
+                raise ValueError("int8 serving calls oneDNN's int8 kernels directly; --compile is for fp32 and bf16")
+            pack = False
         # int8 on oneDNN: static scales calibrated on the benchmark's own input
         static = precision == "int8" and pack is not False and x.device.type == "cpu" and onednn_int8_available()
         calibration = x if static else None

@@ -329,9 +329,9 @@ def prepare_inference(
     :func:`calibrate_int8` takes) fixes the activation scales from those images instead of each
     batch's range (static quantisation, :func:`calibrate_int8`), which is faster. Packed models
     also have attention's query scale folded into the qkv weights. The result cannot be trained
-    or differentiated
-    and its ``state_dict`` lacks the packed layers' weights; keep the original to save or
-    fine-tune.
+    or differentiated and its ``state_dict`` lacks the packed layers' weights; keep the original
+    to save or fine-tune. ``torch.compile`` cannot lower the packed layers: to compile, prepare
+    with ``pack=False`` (Inductor packs the weights its own way).
     """
     if precision not in ("fp32", "bf16", "int8"):
         raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
