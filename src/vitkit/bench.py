@@ -27,6 +27,7 @@ from .inference import (
     Int8Linear,
     PackedLinear,
     _quantize_activations,
+    calibrate_int8,
     onednn_int8_available,
     onednn_linear_available,
     prepare_inference,
@@ -139,10 +140,9 @@ def make_step(
             if precision == "int8":
                 raise ValueError("int8 serving calls oneDNN's int8 kernels directly; --compile is for fp32 and bf16")
             pack = False
-        # int8 on oneDNN: static scales calibrated on the benchmark's own input
-        static = precision == "int8" and pack is not False and x.device.type == "cpu" and onednn_int8_available()
-        calibration = x if static else None
-        model = prepare_inference(model, precision, pack=pack, copy_model=False, calibration=calibration)
+        model = prepare_inference(model, precision, pack=pack, copy_model=False)
+        if any(isinstance(m, Int8Linear) for m in model.modules()):
+            calibrate_int8(model, x)  # int8 on oneDNN: static scales from the benchmark's own input
         x = x.to(model.input_dtype)
         fn = torch.compile(model) if compile else model
 

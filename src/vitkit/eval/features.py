@@ -23,8 +23,6 @@ from ..data.transforms import TransformConfig, eval_transform, match_channels
 Precision = Literal["fp32", "bf16"]
 Head = Literal["logits", "pre_logits"]
 
-# ITU-R BT.601 luma weights, the ones Pillow uses for its "L" conversion.
-
 
 @dataclass
 class ModelOutputs:
