@@ -256,7 +256,7 @@ def _sync(device: str) -> None:
 def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool, device: str = "cpu") -> dict:
     arch, mode, batch, spec = SUITES[name]
     if compile_too:
-        spec = spec + [(p, prec, True) for p, prec, c in spec if prec != "int8" and p in ("vitkit", "timm")]
+        spec = spec + [(p, prec, True) for p, prec, c in spec if p in ("vitkit", "timm")]
     contenders = [Contender(p, prec, c) for p, prec, c in spec]
     flops = model_flops(build_vitkit(arch)) * (3 if mode == "train" else 1)
     for ct in contenders:

@@ -135,11 +135,6 @@ def make_step(
     (forward, backward, AdamW) with bf16 autocast and fp32 weights when ``precision`` is bf16.
     Shared with ``benchmarks/peers.py``."""
     if mode == "infer":
-        if compile:
-            # Inductor does its own weight packing and cannot lower the oneDNN-packed layers
-            if precision == "int8":
-                raise ValueError("int8 serving calls oneDNN's int8 kernels directly; --compile is for fp32 and bf16")
-            pack = False
         model = prepare_inference(model, precision, pack=pack, copy_model=False)
         if any(isinstance(m, Int8Linear) for m in model.modules()):
             calibrate_int8(model, x)  # int8 on oneDNN: static scales from the benchmark's own input

@@ -13,8 +13,10 @@ the measurements. Elsewhere (CUDA, builds without oneDNN) the layers are left as
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,6 +61,40 @@ def _epilogue(act: str | None) -> tuple[str, str]:
     raise ValueError(f"act must be None, 'gelu' or 'gelu_tanh', got {act!r}")
 
 
+# ----------------------------------------------------------------------------------------------
+# torch.compile: the packed weights are opaque oneDNN tensors that Inductor cannot trace, so under
+# compilation each serving layer is one custom operator that names its layer by a handle. Inductor
+# calls it as it is and fuses everything between two such calls (LayerNorm with the int8
+# quantisation that follows it, softmax, residual adds, layout copies).
+
+_LAYERS: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count()
+
+
+def _register(layer: nn.Module) -> int:
+    handle = next(_HANDLES)
+    _LAYERS[handle] = layer
+    return handle
+
+
+def _layer(handle: int) -> PackedLinear | Int8Linear:
+    layer = _LAYERS.get(handle)
+    if layer is None:
+        raise RuntimeError(f"serving layer {handle} no longer exists: a compiled model outlived the model it compiled")
+    return layer  # type: ignore[return-value]
+
+
+@torch.library.custom_op("vitkit::serving_linear", mutates_args=())
+def _serving_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return _layer(handle).run(x)
+
+
+@_serving_linear.register_fake
+def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+    layer = _layer(handle)
+    return x.new_empty(*x.shape[:-1], layer.out_features, dtype=layer.output_dtype(x.dtype))
+
+
 class PackedLinear(nn.Module):
     """``nn.Linear`` for CPU inference with its weight reordered once for oneDNN.
 
@@ -78,6 +114,7 @@ class PackedLinear(nn.Module):
         self.rows_hint = rows_hint
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows_hint)
         self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
+        self.handle = _register(self)
 
     @classmethod
     def from_linear(
@@ -89,6 +126,13 @@ class PackedLinear(nn.Module):
         _check_serving_input("PackedLinear", x)
         if x.dtype != self.dtype:
             raise TypeError(f"PackedLinear holds {self.dtype} weights but got a {x.dtype} input")
+        return _serving_linear(x, self.handle) if torch.compiler.is_compiling() else self.run(x)
+
+    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
+        return input_dtype
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel itself, without the checks of ``forward``."""
         post, algorithm = self.post
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], algorithm)
 
@@ -125,6 +169,19 @@ def _quantize_activations(
     # The kernel takes plain uint8: alias the quantised tensor's bytes (``int_repr`` would copy them).
     q = torch.empty(0, dtype=torch.uint8).set_(qt.untyped_storage(), qt.storage_offset(), qt.shape, qt.stride())
     return q, scale, zero_point
+
+
+def _fp32_reciprocal(scale: float) -> float:
+    """``1.0f / scale`` in fp32, as the quantisation kernel computes it."""
+    return (torch.ones((), dtype=torch.float32) / scale).item()
+
+
+def _quantize_traceable(x: torch.Tensor, inverse_scale: float, zero_point: int) -> torch.Tensor:
+    """What ``torch.quantize_per_tensor`` computes, as ops that ``torch.compile`` fuses: ``x`` times
+    the fp32 reciprocal of the scale (:func:`_fp32_reciprocal`) plus the zero point, rounded half
+    to even, clamped to uint8. The kernel does the multiply-add in one rounding (FMA); here it may
+    take two, which can move a value that lands within an ulp of a half by one code."""
+    return torch.clamp(torch.round(x.float() * inverse_scale + zero_point), 0, 255).to(torch.uint8)
 
 
 def _finite_range(x: torch.Tensor) -> tuple[float, float]:
@@ -165,16 +222,36 @@ class Int8Linear(nn.Module):
         self.w_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
         self.packed = torch.ops.onednn.qlinear_prepack(wq, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-        self.input_qparams: tuple[float, int] | None = None  # static input scale, zero point
+        self.input_qparams = None  # static input scale and zero point (a property)
         self.output_qparams: tuple[float, int] | None = None  # uint8 output with these
         self.observed: tuple[float, float] | None = None  # input range seen while calibrating
         self.observing = False
+        self.handle = _register(self)
+
+    @property
+    def input_qparams(self) -> tuple[float, int] | None:
+        return self._input_qparams
+
+    @input_qparams.setter
+    def input_qparams(self, qparams: tuple[float, int] | None) -> None:
+        self._input_qparams = qparams
+        self._input_inverse_scale = None if qparams is None else _fp32_reciprocal(qparams[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_serving_input("Int8Linear", x)
-        out_dtype = self.out_dtype or x.dtype
-        if self.output_qparams is not None:
-            out_dtype = torch.uint8
+        if not torch.compiler.is_compiling():
+            return self.run(x)
+        if x.dtype != torch.uint8 and self._input_inverse_scale is not None and not self.observing:
+            # static scale: the quantisation is plain arithmetic that fuses into the op before it
+            x = _quantize_traceable(x, self._input_inverse_scale, self._input_qparams[1])
+        return _serving_linear(x, self.handle)
+
+    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
+        return torch.uint8 if self.output_qparams is not None else self.out_dtype or input_dtype
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """Quantise ``x`` (unless it is uint8 codes already) and call the kernel."""
+        out_dtype = self.output_dtype(x.dtype)
         if x.numel() == 0:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
         if x.dtype == torch.uint8:
@@ -206,7 +283,11 @@ class Int8Linear(nn.Module):
 
 def _require_finite_input(module: nn.Module, args: tuple[Any, ...]) -> None:
     x = args[0] if args else None
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return
+    if torch.compiler.is_compiling():  # a check inside the graph (RuntimeError), no graph break
+        torch._assert_async(torch.isfinite(x).all(), "the int8 model got a non-finite input; it cannot be quantised")
+    elif not torch.isfinite(x).all():
         raise ValueError(f"the int8 model got a non-finite input (shape {tuple(x.shape)}); it cannot be quantised")
 
 
@@ -330,8 +411,10 @@ def prepare_inference(
     batch's range (static quantisation, :func:`calibrate_int8`), which is faster. Packed models
     also have attention's query scale folded into the qkv weights. The result cannot be trained
     or differentiated and its ``state_dict`` lacks the packed layers' weights; keep the original
-    to save or fine-tune. ``torch.compile`` cannot lower the packed layers: to compile, prepare
-    with ``pack=False`` (Inductor packs the weights its own way).
+    to save or fine-tune. ``torch.compile`` of the returned model works (``fullgraph`` too): each
+    packed layer stays one call to its oneDNN kernel, and Inductor fuses what lies between them
+    (with static int8 scales, each activation's quantisation into the LayerNorm or attention
+    before it).
     """
     if precision not in ("fp32", "bf16", "int8"):
         raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
