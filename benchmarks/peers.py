@@ -278,6 +278,8 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
         except Exception as e:  # a peer that is missing or cannot run this mode is reported, not fatal
             ct.error = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
             ct.step = None
+    precisions = sorted({ct.precision for ct in contenders})
+    ceilings = dict.fromkeys(precisions, 0.0)
     for _ in range(rounds):
         for ct in contenders:  # interleaved
             if ct.step is None:
@@ -289,8 +291,10 @@ def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool
                 _sync(device)
                 ts.append(time.perf_counter() - t)
             ct.times.append(statistics.median(ts))
-    precisions = {ct.precision for ct in contenders}
-    ceilings = {p: matmul_ceiling(p, device) for p in precisions}
+        # The ceiling is sampled in every round, between the contenders, and its best kept: one
+        # measurement at a slow moment of a shared machine would flatter every fraction.
+        for p in precisions:
+            ceilings[p] = max(ceilings[p], matmul_ceiling(p, device))
     rows = []
     for ct in contenders:
         if ct.step is None:
@@ -345,6 +349,8 @@ def print_suite(res: dict) -> None:
         mem = f" {r['peak_memory_mb']:9.0f}" if gpu and r.get("peak_memory_mb") is not None else ""
         line = f"{r['contender']:<32} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}"
         print(line + mem)
+    ceilings = ", ".join(f"{p} {c:.0f}" for p, c in res["ceilings"].items())
+    print(f"matmul ceilings (GFLOP/s; int8 GOP/s), best of the rounds: {ceilings}")
     vk = max((r["images_per_s"] for r in ok if r["peer"] == "vitkit"), default=None)
     if vk and best_peer_any:
         print(f"best vitkit mode vs best peer mode: {vk / best_peer_any:.2f}x")
