@@ -130,3 +130,14 @@ def test_eval_scores_the_serving_path(run_dir, tmp_path, capsys):
         main([*base, "--precision", "int8", "--calib", "-5"])
     with pytest.raises(SystemExit, match="runs on the CPU's int8 kernels, not on cuda"):
         main([*base, "--precision", "int8", "--device", "cuda"])
+
+
+def test_eval_compiles_the_served_model(run_dir, tmp_path, capsys):
+    base = ["eval", str(run_dir), "--data", "synthetic", "--max-images", "64", "--precision", "int8", "--calib", "64"]
+    results = {}
+    for extra in ([], ["--compile"]):
+        out_json = tmp_path / "e.json"
+        assert main([*base, *extra, "--json", str(out_json)]) == 0
+        results[" ".join(extra)] = json.loads(out_json.read_text())
+    assert results["--compile"]["mode"] == "served, compiled" and "int8 served, compiled" in capsys.readouterr().out
+    assert abs(results["--compile"]["top1"] - results[""]["top1"]) <= 2 / 64  # other roundings, same model
