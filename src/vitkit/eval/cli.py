@@ -417,9 +417,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
     p.add_argument("--calib", type=int, default=512, help="int8: images that calibrate static scales (0: dynamic)")
     p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
-    p.add_argument(
-        "--compile", action="store_true", help="torch.compile the model first (10-20 s, counted in the throughput)"
-    )
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
     p.add_argument("--split", default="test")
     p.add_argument("--max-images", type=int, default=None, help="a random subset of the split")
     p.add_argument("--out", default=None, help="folder for the confusion matrix (default: RUN/eval or ./eval_out)")
