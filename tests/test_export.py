@@ -135,6 +135,37 @@ def test_prepared_models_compile_whole(precision):
                 compiled(torch.full_like(x, float("nan")))
 
 
+@pytest.mark.skipif(not onednn_int8_available(), reason="this torch build has no oneDNN int8 kernels")
+def test_one_compiled_graph_serves_every_prepared_model():
+    # Handles and static scales are graph inputs, not guarded constants: another model of the same
+    # architecture, or another calibration, reuses the compiled graph (Dynamo would otherwise
+    # recompile per model and, past its recompile limit, silently fall back to eager).
+    from torch._dynamo.utils import counters
+
+    from vitkit.inference import Int8Linear
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(2, 3, 32, 32)
+    outs = []
+    with torch.inference_mode():
+        for seed in range(3):
+            torch.manual_seed(seed)
+            m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5).eval()
+            torch.nn.init.normal_(m.head.weight, std=0.1)
+            served = prepare_inference(m, "int8", calibration=x * (1 + seed))
+            outs.append((torch.compile(served, backend="eager")(x.bfloat16()), served(x.bfloat16())))
+    assert counters["stats"]["unique_graphs"] == 2  # the finite-input check and the model, once
+    for compiled, eager in outs:
+        assert torch.nn.functional.cosine_similarity(compiled.flatten().float(), eager.flatten().float(), dim=0) > 0.99
+    # a layer built by hand (out_dtype None) returns its input's dtype compiled as in eager
+    layer = Int8Linear(torch.nn.Linear(16, 8))
+    layer.input_qparams = (0.02, 128)
+    with torch.inference_mode():
+        v = torch.randn(4, 16)
+        torch.testing.assert_close(torch.compile(layer, backend="eager", fullgraph=True)(v), layer(v))
+
+
 @pytest.mark.slow
 def test_bench_compiles_the_serving_model():
     for precision in ("bf16", "int8"):

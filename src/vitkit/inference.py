@@ -65,34 +65,39 @@ def _epilogue(act: str | None) -> tuple[str, str]:
 # torch.compile: the packed weights are opaque oneDNN tensors that Inductor cannot trace, so under
 # compilation each serving layer is one custom operator that names its layer by a handle. Inductor
 # calls it as it is and fuses everything between two such calls (LayerNorm with the int8
-# quantisation that follows it, softmax, residual adds, layout copies).
+# quantisation that follows it, softmax, residual adds, layout copies). The handle, like a static
+# int8 scale, is a (non-persistent) buffer: a graph input rather than a constant Dynamo guards on,
+# so one compiled graph serves every prepared model of an architecture instead of recompiling per
+# model. Handles are local to the process: do not ``torch.export`` a served model to save it.
 
 _LAYERS: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count()
 
 
-def _register(layer: nn.Module) -> int:
+def _register(layer: nn.Module) -> torch.Tensor:
     handle = next(_HANDLES)
     _LAYERS[handle] = layer
-    return handle
+    return torch.tensor(handle)
 
 
-def _layer(handle: int) -> PackedLinear | Int8Linear:
-    layer = _LAYERS.get(handle)
+def _layer(handle: torch.Tensor) -> PackedLinear | Int8Linear:
+    layer = _LAYERS.get(int(handle))
     if layer is None:
-        raise RuntimeError(f"serving layer {handle} no longer exists: a compiled model outlived the model it compiled")
+        raise RuntimeError(
+            f"serving layer {int(handle)} does not exist in this process: a compiled or exported model outlived "
+            "the model it was made from"
+        )
     return layer  # type: ignore[return-value]
 
 
 @torch.library.custom_op("vitkit::serving_linear", mutates_args=())
-def _serving_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
-    return _layer(handle).run(x)
+def _serving_linear(x: torch.Tensor, handle: torch.Tensor, out_features: int, out_dtype: torch.dtype) -> torch.Tensor:
+    return _layer(handle).run(x, out_dtype)
 
 
 @_serving_linear.register_fake
-def _(x: torch.Tensor, handle: int) -> torch.Tensor:
-    layer = _layer(handle)
-    return x.new_empty(*x.shape[:-1], layer.out_features, dtype=layer.output_dtype(x.dtype))
+def _(x: torch.Tensor, handle: torch.Tensor, out_features: int, out_dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features, dtype=out_dtype)
 
 
 class PackedLinear(nn.Module):
@@ -114,7 +119,7 @@ class PackedLinear(nn.Module):
         self.rows_hint = rows_hint
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows_hint)
         self.bias = None if bias is None else bias.detach().to(weight.dtype).contiguous()
-        self.handle = _register(self)
+        self.register_buffer("handle", _register(self), persistent=False)
 
     @classmethod
     def from_linear(
@@ -126,13 +131,12 @@ class PackedLinear(nn.Module):
         _check_serving_input("PackedLinear", x)
         if x.dtype != self.dtype:
             raise TypeError(f"PackedLinear holds {self.dtype} weights but got a {x.dtype} input")
-        return _serving_linear(x, self.handle) if torch.compiler.is_compiling() else self.run(x)
+        if torch.compiler.is_compiling():
+            return _serving_linear(x, self.handle, self.out_features, x.dtype)
+        return self.run(x)
 
-    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
-        return input_dtype
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        """The kernel itself, without the checks of ``forward``."""
+    def run(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The kernel itself, without the checks of ``forward`` (its output is in ``x``'s dtype)."""
         post, algorithm = self.post
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], algorithm)
 
@@ -176,7 +180,9 @@ def _fp32_reciprocal(scale: float) -> float:
     return (torch.ones((), dtype=torch.float32) / scale).item()
 
 
-def _quantize_traceable(x: torch.Tensor, inverse_scale: float, zero_point: int) -> torch.Tensor:
+def _quantize_traceable(
+    x: torch.Tensor, inverse_scale: float | torch.Tensor, zero_point: int | torch.Tensor
+) -> torch.Tensor:
     """What ``torch.quantize_per_tensor`` computes, as ops that ``torch.compile`` fuses: ``x`` times
     the fp32 reciprocal of the scale (:func:`_fp32_reciprocal`) plus the zero point, rounded half
     to even, clamped to uint8. The kernel does the multiply-add in one rounding (FMA); here it may
@@ -222,11 +228,13 @@ class Int8Linear(nn.Module):
         self.w_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
         self.packed = torch.ops.onednn.qlinear_prepack(wq, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("handle", _register(self), persistent=False)
+        # under torch.compile: (1 / scale, zero point) of a static input scale, as a graph input
+        self.register_buffer("_quant", None, persistent=False)
         self.input_qparams = None  # static input scale and zero point (a property)
-        self.output_qparams: tuple[float, int] | None = None  # uint8 output with these
+        self.output_qparams = None  # uint8 output with this scale and zero point (a property)
         self.observed: tuple[float, float] | None = None  # input range seen while calibrating
         self.observing = False
-        self.handle = _register(self)
 
     @property
     def input_qparams(self) -> tuple[float, int] | None:
@@ -235,23 +243,45 @@ class Int8Linear(nn.Module):
     @input_qparams.setter
     def input_qparams(self, qparams: tuple[float, int] | None) -> None:
         self._input_qparams = qparams
-        self._input_inverse_scale = None if qparams is None else _fp32_reciprocal(qparams[0])
+        self._quant = None if qparams is None else torch.tensor([_fp32_reciprocal(qparams[0]), qparams[1]])
+
+    @property
+    def output_qparams(self) -> tuple[float, int] | None:
+        return self._output_qparams
+
+    @output_qparams.setter
+    def output_qparams(self, qparams: tuple[float, int] | None) -> None:
+        self._output_qparams = qparams
+        self._writes_codes = qparams is not None  # what a compiled graph may depend on: not the values
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_serving_input("Int8Linear", x)
         if not torch.compiler.is_compiling():
             return self.run(x)
-        if x.dtype != torch.uint8 and self._input_inverse_scale is not None and not self.observing:
+        out_dtype = self.output_dtype(x.dtype)
+        if x.dtype != torch.uint8 and self._quant is not None and not self.observing:
+            if self._quant.dtype != torch.float32:
+                raise TypeError(
+                    f"the int8 model was converted to {self._quant.dtype} after calibration; prepare it again"
+                )
             # static scale: the quantisation is plain arithmetic that fuses into the op before it
-            x = _quantize_traceable(x, self._input_inverse_scale, self._input_qparams[1])
-        return _serving_linear(x, self.handle)
+            x = _quantize_traceable(x, self._quant[0], self._quant[1])
+        return _serving_linear(x, self.handle, self.out_features, out_dtype)
 
     def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
-        return torch.uint8 if self.output_qparams is not None else self.out_dtype or input_dtype
+        """The dtype of the output for an input of ``input_dtype`` (float, or uint8 codes)."""
+        if self._writes_codes:
+            return torch.uint8
+        if self.out_dtype is not None:
+            return self.out_dtype
+        if input_dtype == torch.uint8:
+            raise TypeError("an Int8Linear without out_dtype cannot tell the output dtype from uint8 codes")
+        return input_dtype
 
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        """Quantise ``x`` (unless it is uint8 codes already) and call the kernel."""
-        out_dtype = self.output_dtype(x.dtype)
+    def run(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Quantise ``x`` (unless it is uint8 codes already) and call the kernel; the output in
+        ``out_dtype``, by default :meth:`output_dtype`."""
+        out_dtype = out_dtype or self.output_dtype(x.dtype)
         if x.numel() == 0:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
         if x.dtype == torch.uint8:
@@ -298,7 +328,8 @@ def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tens
     :func:`vitkit.eval.model_inputs` gives, a few hundred images in all (static quantisation).
     Where an MLP's first layer feeds its second, the first then writes the second's uint8 codes
     directly, so the widest activation of the block is never quantised on its own. Inputs outside
-    the calibrated range are clamped to it. Returns the number of layers calibrated. If it fails,
+    the calibrated range are clamped to it; a non-finite input is refused (``ValueError``, or
+    ``RuntimeError`` from inside a ``torch.compile`` graph). Returns the number of layers calibrated. If it fails,
     the model is left as it was. Not to be called while another thread runs the model."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if not layers:
