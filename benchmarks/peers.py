@@ -39,6 +39,7 @@ import vitkit
 from vitkit.bench import make_step as bench_step
 from vitkit.bench import matmul_ceiling
 from vitkit.models.flops import model_flops
+from vitkit.train.allocator import keep_freed_memory
 
 # ---------------------------------------------------------------------------------------------
 # Model builders: name -> (peer, architecture) -> nn.Module taking NCHW floats, giving logits.
@@ -369,7 +370,8 @@ def train_peak_memory(peer: str, arch: str, batch: int, precision: str) -> float
     imports, not the training step."""
     code = (
         "import sys,importlib,torch;sys.path.insert(0,'benchmarks');import peers as P;"
-        "from vitkit.bench import peak_rss_kb\n"
+        "from vitkit.bench import peak_rss_kb;from vitkit.train.allocator import keep_freed_memory\n"
+        "keep_freed_memory()\n"
         "for m in P.PEER_MODULES:\n"
         "    try: importlib.import_module(m)\n"
         "    except Exception: pass\n"
@@ -400,6 +402,9 @@ def main() -> None:
     if args.device != "cpu" and args.memory:
         ap.error("--memory measures CPU peak memory; on a GPU each suite reports its peak allocated memory")
     torch.set_flush_denormal(True)
+    # The allocator setting vitkit's trainer makes is a property of the process, not of a model:
+    # every contender runs under it (vitkit/train/allocator.py), here and in the memory runs.
+    kept = keep_freed_memory()
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -408,6 +413,7 @@ def main() -> None:
         "processor": _cpu_name(),
         "command": " ".join(sys.argv),
         "device": args.device,
+        "keep_freed_memory": kept,
     }
     if args.device != "cpu":
         info["gpu"] = torch.cuda.get_device_name()

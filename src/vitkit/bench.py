@@ -34,6 +34,7 @@ from .inference import (
 )
 from .models.flops import count_params, model_flops
 from .models.registry import create_model
+from .train.allocator import keep_freed_memory
 
 
 def _sync(device: torch.device) -> None:
@@ -151,6 +152,8 @@ def make_step(
     if precision not in ("fp32", "bf16"):
         raise ValueError("training runs in fp32 or bf16 (autocast with fp32 weights)")
     model.train()
+    if x.device.type == "cpu":
+        keep_freed_memory()  # as vitkit's trainer does (vitkit/train/allocator.py)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=x.is_cuda or None)  # one kernel on CUDA
     fn = torch.compile(model) if compile else model
 

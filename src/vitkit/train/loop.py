@@ -28,6 +28,7 @@ from ..data.transforms import match_channels
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from . import dist as D
+from .allocator import keep_freed_memory
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
 from .optim import build_optimizer, lr_at, set_lr
 from .state import TrainState, latest_loadable, list_checkpoints, save_train_state
@@ -173,6 +174,7 @@ class Trainer:
             # Adam's second moments of tiny gradients underflow into denormals, which are 10-100x
             # slower on x86; flushing them to zero changes no result that matters.
             torch.set_flush_denormal(True)
+            keep_freed_memory()  # no page faults on every step's activations (train/allocator.py)
         torch.manual_seed(r.seed)
         self.train_ds = build_dataset(r.data.name, r.data.train_split, **r.data.options)
         self.eval_ds = build_dataset(r.data.name, r.data.eval_split, **r.data.options) if r.data.eval_split else None
