@@ -7,7 +7,7 @@
 
 Builds the same model and step as ``benchmarks/peers.py`` (inference through vitkit's serving
 path, training with autocast and AdamW), times it, then profiles ``--steps`` steps with
-``torch.profiler``. Prints images/s, the share of the step spent in matrix multiplies (and their
+``torch.profiler``. Prints images/s, page faults a step, the share of the step spent in matrix multiplies (and their
 achieved GFLOP/s where the FLOPs are known), and the operators by self time per step; writes JSON.
 Under ``--compile`` Inductor's generated kernels are profiled one by one.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -56,10 +57,12 @@ def main() -> None:
     for _ in range(3):
         step()
     times = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(5):
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / len(times)
     step_s = statistics.median(times)
     with torch.profiler.profile() as prof:
         for _ in range(args.steps):
@@ -81,6 +84,7 @@ def main() -> None:
     matmul_share = sum(r["share"] for r in ops if is_matmul(r["op"]))
     print(f"vitkit {args.arch} {args.mode} {args.precision} batch {args.batch}{' compiled' if args.compile else ''}")
     print(f"  {args.batch / step_s:.2f} img/s (median step {1e3 * step_s:.1f} ms unprofiled)")
+    print(f"  {faults:.0f} minor page faults a step (VITKIT_KEEP_FREED_MEMORY=0 shows glibc's defaults)")
     print(f"  matrix multiplies: {100 * matmul_share:.1f}% of the profiled time")
     print(f"\n{'operator':<60} {'ms/step':>9} {'share':>7} {'calls/step':>11}")
     for r in ops[: args.top]:
@@ -93,6 +97,7 @@ def main() -> None:
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "images_per_s": args.batch / step_s,
+                "minor_faults_per_step": faults,
                 "matmul_share": matmul_share,
                 "ops": ops,
             },
