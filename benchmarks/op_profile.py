@@ -7,8 +7,8 @@
 
 Builds the same model and step as ``benchmarks/peers.py`` (inference through vitkit's serving
 path, training with autocast and AdamW), times it, then profiles ``--steps`` steps with
-``torch.profiler``. Prints images/s, page faults a step, the share of the step spent in matrix multiplies (and their
-achieved GFLOP/s where the FLOPs are known), and the operators by self time per step; writes JSON.
+``torch.profiler``. Prints images/s, minor page faults a step, the share of the profiled time spent
+in matrix multiplies, and the operators by self time per step; writes JSON.
 Under ``--compile`` Inductor's generated kernels are profiled one by one.
 """
 

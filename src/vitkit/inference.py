@@ -136,7 +136,8 @@ class PackedLinear(nn.Module):
         return self.run(x)
 
     def run(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The kernel itself, without the checks of ``forward`` (its output is in ``x``'s dtype)."""
+        """The kernel itself, without the checks of ``forward``. The output is always in ``x``'s
+        dtype; ``out_dtype`` is there because the compiled op calls every serving layer alike."""
         post, algorithm = self.post
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], algorithm)
 
