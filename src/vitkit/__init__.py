@@ -1,18 +1,62 @@
-"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" as software."""
+"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" as software.
 
-from .checkpoint import CheckpointError, Preprocessing, load_pretrained, save_checkpoint
-from .models import ResNetConfig, ViTConfig, create_model, list_models, model_config
+The public names below load their modules (and torch) on first use, so that ``import vitkit``
+and ``vitkit --help`` stay fast; ``from vitkit import create_model`` works as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import CheckpointError, DataError, RecipeError, TrainingError, UsageError, VitkitError
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Preprocessing": "vitkit.preprocessing",
+    "load_images": "vitkit.preprocessing",
+    "ResNetConfig": "vitkit.models",
+    "ViTConfig": "vitkit.models",
+    "create_model": "vitkit.models",
+    "list_models": "vitkit.models",
+    "model_config": "vitkit.models",
+    "load_pretrained": "vitkit.checkpoint",
+    "save_checkpoint": "vitkit.checkpoint",
+}
+
+if TYPE_CHECKING:
+    from .checkpoint import load_pretrained, save_checkpoint
+    from .models import ResNetConfig, ViTConfig, create_model, list_models, model_config
+    from .preprocessing import Preprocessing, load_images
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vitkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
 __all__ = [
     "CheckpointError",
+    "DataError",
     "Preprocessing",
+    "RecipeError",
     "ResNetConfig",
+    "TrainingError",
+    "UsageError",
     "ViTConfig",
+    "VitkitError",
     "__version__",
     "create_model",
     "list_models",
+    "load_images",
     "load_pretrained",
     "model_config",
     "save_checkpoint",

@@ -11,11 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint.io import atomic_write
-
-
-class ExportError(RuntimeError):
-    """The exported graph could not be written, or its outputs differ from PyTorch's."""
+from .errors import ExportError
+from .files import atomic_write
 
 
 def export_onnx(

@@ -1,8 +1,9 @@
 """Weights in and out: vitkit's safetensors format, official JAX .npz, timm and Hugging Face."""
 
-from .io import CheckpointError, atomic_write
+from ..errors import CheckpointError
+from ..preprocessing import Preprocessing
 from .load import LoadReport, load_pretrained, read_any, resolve_checkpoint
-from .native import Preprocessing, save_checkpoint
+from .native import save_checkpoint
 from .official import convert_official, to_official
 from .peers import convert_hf, convert_timm, hf_config_for, to_hf, to_timm
 
@@ -10,7 +11,6 @@ __all__ = [
     "CheckpointError",
     "LoadReport",
     "Preprocessing",
-    "atomic_write",
     "convert_hf",
     "convert_official",
     "convert_timm",

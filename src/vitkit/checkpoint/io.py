@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_save
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or mapped; the message names the file and what is wrong."""
-
-
-def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write through a temporary file in the same folder, fsync it, then rename over ``path``.
-
-    A crash or a failed write leaves any previous file at ``path`` untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+from ..errors import CheckpointError
+from ..files import atomic_write
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
@@ -101,14 +66,6 @@ def read_torch_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path}: expected a dict of tensors (a state dict), got {type(obj).__name__}")
     return obj
-
-
-def read_json(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable JSON file ({_one_line(e)})") from None
 
 
 def _one_line(e: BaseException) -> str:

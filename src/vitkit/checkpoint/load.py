@@ -16,11 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from ..models.config import ResNetConfig, ViTConfig
 from ..models.posembed import resample_pos_embed
 from ..models.registry import build_model, model_config
-from .io import CheckpointError, read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
-from .native import FORMAT, Preprocessing, read_native
+from ..preprocessing import Preprocessing
+from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
+from .native import FORMAT, read_native
 from .official import convert_official, is_official
 from .peers import convert_hf, convert_timm, is_hf, is_timm, read_hf_dir
 

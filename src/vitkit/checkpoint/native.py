@@ -4,49 +4,19 @@ the preprocessing the weights expect (value range as mean/std, resolution)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from ..models.config import ResNetConfig, ViTConfig
-from .io import CheckpointError, read_safetensors, write_safetensors
+from ..preprocessing import Preprocessing
+from .io import read_safetensors, write_safetensors
 
 FORMAT = "vitkit"
 FORMAT_VERSION = "1"
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """How pixels become model inputs: ``(x / 255 - mean) / std`` per channel, at ``img_size``.
-
-    The default (mean = std = 0.5) is the paper's range [-1, 1].
-    """
-
-    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-    std: tuple[float, ...] = (0.5, 0.5, 0.5)
-    img_size: tuple[int, int] = (224, 224)
-    interpolation: str = "bilinear"
-
-    @classmethod
-    def for_config(cls, cfg: ViTConfig | ResNetConfig) -> Preprocessing:
-        c = cfg.in_chans
-        return cls(mean=(0.5,) * c, std=(0.5,) * c, img_size=tuple(cfg.img_size))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Preprocessing:
-        return cls(
-            mean=tuple(d["mean"]),
-            std=tuple(d["std"]),
-            img_size=tuple(d["img_size"]),
-            interpolation=d.get("interpolation", "bilinear"),
-        )
 
 
 def config_to_meta(cfg: ViTConfig | ResNetConfig) -> dict[str, str]:

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import CheckpointError
 from ..models.config import ViTConfig
-from .io import CheckpointError
 
 _BLOCK_NAMES = {
     # module role -> (pre-Linen name, Linen name)

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointError
 from ..models.config import VIT_SIZES, ViTConfig
-from .io import CheckpointError
 
 _UNSUPPORTED_TIMM = ("fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "attn_pool.", "norm_pre.")
 

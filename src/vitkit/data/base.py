@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-class DataError(ValueError):
-    """A data source that cannot be found or read; the message says where it looked."""
+from ..errors import DataError
 
 
 @dataclass

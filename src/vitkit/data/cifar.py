@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint.io import atomic_write
+from ..files import atomic_write
 from .base import ArrayDataset, DataError
 from .idx import data_home
 

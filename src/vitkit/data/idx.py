@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint.io import atomic_write
+from ..files import atomic_write
 from .base import ArrayDataset, DataError
 
 FILES = {

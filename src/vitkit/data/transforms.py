@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..preprocessing import normalize
+
 
 def step_generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator whose stream depends only on (seed, step)."""
@@ -44,16 +46,6 @@ def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
         w = torch.tensor(_LUMA, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
         return (x.float() * w).sum(dim=1, keepdim=True)  # (B, 1, H, W)
     raise ValueError(f"cannot feed {c}-channel images to a model that takes {in_chans} channels")
-
-
-def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """uint8 or [0, 255] floats -> ``(x / 255 - mean) / std`` per channel, float32."""
-    x = x.float()
-    m = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1) * 255.0
-    s = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1) * 255.0
-    if m.shape[1] != x.shape[1]:
-        raise ValueError(f"{len(mean)} normalisation channels for images with {x.shape[1]} channels")
-    return (x - m) / s
 
 
 def hflip(x: torch.Tensor, g: torch.Generator, p: float = 0.5) -> torch.Tensor:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint.io import atomic_write
 from ..data.base import Dataset
+from ..files import atomic_write
 from .features import Precision, model_outputs
 
 

@@ -16,9 +16,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..checkpoint.native import Preprocessing
 from ..data.base import Dataset
 from ..data.transforms import TransformConfig, eval_transform, match_channels
+from ..preprocessing import Preprocessing
 
 Precision = Literal["fp32", "bf16"]
 Head = Literal["logits", "pre_logits"]

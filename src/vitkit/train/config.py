@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import RecipeError
+
 
 @dataclass
 class ModelSection:
@@ -105,10 +107,6 @@ class Recipe:
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(self.optim.betas)
         return d
-
-
-class RecipeError(ValueError):
-    """A recipe with an unknown key or a value of the wrong type."""
 
 
 def _section_types(cls: type) -> dict[str, Any]:

@@ -22,20 +22,18 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from ..checkpoint.native import Preprocessing, save_checkpoint
+from ..checkpoint.native import save_checkpoint
 from ..data import Dataset, TransformConfig, build_dataset, eval_transform, step_generator, train_transform
 from ..data.transforms import match_channels
+from ..errors import TrainingError
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
+from ..preprocessing import Preprocessing
 from . import dist as D
 from .allocator import keep_freed_memory
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
 from .optim import build_optimizer, lr_at, set_lr
 from .state import TrainState, latest_loadable, list_checkpoints, save_train_state
-
-
-class TrainingError(RuntimeError):
-    """A run that cannot go on (non-finite loss, incompatible resume); the message says why."""
 
 
 class Progress:

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.io import CheckpointError, read_safetensors, write_safetensors
-from ..checkpoint.native import FORMAT, FORMAT_VERSION, Preprocessing, config_to_meta
+from ..checkpoint.io import read_safetensors, write_safetensors
+from ..checkpoint.native import FORMAT, FORMAT_VERSION, config_to_meta
+from ..errors import CheckpointError
+from ..preprocessing import Preprocessing
 
 PREFIX = "__train__/"
 _STEP_FILE = re.compile(r"step_(\d+)\.safetensors$")

@@ -1,0 +1,40 @@
+"""The one family of errors vitkit raises for bad input, each message naming the file, key or
+size at fault. The command line catches :class:`VitkitError` and prints its message as one line.
+
+Every class also derives from the built-in error a caller would otherwise expect (``ValueError``
+for a bad value, ``RuntimeError`` for a run that cannot go on), so ``except ValueError`` keeps
+working. This module imports nothing, so the command line can load it without torch.
+"""
+
+from __future__ import annotations
+
+
+class VitkitError(Exception):
+    """Base of every error vitkit raises on purpose."""
+
+
+class UsageError(VitkitError, ValueError):
+    """An argument that cannot be used: a count below one, an unknown name, a file that is missing."""
+
+
+class CheckpointError(VitkitError, ValueError):
+    """A checkpoint that cannot be read or mapped; the message names the file and what is wrong."""
+
+
+class DataError(VitkitError, ValueError):
+    """A data source that cannot be found or read; the message says where it looked."""
+
+
+class RecipeError(VitkitError, ValueError):
+    """A recipe key or value that is wrong; the message names the key (and suggests close ones)."""
+
+
+class TrainingError(VitkitError, RuntimeError):
+    """A run that cannot go on (non-finite loss, incompatible resume); the message says why."""
+
+
+class ExportError(VitkitError, RuntimeError):
+    """An export that failed or whose output does not match the model."""
+
+
+__all__ = ["CheckpointError", "DataError", "ExportError", "RecipeError", "TrainingError", "UsageError", "VitkitError"]
