@@ -1,9 +1,11 @@
-"""ONNX export for serving, with the outputs checked against PyTorch in onnxruntime."""
+"""Weights out of vitkit: to the official .npz, timm, Hugging Face and vitkit files, and ONNX for
+serving with the outputs checked against PyTorch in onnxruntime."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import warnings
 from pathlib import Path
 
@@ -11,8 +13,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import ExportError
-from .files import atomic_write
+from .errors import ExportError, UsageError
+from .files import atomic_write, write_text
+
+FORMATS = ("vitkit", "official", "timm", "hf", "onnx")
 
 
 def export_onnx(
@@ -65,3 +69,35 @@ def export_onnx(
     if not diff <= atol:
         raise ExportError(f"{path}: onnxruntime logits differ from PyTorch by {diff:.3g} (> {atol})")
     return result
+
+
+def export_weights(
+    model: nn.Module, dst: str | Path, to: str, layout: str = "prelinen"
+) -> dict[str, float | str | None]:
+    """Write a loaded vitkit model's weights to ``dst`` in format ``to``: "vitkit" (safetensors
+    with config), "official" (``.npz``, key ``layout`` "prelinen" or "linen"), "timm"
+    (safetensors state dict), "hf" (a Hugging Face folder: ``model.safetensors`` and
+    ``config.json``) or "onnx" (checked in onnxruntime, :func:`export_onnx`). Returns the ONNX
+    check (``{"max_abs_diff", "onnxruntime"}``, both None for the other formats)."""
+    from .checkpoint import hf_config_for, save_checkpoint, to_hf, to_official, to_timm
+    from .checkpoint.io import write_safetensors
+
+    dst = Path(dst)
+    sd = model.state_dict()
+    if to == "vitkit":
+        save_checkpoint(model, dst)
+    elif to == "official":
+        arrays = to_official(sd, model.cfg, layout=layout)
+        atomic_write(dst, lambda f: np.savez(f, **arrays))
+    elif to == "timm":
+        write_safetensors(dst, to_timm(sd), {"format": "pt"})
+    elif to == "hf":
+        write_safetensors(dst / "model.safetensors", to_hf(sd, model.cfg), {"format": "pt"})
+        cfg = hf_config_for(model.cfg)
+        cfg["architectures"] = ["ViTForImageClassification" if model.cfg.num_classes else "ViTModel"]
+        write_text(dst / "config.json", json.dumps(cfg, indent=2))
+    elif to == "onnx":
+        return export_onnx(model, dst)
+    else:
+        raise UsageError(f"unknown export format {to!r}: one of {', '.join(FORMATS)}")
+    return {"max_abs_diff": None, "onnxruntime": None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -48,3 +49,8 @@ def write_text(path: str | Path, text: str) -> None:
 def write_json(path: str | Path, payload: Any) -> None:
     """Atomically write ``payload`` as indented JSON."""
     write_text(path, json.dumps(payload, indent=2))
+
+
+def slug(text: str, default: str = "data") -> str:
+    """``text`` as a safe file-name part: runs of other characters become one underscore."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or default

@@ -20,15 +20,19 @@ from .figures import (
     plot_pos_embed_similarity,
     plot_rollout_overlay,
 )
+from .report import Report, analyze, model_name, sample_images
 
 __all__ = [
     "FilterPCA",
+    "Report",
+    "analyze",
     "attention_rollout",
     "cls_rollout_map",
     "collect_attention",
     "embedding_filter_components",
     "grid_of",
     "mean_attention_distance",
+    "model_name",
     "patch_distances",
     "plot_attention_maps",
     "plot_filter_components",
@@ -38,5 +42,6 @@ __all__ = [
     "pos_embed_similarity",
     "pos_embed_similarity_summary",
     "rollout_map",
+    "sample_images",
     "token_attention_maps",
 ]

@@ -2,7 +2,7 @@
 
 All of it runs the model through :func:`model_outputs` (the model's own preprocessing, no
 augmentation) and returns plain dicts of numbers; the ``vitkit eval | fewshot | probe | predict``
-commands (``vitkit.eval.cli``) print them.
+commands (``vitkit.cli``) print them.
 """
 
 from .classify import (
@@ -20,6 +20,7 @@ from .features import (
     model_inputs,
     model_outputs,
     model_preprocessing,
+    served_model,
 )
 from .fewshot import (
     BIAS_CONSTANT,
@@ -27,12 +28,14 @@ from .fewshot import (
     DEFAULT_L2_GRID,
     DEFAULT_SHOTS,
     RidgeEigen,
+    evaluate_fewshot,
     fewshot_eval,
     fewshot_indices,
     fewshot_needed_indices,
     ridge_closed_form,
 )
-from .probe import DEFAULT_WD_GRID, DEFAULT_WEIGHT_DECAY, knn_eval, linear_probe
+from .predict import class_names, predict
+from .probe import DEFAULT_WD_GRID, DEFAULT_WEIGHT_DECAY, evaluate_probe, knn_eval, linear_probe
 
 __all__ = [
     "BIAS_CONSTANT",
@@ -43,9 +46,12 @@ __all__ = [
     "DEFAULT_WEIGHT_DECAY",
     "ModelOutputs",
     "RidgeEigen",
+    "class_names",
     "classification_metrics",
     "confusion_matrix",
     "evaluate",
+    "evaluate_fewshot",
+    "evaluate_probe",
     "extract_features",
     "fewshot_eval",
     "fewshot_indices",
@@ -56,7 +62,9 @@ __all__ = [
     "model_inputs",
     "model_outputs",
     "model_preprocessing",
+    "predict",
     "ridge_closed_form",
+    "served_model",
     "topk_accuracy",
     "topk_hits",
     "write_confusion_matrix",

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..data.base import Dataset
 from ..data.transforms import TransformConfig, eval_transform, match_channels
+from ..errors import UsageError
 from ..preprocessing import Preprocessing
 
 Precision = Literal["fp32", "bf16"]
@@ -210,3 +211,32 @@ def extract_features(
         progress=progress,
     )
     return res.outputs, res.labels
+
+
+def served_model(
+    model: nn.Module,
+    precision: str,
+    data: str | Dataset | None = None,
+    split: str = "train",
+    calib_images: int = 512,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+) -> tuple[nn.Module, int]:
+    """``model`` as :func:`vitkit.inference.prepare_inference` serves it in ``precision``, and
+    the number of calibration images used. int8 with ``calib_images > 0`` calibrates static
+    activation scales on that many images of ``data`` (a dataset, or a name for
+    :func:`vitkit.data.build_dataset` with ``split``); 0 quantises dynamically, per batch."""
+    from ..data import build_dataset
+    from ..inference import prepare_inference
+
+    dev = torch.device(device)
+    if precision == "int8" and dev.type != "cpu":
+        raise UsageError(f"int8 serving runs on the CPU's int8 kernels, not on {device}")
+    calibration = None
+    if precision == "int8" and calib_images > 0:
+        if data is None:
+            raise UsageError("static int8 calibration needs data (or calib_images=0 for dynamic int8)")
+        source = build_dataset(data, split) if isinstance(data, str) else data
+        calibration = list(model_inputs(model, source, batch_size=batch_size, max_images=calib_images))
+    used = sum(len(x) for x, _ in calibration) if calibration else 0
+    return prepare_inference(model.to(dev), precision, calibration=calibration), used

@@ -25,12 +25,16 @@ identical solution from a smaller matrix. Everything is numpy float64.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+
+from ..data.base import ArrayDataset, Dataset
+from .features import extract_features
 
 BIAS_CONSTANT = 100.0
 DEFAULT_L2 = 1024.0
@@ -179,6 +183,28 @@ def fewshot_eval(
     if test_y.shape != (test_x.shape[0],):
         raise ValueError(f"{test_y.shape[0]} test labels for {test_x.shape[0]} test features")
     k = num_classes if num_classes is not None else int(max(train_y.max(), test_y.max())) + 1
+    shot_list, seed_list, l2s = _settings(shots, seeds, l2)
+    rows_of = _row_lookup(train_x, train_y, train_rows)
+
+    acc = np.zeros((len(shot_list), len(seed_list), len(l2s)))
+    sizes: dict[int, int] = {}
+    for j, seed in enumerate(seed_list):
+        samples = fewshot_indices(train_y, shot_list, seed, k)
+        for i, s in enumerate(shot_list):
+            idx = samples[s]
+            sizes[s] = int(idx.size)
+            solver, mean, std = _fit_sample(rows_of(idx), train_y[idx], k, bias_constant)
+            for m, reg in enumerate(l2s):
+                pred = _predict(test_x, solver.solve(reg), mean, std, bias_constant)
+                acc[i, j, m] = float((pred == test_y).mean())
+    results, best = _summarise(acc, shot_list, l2s, sizes)
+    return {"shots": shot_list, "seeds": seed_list, "l2": l2s, "num_classes": k, "results": results, "best": best}
+
+
+def _settings(
+    shots: Sequence[int], seeds: int | Sequence[int], l2: float | Sequence[float]
+) -> tuple[list[int], list[int], list[float]]:
+    """The shot counts, seeds and l2 values as lists, checked."""
     shot_list = [int(s) for s in shots]
     if not shot_list or min(shot_list) < 1:
         raise ValueError(f"shots must be positive integers, got {list(shots)}")
@@ -188,39 +214,38 @@ def fewshot_eval(
     l2s = [float(l2)] if isinstance(l2, (int, float)) else [float(v) for v in l2]
     if not l2s or min(l2s) <= 0:
         raise ValueError(f"l2 values must be positive, got {l2s}")
+    return shot_list, seed_list, l2s
 
+
+def _row_lookup(
+    train_x: np.ndarray, train_y: np.ndarray, train_rows: ArrayLike | None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A function from training-example indices to their feature rows; with ``train_rows``, the
+    features hold only the embedded examples, in that order."""
     if train_rows is None:
         if train_y.shape != (train_x.shape[0],):
             raise ValueError(f"{train_y.shape[0]} train labels for {train_x.shape[0]} train features")
-        row_order, sorted_rows = None, None
-    else:
-        rows = _numpy(train_rows).astype(np.int64)
-        if rows.shape != (train_x.shape[0],):
-            raise ValueError(f"{rows.shape[0]} train_rows for {train_x.shape[0]} train features")
-        row_order = np.argsort(rows, kind="stable")
-        sorted_rows = rows[row_order]
+        return lambda idx: train_x[idx]
+    rows = _numpy(train_rows).astype(np.int64)
+    if rows.shape != (train_x.shape[0],):
+        raise ValueError(f"{rows.shape[0]} train_rows for {train_x.shape[0]} train features")
+    row_order = np.argsort(rows, kind="stable")
+    sorted_rows = rows[row_order]
 
-    def train_rows_of(idx: np.ndarray) -> np.ndarray:
-        if sorted_rows is None:
-            return train_x[idx]
+    def rows_of(idx: np.ndarray) -> np.ndarray:
         pos = np.searchsorted(sorted_rows, idx).clip(max=len(sorted_rows) - 1)
         missing = idx[sorted_rows[pos] != idx]
         if missing.size:
             raise ValueError(f"train example {int(missing[0])} is sampled but was not embedded (see train_rows)")
         return train_x[row_order[pos]]
 
-    acc = np.zeros((len(shot_list), len(seed_list), len(l2s)))
-    sizes: dict[int, int] = {}
-    for j, seed in enumerate(seed_list):
-        samples = fewshot_indices(train_y, shot_list, seed, k)
-        for i, s in enumerate(shot_list):
-            idx = samples[s]
-            sizes[s] = int(idx.size)
-            solver, mean, std = _fit_sample(train_rows_of(idx), train_y[idx], k, bias_constant)
-            for m, reg in enumerate(l2s):
-                pred = _predict(test_x, solver.solve(reg), mean, std, bias_constant)
-                acc[i, j, m] = float((pred == test_y).mean())
+    return rows_of
 
+
+def _summarise(
+    acc: np.ndarray, shot_list: list[int], l2s: list[float], sizes: dict[int, int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Accuracies (shots, seeds, l2) -> result rows (mean, std over seeds) and the best l2 per shot count."""
     results = []
     for i, s in enumerate(shot_list):
         for m, reg in enumerate(l2s):
@@ -230,7 +255,7 @@ def fewshot_eval(
                     "shots": s,
                     "l2": reg,
                     "mean": float(per_seed.mean()),
-                    "std": float(per_seed.std(ddof=1)) if len(seed_list) > 1 else 0.0,
+                    "std": float(per_seed.std(ddof=1)) if acc.shape[1] > 1 else 0.0,
                     "per_seed": [float(a) for a in per_seed],
                     "train_examples": sizes[s],
                 }
@@ -240,4 +265,37 @@ def fewshot_eval(
         for s in shot_list:
             rows_s = [r for r in results if r["shots"] == s]
             best.append(max(rows_s, key=lambda r: r["mean"]))
-    return {"shots": shot_list, "seeds": seed_list, "l2": l2s, "num_classes": k, "results": results, "best": best}
+    return results, best
+
+
+def evaluate_fewshot(
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    shots: Sequence[int] = DEFAULT_SHOTS,
+    seeds: int | Sequence[int] = 3,
+    l2: float | Sequence[float] = DEFAULT_L2,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    **run: Any,
+) -> dict[str, Any]:
+    """Few-shot linear accuracy of ``model``'s representation: pre-logits of ``train`` (the
+    examples to sample from) and ``test`` (scored), then :func:`fewshot_eval`.
+
+    An in-memory ``train`` split (its labels known in advance) embeds only the examples some
+    (shots, seed) sample uses. ``run``: ``batch_size``, ``device``, ``precision``, ``img_size``
+    of :func:`vitkit.eval.extract_features`. Returns :func:`fewshot_eval`'s dict plus
+    ``num_features`` and ``num_test``.
+    """
+    k = train.num_classes
+    if isinstance(train, ArrayDataset) and max_train is None:
+        rows = fewshot_needed_indices(train.labels, shots, seeds, k)
+        train_x, _ = extract_features(model, train.subset(torch.as_tensor(rows)), progress=progress, **run)
+        train_y = train.labels
+    else:
+        rows = None
+        train_x, train_y = extract_features(model, train, max_images=max_train, progress=progress, **run)
+    test_x, test_y = extract_features(model, test, max_images=max_test, progress=progress, **run)
+    res = fewshot_eval(train_x, train_y, test_x, test_y, shots, seeds, l2, num_classes=k, train_rows=rows)
+    return {**res, "num_features": int(train_x.shape[1]), "num_test": int(test_x.shape[0])}

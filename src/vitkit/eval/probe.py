@@ -13,14 +13,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from ..data.base import Dataset
+from ..errors import UsageError
 from .classify import topk_accuracy, topk_hits
+from .features import extract_features
 
 DEFAULT_WEIGHT_DECAY = 1e-4
 DEFAULT_WD_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
@@ -208,3 +212,46 @@ def knn_eval(
         "num_test": n,
         "num_classes": num_k,
     }
+
+
+def evaluate_probe(
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    weight_decay: float | Sequence[float] = DEFAULT_WEIGHT_DECAY,
+    max_iter: int = 500,
+    knn_k: int = DEFAULT_K,
+    knn_weighting: Literal["distance", "majority"] = "distance",
+    temperature: float = DEFAULT_TEMPERATURE,
+    max_train: int | None = 10000,
+    max_test: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    **run: Any,
+) -> dict[str, Any]:
+    """A linear probe and a kNN classifier on ``model``'s frozen representation: pre-logits of
+    ``train`` (a seeded random ``max_train`` of it) fit both, ``test`` scores them.
+
+    ``run``: ``batch_size``, ``device``, ``precision``, ``img_size`` of
+    :func:`vitkit.eval.extract_features`. Returns ``{"linear_probe": linear_probe(...), "knn":
+    knn_eval(...), "num_features"}``.
+    """
+    if knn_k < 1:
+        raise UsageError(f"knn_k must be positive, got {knn_k}")
+    train_x, train_y = extract_features(model, train, max_images=max_train, progress=progress, **run)
+    test_x, test_y = extract_features(model, test, max_images=max_test, progress=progress, **run)
+    k, device = train.num_classes, run.get("device", "cpu")
+    lin = linear_probe(
+        train_x, train_y, test_x, test_y, weight_decay=weight_decay, num_classes=k, max_iter=max_iter, device=device
+    )
+    knn = knn_eval(
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        k=knn_k,
+        weighting=knn_weighting,
+        temperature=temperature,
+        num_classes=k,
+        device=device,
+    )
+    return {"linear_probe": lin, "knn": knn, "num_features": int(train_x.shape[1])}

@@ -204,6 +204,24 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def find_recipe(name: str | Path) -> Path:
+    """A recipe path, or the name of one shipped with vitkit (``fmnist_vit`` or ``fmnist_vit.yaml``,
+    also under a sub-folder: ``reproduce/pos_embed``)."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    for cand in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if cand.is_file():
+            return cand
+    shipped = ", ".join(
+        sorted(q.relative_to(CONFIG_DIR).with_suffix("").as_posix() for q in CONFIG_DIR.rglob("*.yaml"))
+    )
+    raise RecipeError(f"recipe {str(name)!r} not found (a YAML path, or one of: {shipped})")
+
+
 def load_recipe(path: str | Path | None = None, sets: list[tuple[str, Any]] | None = None) -> Recipe:
     """Read a YAML recipe (or the defaults) and apply ``sets`` (dotted keys)."""
     tree: dict[str, Any] = {}

@@ -1,0 +1,105 @@
+"""What the commands share: argument types, loading a model or a dataset with its notes printed,
+a progress bar, and number formatting. Nothing here imports torch at module level."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import UsageError
+
+WEIGHTS_HELP = "weights: vitkit .safetensors, a run folder, official .npz, timm or HF files"
+
+
+def parse_size(text: str) -> int | tuple[int, int]:
+    """``224`` or ``384x512`` (height x width)."""
+    try:
+        if "x" in text.lower():
+            h, w = text.lower().split("x")
+            return (int(h), int(w))
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}") from None
+
+
+def positive(name: str, value: int | float | None) -> None:
+    """A count or size given on the command line must be at least 1."""
+    if value is not None and value < 1:
+        raise UsageError(f"{name} must be positive, got {value}")
+
+
+def note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+def load_model(path: str, img_size: Any = None, **overrides: Any) -> Any:
+    """``vitkit.load_pretrained`` with its notes (resized embeddings, dropped head) on stderr."""
+    from ..checkpoint import load_pretrained
+
+    if img_size:
+        overrides["img_size"] = img_size
+    model = load_pretrained(path, **overrides)
+    for text in model.load_report.notes:
+        note(text)
+    return model
+
+
+def dataset(spec: str, split: str) -> Any:
+    from ..data import build_dataset
+
+    return build_dataset(spec, split)
+
+
+def size_of(dataset: Any, cap: int | None) -> int | None:
+    """How many images a pass over ``dataset`` reads (``cap`` at most); None if unknown."""
+    try:
+        n = len(dataset)
+    except (NotImplementedError, TypeError):
+        return cap
+    return min(n, cap) if cap else n
+
+
+@contextmanager
+def progress(desc: str, total: int | None, unit: str = "img") -> Iterator[Callable[[int], None]]:
+    """A tqdm bar on stderr (silent when stderr is not a terminal); yields its update function."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, disable=None, leave=False, file=sys.stderr) as bar:
+        yield bar.update
+
+
+def describe(model: Any) -> dict[str, Any]:
+    """Which weights a JSON report is about."""
+    return {
+        "checkpoint": model.load_report.path,
+        "source": model.load_report.source,
+        "img_size": list(model.cfg.img_size),
+    }
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e9 else f"{x:g}"
+
+
+def model_arguments(p: argparse.ArgumentParser, data: bool = True) -> None:
+    """The checkpoint, data and run arguments that eval, fewshot and probe share."""
+    p.add_argument("ckpt", help=WEIGHTS_HELP)
+    if data:
+        p.add_argument("--data", required=True, help="dataset: fashion-mnist, mnist, synthetic, a folder...")
+    p.add_argument("--img-size", type=parse_size, default=None, help="evaluate at this size, N or HxW")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1...")
+
+
+def split_arguments(p: argparse.ArgumentParser, max_train: int | None, max_train_help: str) -> None:
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--test-split", default="test")
+    p.add_argument("--max-train", type=int, default=max_train, help=max_train_help)
+    p.add_argument("--max-test", type=int, default=None, help="a random subset of the test split (default: all)")

@@ -1,0 +1,43 @@
+"""``vitkit convert``: weights from any supported format to vitkit, official .npz, timm, HF or ONNX."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import parse_size
+
+HELP = "convert weights between official .npz, timm, HF and vitkit"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="weights: .npz, .safetensors, .bin, a Hugging Face folder or a vitkit run")
+    p.add_argument("dst", help="output: .safetensors (vitkit), .npz (official), .onnx, a folder with --to hf")
+    p.add_argument("--to", choices=["vitkit", "official", "timm", "hf", "onnx"], default=None)
+    p.add_argument("--layout", choices=["prelinen", "linen"], default="prelinen", help="official key layout")
+    p.add_argument("--name", default=None, help="check the weights against this model name")
+    p.add_argument("--img-size", type=parse_size, default=None, help="resize position embeddings")
+    p.add_argument("--num-classes", type=int, default=None, help="replace the head")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checkpoint import load_pretrained
+    from ..export import export_weights
+
+    overrides = {}
+    if args.img_size:
+        overrides["img_size"] = args.img_size
+    if args.num_classes is not None:
+        overrides["num_classes"] = args.num_classes
+    model = load_pretrained(args.src, name=args.name, **overrides)
+    for note in model.load_report.notes:
+        print(f"note: {note}")
+    dst = Path(args.dst)
+    to = args.to or {".npz": "official", ".onnx": "onnx"}.get(dst.suffix, "vitkit")
+    check = export_weights(model, dst, to, layout=args.layout)
+    if to == "onnx" and check["max_abs_diff"] is not None:
+        print(f"onnxruntime {check['onnxruntime']}: logits within {check['max_abs_diff']:.2e} of PyTorch")
+    elif to == "onnx":
+        print("onnxruntime is not installed: the export was not checked (pip install onnxruntime)")
+    print(f"{model.load_report.source} {args.src} -> {to} {dst}")
+    return 0

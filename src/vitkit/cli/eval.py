@@ -1,0 +1,108 @@
+"""``vitkit eval``: top-1/top-5, per-class accuracy and the confusion matrix of a classifier."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..files import slug
+from .common import describe, load_model, model_arguments, pct, progress, size_of
+
+HELP = "top-1/top-5, per-class accuracy and confusion matrix of a classifier"
+MAX_CLASS_ROWS = 50  # longer per-class tables print only the weakest classes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    model_arguments(p)
+    text = "fp32; bf16 (autocast, or bf16 weights with --serve); int8 (served, CPU only)"
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32", help=text)
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
+    p.add_argument("--calib", type=int, default=512, help="int8: images that calibrate static scales (0: dynamic)")
+    p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--max-images", type=int, default=None, help="a random subset of the split")
+    p.add_argument("--out", default=None, help="folder for the confusion matrix (default: RUN/eval or ./eval_out)")
+
+
+def _served(model: Any, args: argparse.Namespace) -> Any:
+    """The model as ``prepare_inference`` serves it; int8 calibrated on ``--calib`` images of
+    ``--calib-split`` (0: dynamic quantisation)."""
+    from ..eval import served_model
+    from ..inference import onednn_int8_available
+
+    if args.calib < 0:
+        raise UsageError(f"--calib must be 0 (dynamic int8) or a number of images, got {args.calib}")
+    static = args.precision == "int8" and args.calib > 0 and onednn_int8_available()
+    calib = args.calib if static else 0
+    served, used = served_model(model, args.precision, args.data, args.calib_split, calib, args.batch_size, args.device)
+    if static:
+        print(f"int8: activation scales calibrated on {used} images of {args.data} {args.calib_split}", file=sys.stderr)
+    elif args.precision == "int8":
+        why = "--calib 0" if not args.calib else "this torch build has no oneDNN int8 kernels"
+        print(f"int8: dynamic quantisation (activation scales from each batch; {why})", file=sys.stderr)
+    return served
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..data import build_dataset
+    from ..eval import evaluate, write_confusion_matrix
+
+    model = load_model(args.ckpt, args.img_size)
+    dataset = build_dataset(args.data, args.split)
+    precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
+    if args.serve or precision == "int8":
+        model, mode = _served(model, args), "served"
+        precision = "fp32"  # the served model carries its precision; no autocast around it
+    if args.compile:
+        model, mode = torch.compile(model), f"{mode}, compiled"  # the throughput includes compiling
+    with progress(f"eval {args.split}", size_of(dataset, args.max_images)) as update:
+        m = evaluate(
+            model, dataset, args.batch_size, args.device, precision, max_images=args.max_images, progress=update
+        )
+
+    out = Path(args.out) if args.out else Path(args.ckpt) / "eval" if Path(args.ckpt).is_dir() else Path("eval_out")
+    stem = f"confusion_{slug(args.data)}_{slug(args.split)}"
+    json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
+    try:
+        title = f"{args.data} ({args.split}): top-1 {pct(m['top1'])}"
+        write_confusion_matrix(m["confusion"], m["classes"], out, stem=stem, title=title)
+    except ImportError as e:
+        print(f"note: {e}; wrote {json_path} only", file=sys.stderr)
+        png_path = None
+    _print_metrics(m, model, args, mode)
+    print(f"\nconfusion matrix: {json_path}" + (f", {png_path}" if png_path else ""))
+    if args.json:
+        from ..files import write_json
+
+        payload = {**describe(model), "data": args.data, "split": args.split, "precision": args.precision}
+        payload["mode"] = mode
+        payload.update({k: v for k, v in m.items() if k != "confusion"})
+        payload["confusion_json"] = str(json_path)
+        payload["confusion_png"] = str(png_path) if png_path else None
+        write_json(args.json, payload)
+    return 0
+
+
+def _print_metrics(m: dict[str, Any], model: Any, args: argparse.Namespace, mode: str) -> None:
+    print(f"checkpoint   {model.load_report.path} ({model.load_report.source})")
+    print(f"data         {args.data} {args.split}: {m['num_images']} images, {m['num_classes']} classes")
+    print(f"top-1        {pct(m['top1'])}")
+    print(f"top-5        {pct(m['top5'])}")
+    print(f"per-class    {pct(m['mean_per_class'])} (mean over classes)")
+    print(f"throughput   {m['images_per_s']:.1f} images/s ({args.device}, {args.precision} {mode}, data included)")
+    rows = m["per_class"]
+    if len(rows) > MAX_CLASS_ROWS:
+        print(f"\n{MAX_CLASS_ROWS // 5} weakest of {len(rows)} classes (all of them in the JSON):")
+        scored = [r for r in rows if r["accuracy"] is not None]
+        rows = sorted(scored, key=lambda r: r["accuracy"])[: MAX_CLASS_ROWS // 5]
+    width = max(12, *(len(r["class"]) for r in rows))
+    print(f"\n{'class':<{width}}  {'images':>7}  {'top-1':>8}")
+    for r in rows:
+        print(f"{r['class']:<{width}}  {r['count']:>7}  {pct(r['accuracy']):>8}")

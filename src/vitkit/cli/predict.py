@@ -1,0 +1,41 @@
+"""``vitkit predict``: the top-k classes of image files."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import WEIGHTS_HELP, describe, load_model
+
+HELP = "top-k classes of image files"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ckpt", help=WEIGHTS_HELP)
+    p.add_argument("images", nargs="+", help="image files (anything Pillow reads)")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", help="also write the predictions to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..eval import predict
+    from ..preprocessing import load_images
+
+    if args.top_k < 1:
+        raise UsageError("--top-k must be positive")
+    model = load_model(args.ckpt)
+    if not model.cfg.num_classes:
+        raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
+    images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
+    predictions = predict(model, images.inputs, top_k=args.top_k, device=args.device)
+    for path, preds in zip(args.images, predictions):
+        print(path)
+        for r in preds:
+            print(f"  {100 * r['prob']:6.2f}%  {r['class']}")
+    if args.json:
+        from ..files import write_json
+
+        results = [{"image": path, "top_k": preds} for path, preds in zip(args.images, predictions)]
+        write_json(args.json, {**describe(model), "predictions": results})
+    return 0

@@ -1,0 +1,76 @@
+"""``vitkit probe``: linear-probe and kNN accuracy of a model's frozen representation."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+from .common import describe, load_model, model_arguments, pct, progress, split_arguments
+
+HELP = "linear-probe (logistic regression) and k-NN accuracy of frozen features"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    model_arguments(p)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    split_arguments(p, 10000, "a random subset of the train split (default: 10000)")
+    p.add_argument("--weight-decay", type=float, nargs="+", default=[1e-4], help="one value, or several to choose from")
+    p.add_argument("--wd-grid", action="store_true", help="choose the weight decay from 1e-6 ... 1e-2")
+    p.add_argument("--max-iter", type=int, default=500, help="L-BFGS iterations")
+    p.add_argument("--knn-k", type=int, default=20)
+    p.add_argument("--knn-weighting", choices=["distance", "majority"], default="distance")
+    p.add_argument("--temperature", type=float, default=0.07, help="kNN vote temperature (DINO)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..data import build_dataset
+    from ..eval import DEFAULT_WD_GRID, evaluate_probe
+
+    if args.knn_k < 1:
+        raise UsageError("--knn-k must be positive")
+    model = load_model(args.ckpt, args.img_size)
+    train = build_dataset(args.data, args.train_split)
+    test = build_dataset(args.data, args.test_split)
+    with progress("features", None) as update:
+        res = evaluate_probe(
+            model,
+            train,
+            test,
+            weight_decay=list(DEFAULT_WD_GRID) if args.wd_grid else args.weight_decay,
+            max_iter=args.max_iter,
+            knn_k=args.knn_k,
+            knn_weighting=args.knn_weighting,
+            temperature=args.temperature,
+            max_train=args.max_train,
+            max_test=args.max_test,
+            progress=update,
+            batch_size=args.batch_size,
+            device=args.device,
+            precision=args.precision,
+        )
+    lin, knn = res["linear_probe"], res["knn"]
+    print(f"checkpoint   {model.load_report.path} ({model.load_report.source})")
+    print(
+        f"data         {args.data}: {train.num_classes} classes; {lin['num_train']} {args.train_split} and "
+        f"{lin['num_test']} {args.test_split} images; {res['num_features']} features\n"
+    )
+    votes = f"exp(s/{args.temperature:g})" if args.knn_weighting == "distance" else "majority"
+    rows = [
+        (f"linear probe (weight decay {lin['weight_decay']:g})", lin),
+        (f"{knn['k']}-NN (cosine, {votes} votes)", knn),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print(f"{'method':<{width}}  {'top-1':>8}  {'top-5':>8}")
+    for name, r in rows:
+        print(f"{name:<{width}}  {pct(r['top1']):>8}  {pct(r['top5']):>8}")
+    if lin["grid"]:
+        grid = ", ".join(f"{g['weight_decay']:g}: {pct(g['val_accuracy'])}" for g in lin["grid"])
+        print(f"\nweight decay chosen on a held-out 20% of the train features: {grid}")
+    if args.json:
+        from ..files import write_json
+
+        payload = {**describe(model), "data": args.data, "train_split": args.train_split}
+        payload.update({"test_split": args.test_split, "linear_probe": lin, "knn": knn})
+        write_json(args.json, payload)
+    return 0

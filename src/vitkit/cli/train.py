@@ -1,0 +1,111 @@
+"""``vitkit train``: train a model from a recipe; the same command again resumes the run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+HELP = "train a model from a recipe (resumes an existing --out)"
+
+# command-line flag -> the recipe key it sets
+FLAG_KEYS = {
+    "steps": "train.steps",
+    "batch_size": "train.batch_size",
+    "lr": "optim.lr",
+    "eval_every": "log.eval_every",
+    "checkpoint_every": "log.checkpoint_every",
+    "log_every": "log.log_every",
+    "seed": "seed",
+    "device": "train.device",
+    "precision": "train.precision",
+    "data": "data.name",
+    "accum_steps": "train.accum_steps",
+}
+
+
+def _is_main_process() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+class TqdmProgress:
+    """A progress bar on stderr, on the main process only (``vitkit.train.Progress``)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.quiet = not _is_main_process()
+
+    def start(self, total: int, initial: int) -> None:
+        from tqdm import tqdm
+
+        if not self.quiet:
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, steps: int, **postfix: Any) -> None:
+        if self.bar is None:
+            return
+        if postfix:
+            self.bar.set_postfix(postfix, refresh=False)
+        if steps:
+            self.bar.update(steps)
+
+    def message(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def recipe_arguments(p: argparse.ArgumentParser, default_config: str | None) -> None:
+    """The arguments train and finetune share: the recipe, the run folder, and common overrides."""
+    p.add_argument("--config", default=default_config, required=default_config is None, help="recipe YAML")
+    p.add_argument("--out", required=True, help="run folder (re-running with the same folder resumes)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe key, e.g. train.steps=100")
+    p.add_argument("--data", help="fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder or shard pattern")
+    for flag in ("steps", "batch-size", "accum-steps", "eval-every", "checkpoint-every", "log-every", "seed"):
+        p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    recipe_arguments(p, "fmnist_vit")
+
+
+def train_from_args(args: argparse.Namespace, extra_sets: list[tuple[str, Any]]) -> int:
+    """Load the recipe with ``--set``, the command's own settings and the flags (in that order of
+    precedence, last wins), train it, and print the outcome."""
+    from ..train import find_recipe, load_recipe, parse_set, train
+
+    sets = parse_set(args.set or []) + extra_sets
+    sets += [(key, getattr(args, a)) for a, key in FLAG_KEYS.items() if getattr(args, a, None) is not None]
+    if args.compile:
+        sets.append(("train.compile", True))
+    recipe = load_recipe(find_recipe(args.config), sets)
+    result = train(recipe, args.out, TqdmProgress())
+    if not _is_main_process():
+        return 0
+    if result.final_top1 is None:
+        print(f"trained {result.step} steps into {result.out_dir}")
+        return 0
+    print(
+        f"run: {result.out_dir}  steps: {result.step}  training time: {result.train_seconds:.0f} s  "
+        f"({result.images_per_second:.0f} img/s)"
+    )
+    if result.best_top1 is not None:
+        print(f"best {recipe.data.eval_split} top-1: {100 * result.best_top1:.2f}% (step {result.best_step})")
+    print(f"{recipe.data.eval_split} accuracy: {100 * result.final_top1:.2f}%")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return train_from_args(args, [])

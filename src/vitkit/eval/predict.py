@@ -1,0 +1,68 @@
+"""Top-k classes of images: what ``vitkit predict`` prints, as data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, UsageError
+
+
+def class_names(model: nn.Module) -> list[str]:
+    """The class names a loaded model was trained with: those stored with a vitkit checkpoint
+    (metadata key "classes", written by training), else the class indices as strings."""
+    from ..checkpoint import resolve_checkpoint
+    from ..checkpoint.io import read_safetensors_metadata
+
+    k = int(getattr(model, "num_classes", 0) or 0)
+    fallback = [str(i) for i in range(k)]
+    report = getattr(model, "load_report", None)
+    if report is None or not report.path:
+        return fallback
+    p = resolve_checkpoint(report.path)
+    if p.suffix.lower() != ".safetensors":
+        return fallback
+    try:
+        names = json.loads(read_safetensors_metadata(p).get("classes") or "null")
+    except (CheckpointError, json.JSONDecodeError):
+        return fallback
+    if isinstance(names, list) and len(names) == k and all(isinstance(n, str) for n in names):
+        return names
+    return fallback
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    top_k: int = 5,
+    classes: Sequence[str] | None = None,
+    device: str | torch.device = "cpu",
+) -> list[list[dict[str, Any]]]:
+    """The ``top_k`` most probable classes of each image of a preprocessed batch (B, C, H, W)
+    (:func:`vitkit.load_images` makes one): per image, ``{"class", "index", "prob"}`` rows, most
+    probable first. ``classes`` names the classes (default: :func:`class_names` of the model)."""
+    k_model = int(getattr(model, "num_classes", 0) or 0)
+    if not k_model:
+        raise UsageError("the model has no classification head (num_classes=0); nothing to predict")
+    if top_k < 1:
+        raise UsageError(f"top_k must be positive, got {top_k}")
+    names = list(classes) if classes is not None else class_names(model)
+    if len(names) != k_model:
+        raise UsageError(f"{len(names)} class names for a model of {k_model} classes")
+    dev = torch.device(device)
+    was_training = model.training
+    model.eval().to(dev)
+    try:
+        probs = torch.cat([model(x[None].to(dev)).float().softmax(dim=1).cpu() for x in images])  # (B, K)
+    finally:
+        model.train(was_training)
+    top = probs.topk(min(top_k, k_model), dim=1)
+    return [
+        [{"class": names[i], "index": int(i), "prob": float(p)} for p, i in zip(vals.tolist(), idx.tolist())]
+        for vals, idx in zip(top.values, top.indices)
+    ]
