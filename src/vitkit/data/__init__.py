@@ -13,7 +13,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .base import ArrayDataset, DataError, Dataset, SkipCounter
+from ..errors import DataError
+from .base import ArrayDataset, Dataset, SkipCounter
 from .cifar import download_cifar, load_cifar
 from .folder import ImageFolder, StreamingDataset, decode_image
 from .idx import load_idx_dataset

@@ -27,7 +27,8 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from .base import DataError, Dataset, SkipCounter
+from ..errors import DataError
+from .base import Dataset, SkipCounter
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 MODES = {"RGB": 3, "L": 1}

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .base import DataError
+from ..errors import DataError
 from .folder import Item, StreamingDataset, _check_batch_args, epoch_order
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
