@@ -18,6 +18,7 @@ from .base import ArrayDataset, Dataset, SkipCounter
 from .cifar import download_cifar, load_cifar
 from .folder import ImageFolder, StreamingDataset, decode_image
 from .idx import load_idx_dataset
+from .plan import BatchPlan, epoch_order
 from .shards import ShardDataset, expand_braces, shard_paths
 from .synthetic import synthetic_dataset
 from .transforms import TransformConfig, eval_transform, step_generator, train_transform
@@ -90,6 +91,7 @@ __all__ = [
     "PATTERN_SOURCES",
     "SOURCES",
     "ArrayDataset",
+    "BatchPlan",
     "DataError",
     "Dataset",
     "ImageFolder",
@@ -100,6 +102,7 @@ __all__ = [
     "build_dataset",
     "decode_image",
     "download_cifar",
+    "epoch_order",
     "eval_transform",
     "expand_braces",
     "load_cifar",

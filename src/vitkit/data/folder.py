@@ -29,6 +29,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from ..errors import DataError
 from .base import Dataset, SkipCounter
+from .plan import BatchPlan
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 MODES = {"RGB": 3, "L": 1}
@@ -113,26 +114,6 @@ class _Planned:
 
     def __iter__(self) -> Iterator[list[Item]]:
         return iter(self.batches)
-
-
-def _check_batch_args(batch_size: int, start_batch: int, rank: int, world_size: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if start_batch < 0:
-        raise ValueError(f"start_batch must be >= 0, got {start_batch}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
-
-
-def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
-    """The order of ``n`` samples in an epoch: identity, or a permutation from (seed, epoch).
-
-    The same mixing of seed and epoch as :meth:`ArrayDataset.order`.
-    """
-    if not shuffle:
-        return torch.arange(n)
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=g)
 
 
 class StreamingDataset(Dataset):
@@ -274,32 +255,13 @@ class ImageFolder(StreamingDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        epoch: int = 0,
-        start_batch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        num_workers: int = 0,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of decoded batches; see :meth:`Dataset.batches` for the arguments."""
-        _check_batch_args(batch_size, start_batch, rank, world_size)
-        return self.decode_batches(
-            self._plan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last), num_workers
+    def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of decoded batches; the plan picks the files, ``num_workers`` processes decode them."""
+        items = (
+            [(path, label, path) for path, label in map(self.samples.__getitem__, local.tolist())]
+            for local in plan.index_batches(len(self))
         )
-
-    def _plan(self, batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last) -> Iterator[list[Item]]:
-        order = epoch_order(len(self), shuffle, seed, epoch).tolist()
-        end = len(order) // batch_size * batch_size if drop_last else len(order)
-        for start in range(start_batch * batch_size, end, batch_size):
-            local = order[start : start + batch_size][rank::world_size]
-            if local:
-                yield [(self.samples[i][0], self.samples[i][1], self.samples[i][0]) for i in local]
+        return self.decode_batches(items, num_workers)
 
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageFolder", "StreamingDataset", "decode_image", "epoch_order"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageFolder", "StreamingDataset", "decode_image"]
