@@ -16,10 +16,11 @@ from typing import Any
 from ..errors import DataError
 from .base import ArrayDataset, Dataset, SkipCounter
 from .cifar import download_cifar, load_cifar
-from .folder import ImageFolder, StreamingDataset, decode_image
+from .folder import ImageFolder
 from .idx import load_idx_dataset
 from .plan import BatchPlan, epoch_order
 from .shards import ShardDataset, expand_braces, shard_paths
+from .streaming import StreamingDataset, decode_image
 from .synthetic import synthetic_dataset
 from .transforms import TransformConfig, eval_transform, step_generator, train_transform
 

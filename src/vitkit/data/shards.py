@@ -44,8 +44,8 @@ from typing import Any
 import torch
 
 from ..errors import DataError
-from .folder import Item, StreamingDataset
 from .plan import BatchPlan
+from .streaming import Item, StreamingDataset
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
 SPLIT_NAMES = {"train": ("train",), "val": ("val", "test"), "test": ("test", "val")}
