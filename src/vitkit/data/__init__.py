@@ -13,11 +13,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .base import ArrayDataset, DataError, Dataset, SkipCounter
+from ..errors import DataError
+from .base import ArrayDataset, Dataset, SkipCounter
 from .cifar import download_cifar, load_cifar
-from .folder import ImageFolder, StreamingDataset, decode_image
+from .folder import ImageFolder
 from .idx import load_idx_dataset
+from .plan import BatchPlan, epoch_order
 from .shards import ShardDataset, expand_braces, shard_paths
+from .streaming import StreamingDataset, decode_image
 from .synthetic import synthetic_dataset
 from .transforms import TransformConfig, eval_transform, step_generator, train_transform
 
@@ -89,6 +92,7 @@ __all__ = [
     "PATTERN_SOURCES",
     "SOURCES",
     "ArrayDataset",
+    "BatchPlan",
     "DataError",
     "Dataset",
     "ImageFolder",
@@ -99,6 +103,7 @@ __all__ = [
     "build_dataset",
     "decode_image",
     "download_cifar",
+    "epoch_order",
     "eval_transform",
     "expand_braces",
     "load_cifar",

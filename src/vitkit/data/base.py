@@ -5,7 +5,8 @@ Two kinds of source:
   CIFAR, synthetic). Batches are slices of a seeded permutation: cheap, and exactly
   reproducible from (seed, epoch, batch index), which is what resuming needs.
 - streaming sources (image folders, WebDataset shards) decode with Pillow in loader workers;
-  they derive from ``StreamingDataset`` in ``folder.py`` (``shards.py`` too).
+  they derive from ``StreamingDataset`` (``streaming.py``).
+Both cut an epoch into batches by the same :class:`~vitkit.data.plan.BatchPlan`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import DataError
+from .plan import BatchPlan
 
 
 @dataclass
@@ -37,12 +39,17 @@ class SkipCounter:
 
 
 class Dataset:
-    """Common surface of all sources."""
+    """Common surface of all sources.
+
+    :meth:`batches` is the one signature callers use; it checks the arguments once, as a
+    :class:`BatchPlan`, and each source only implements :meth:`epoch_batches` for a plan.
+    """
 
     name: str = "dataset"
     classes: list[str]
     in_chans: int
     image_size: tuple[int, int]  # (H, W) of the uint8 batches the loader yields
+    skips: SkipCounter
 
     @property
     def num_classes(self) -> int:
@@ -69,14 +76,15 @@ class Dataset:
         ``batch_size`` is the global batch: with ``world_size > 1`` each rank gets a disjoint
         1/world_size of every batch (so the global batch equals a one-process run's).
         ``start_batch`` skips that many batches of the epoch (resuming mid-epoch).
+        ``num_workers`` decoding processes, for sources that decode (the order does not depend on it).
+        Bad arguments raise ``ValueError`` here, before the first batch is asked for.
         """
+        plan = BatchPlan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last)
+        return self.epoch_batches(plan, num_workers)
+
+    def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of one epoch as ``plan`` cuts it; what each source implements."""
         raise NotImplementedError
-
-    def steps_per_epoch(self, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
-        n, b = len(self), batch_size
-        return n // b if drop_last else -(-n // b)
-
-    skips: SkipCounter
 
 
 class ArrayDataset(Dataset):
@@ -98,33 +106,9 @@ class ArrayDataset(Dataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def order(self, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
-        if not shuffle:
-            return torch.arange(len(self))
-        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        return torch.randperm(len(self), generator=g)
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        epoch: int = 0,
-        start_batch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        num_workers: int = 0,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        idx = self.order(shuffle, seed, epoch)
-        global_b = batch_size
-        n = len(idx) // global_b * global_b if drop_last else len(idx)
-        for start in range(start_batch * global_b, n, global_b):
-            chunk = idx[start : start + global_b]
-            local = chunk[rank::world_size] if world_size > 1 else chunk
-            if len(local) == 0:
-                continue
+    def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Slices of the in-memory tensors; ``num_workers`` is not needed (nothing to decode)."""
+        for local in plan.index_batches(len(self)):
             yield self.images[local], self.labels[local]
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> ArrayDataset:

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import DataError
 from ..files import atomic_write
-from .base import ArrayDataset, DataError
+from .base import ArrayDataset
 from .idx import data_home
 
 try:  # numpy >= 2 keeps the array internals in numpy._core; numpy 1.x in numpy.core

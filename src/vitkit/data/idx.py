@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import DataError
 from ..files import atomic_write
-from .base import ArrayDataset, DataError
+from .base import ArrayDataset
 
 FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import itertools
-import math
 import os
 import random
 import re
@@ -44,8 +43,9 @@ from typing import Any
 
 import torch
 
-from .base import DataError
-from .folder import Item, StreamingDataset, _check_batch_args, epoch_order
+from ..errors import DataError
+from .plan import BatchPlan
+from .streaming import Item, StreamingDataset
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
 SPLIT_NAMES = {"train": ("train",), "val": ("val", "test"), "test": ("test", "val")}
@@ -251,6 +251,15 @@ def _shuffle_buffer(items: Iterable[Item], size: int, rng: random.Random) -> Ite
     yield from buffer
 
 
+def _cut(stream: Iterator[Item], sizes: list[int], start_batch: int) -> Iterator[list[Item]]:
+    """Cut a stream into batches of ``sizes``, the first ``start_batch`` read but not kept."""
+    for _ in itertools.islice(stream, sum(sizes[:start_batch])):
+        pass  # resuming: read past the batches already seen, without decoding them
+    for size in sizes[start_batch:]:
+        if size:
+            yield list(itertools.islice(stream, size))
+
+
 class ShardDataset(StreamingDataset):
     """WebDataset shards named by ``pattern`` (or a list of patterns), streamed and decoded to
     ``load_size`` (H, W) uint8; see the module docstring for order, length and classes.
@@ -310,41 +319,17 @@ class ShardDataset(StreamingDataset):
             self.num_samples = counted
         return self.num_samples
 
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        epoch: int = 0,
-        start_batch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        num_workers: int = 0,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of decoded batches; see :meth:`Dataset.batches` and the module docstring."""
-        _check_batch_args(batch_size, start_batch, rank, world_size)
-        if len(self.shards) < world_size:
-            raise DataError(f"{self.name}: {len(self.shards)} shards cannot be split among {world_size} ranks")
-        n = len(self)
-        steps = n // batch_size if drop_last else math.ceil(n / batch_size)
-        # this rank's share of every global batch (the last may be short)
-        sizes = [len(range(rank, min(batch_size, n - b * batch_size), world_size)) for b in range(steps)]
-        stream = self._rank_stream(shuffle, seed, epoch, rank, world_size)
-        return self.decode_batches(self._plan(stream, sizes, start_batch), num_workers)
+    def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of decoded batches; see the module docstring for how the plan is streamed."""
+        if len(self.shards) < plan.world_size:
+            raise DataError(f"{self.name}: {len(self.shards)} shards cannot be split among {plan.world_size} ranks")
+        sizes = plan.local_sizes(len(self))  # this rank's share of every global batch (the last may be short)
+        return self.decode_batches(_cut(self._rank_stream(plan), sizes, plan.start_batch), num_workers)
 
-    @staticmethod
-    def _plan(stream: Iterator[Item], sizes: list[int], start_batch: int) -> Iterator[list[Item]]:
-        for _ in itertools.islice(stream, sum(sizes[:start_batch])):
-            pass  # resuming: read past the batches already seen, without decoding them
-        for size in sizes[start_batch:]:
-            if size:
-                yield list(itertools.islice(stream, size))
-
-    def _rank_stream(self, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int) -> Iterator[Item]:
+    def _rank_stream(self, plan: BatchPlan) -> Iterator[Item]:
         """This rank's samples for the epoch, endless: the shards are started over when done."""
-        mine = [self.shards[i] for i in epoch_order(len(self.shards), shuffle, seed, epoch).tolist()][rank::world_size]
+        shuffle, seed, epoch, rank = plan.shuffle, plan.seed, plan.epoch, plan.rank
+        mine = [self.shards[i] for i in plan.order(len(self.shards)).tolist()][rank :: plan.world_size]
         for pass_index in itertools.count():
             rng = random.Random(f"{seed}/{epoch}/{rank}/{pass_index}")
             shards = rng.sample(mine, len(mine)) if shuffle and pass_index else mine

@@ -1,0 +1,95 @@
+"""How one epoch is cut into batches: the plan every data source follows.
+
+Every source, in memory or streamed, turns the same few numbers (batch size, shuffling, seed,
+epoch, the batch to resume at, this process's rank among ``world_size``, whether a short last
+batch is dropped) into its batches. Keeping that arithmetic here, once, is what makes the order
+of an epoch the same function of (seed, epoch, batch index) for every source: resuming mid-epoch
+and splitting the global batch among ranks then mean the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+# Mixes seed and epoch into one generator seed; a prime well above any epoch count, so that
+# (seed, epoch) pairs of a run do not collide. Changing it changes every shuffled order.
+_EPOCH_SEED_STRIDE = 1_000_003
+
+
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    """The order of ``n`` samples (int64 indices) in an epoch: identity, or a permutation of (seed, epoch).
+
+    A pure function of its arguments, so an epoch can be replayed (resumed) from them alone.
+    """
+    if not shuffle:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(seed * _EPOCH_SEED_STRIDE + epoch)
+    return torch.randperm(n, generator=g)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batches of one epoch, for one rank: what :meth:`Dataset.batches` is asked for.
+
+    ``batch_size`` is the global batch: with ``world_size > 1`` each rank gets a disjoint
+    1/world_size of every batch (positions ``rank, rank + world_size, ...`` of it), so the
+    global batch equals a one-process run's. ``start_batch`` skips that many batches of the
+    epoch (resuming mid-epoch). ``drop_last`` leaves out a short last batch.
+    """
+
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    epoch: int = 0
+    start_batch: int = 0
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {self.start_batch}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+
+    def order(self, n: int) -> torch.Tensor:
+        """The epoch's order of ``n`` items (see :func:`epoch_order`)."""
+        return epoch_order(n, self.shuffle, self.seed, self.epoch)
+
+    def num_batches(self, n: int) -> int:
+        """Global batches in an epoch of ``n`` items, counting those before ``start_batch``."""
+        full, rest = divmod(n, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def _share(self, batch: int, n: int) -> slice:
+        """This rank's positions, in the epoch's order, of global batch ``batch``."""
+        start = batch * self.batch_size
+        return slice(start + self.rank, min(start + self.batch_size, n), self.world_size)
+
+    def index_batches(self, n: int) -> Iterator[torch.Tensor]:
+        """This rank's indices (int64) into ``n`` items, one tensor a batch, from ``start_batch`` on.
+
+        For sources that can read any item directly (in memory, files in a folder). A batch in
+        which this rank has no item (a short last batch) is left out.
+        """
+        order = self.order(n)
+        for batch in range(self.start_batch, self.num_batches(n)):
+            local = order[self._share(batch, n)]
+            if len(local):
+                yield local
+
+    def local_sizes(self, n: int) -> list[int]:
+        """How many items this rank takes from each global batch of the epoch, from batch 0.
+
+        For streaming sources, which cannot index: they read their stream in these sizes, past
+        the first ``start_batch`` without decoding. Every rank gets the same number of entries.
+        """
+        return [len(range(n)[self._share(batch, n)]) for batch in range(self.num_batches(n))]
+
+
+__all__ = ["BatchPlan", "epoch_order"]
