@@ -47,7 +47,21 @@ def save_checkpoint(
     if not isinstance(cfg, (ViTConfig, ResNetConfig)):
         raise TypeError("save_checkpoint needs a vitkit model (with a .cfg ViTConfig or ResNetConfig)")
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    pre = preprocessing or getattr(model, "preprocessing", None) or Preprocessing.for_config(cfg)
+    pre = preprocessing or getattr(model, "preprocessing", None)
+    return save_weights(model.state_dict(), cfg, path, pre, extra)
+
+
+def save_weights(
+    state: dict[str, torch.Tensor],
+    cfg: ViTConfig | ResNetConfig,
+    path: str | Path,
+    preprocessing: Preprocessing | None = None,
+    extra: dict[str, str] | None = None,
+) -> Path:
+    """Write a model's state dict with its config as a vitkit checkpoint (atomically): what
+    :func:`save_checkpoint` does, for weights held apart from a model (gathered from shards,
+    or an average of the weights)."""
+    pre = preprocessing or Preprocessing.for_config(cfg)
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -55,9 +69,8 @@ def save_checkpoint(
         "preprocessing": json.dumps(pre.to_dict()),
         **(extra or {}),
     }
-    state = {k: v for k, v in model.state_dict().items()}
     path = Path(path)
-    write_safetensors(path, state, meta)
+    write_safetensors(path, dict(state), meta)
     return path
 
 

@@ -7,6 +7,7 @@ predicted class on the columns, as counts.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from ..data.base import Dataset
+from ..errors import UsageError
 from ..files import atomic_write
 from .features import Precision, model_outputs
 
@@ -58,32 +60,51 @@ def classification_metrics(
     of ``{"class", "count", "accuracy"}``; accuracy None for a class without images) and
     ``confusion`` (K x K nested lists of counts, rows true, columns predicted).
     """
+    return metrics_from_counts(classification_counts(logits, labels), classes)
+
+
+def classification_counts(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """What the metrics are made of, as one int64 vector that processes can sum: the K x K
+    confusion matrix (row-major), then the top-1 and top-5 hits."""
     if logits.ndim != 2 or labels.shape != (logits.shape[0],):
         raise ValueError(f"expected logits (N, K) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
     if labels.numel() == 0:
         raise ValueError("no predictions to score")
     num_classes = logits.shape[1]
+    labels = labels.long()
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f"labels outside 0..{num_classes - 1}")
+    conf = confusion_matrix(logits.argmax(dim=1), labels, num_classes)
+    hits = [topk_hits(logits, labels, 1), topk_hits(logits, labels, 5) if num_classes >= 5 else 0]
+    return torch.cat([conf.flatten(), torch.tensor(hits, dtype=torch.int64)])
+
+
+def metrics_from_counts(counts: torch.Tensor, classes: Sequence[str] | None = None) -> dict[str, Any]:
+    """:func:`classification_metrics` from :func:`classification_counts` (summed over processes)."""
+    num_classes = math.isqrt(counts.numel() - 2)
+    conf = counts[:-2].view(num_classes, num_classes).cpu()
+    top1_hits, top5_hits = int(counts[-2]), int(counts[-1])
     names = list(classes) if classes is not None else [str(i) for i in range(num_classes)]
     if len(names) != num_classes:
         raise ValueError(f"{len(names)} class names for {num_classes} logits")
-    labels = labels.long()
-    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels outside 0..{num_classes - 1}")
-    preds = logits.argmax(dim=1)
-    conf = confusion_matrix(preds, labels, num_classes)
-    counts = conf.sum(dim=1)
+    per_row = conf.sum(dim=1)
     correct = conf.diagonal()
     per_class = [
-        {"class": names[i], "count": int(counts[i]), "accuracy": (correct[i] / counts[i]).item() if counts[i] else None}
+        {
+            "class": names[i],
+            "count": int(per_row[i]),
+            "accuracy": (correct[i] / per_row[i]).item() if per_row[i] else None,
+        }
         for i in range(num_classes)
     ]
     present = [p["accuracy"] for p in per_class if p["accuracy"] is not None]
+    n = int(per_row.sum())
     return {
-        "num_images": int(labels.numel()),
+        "num_images": n,
         "num_classes": num_classes,
         "classes": names,
-        "top1": topk_accuracy(logits, labels, 1),
-        "top5": topk_accuracy(logits, labels, 5) if num_classes >= 5 else None,
+        "top1": top1_hits / n,
+        "top5": top5_hits / n if num_classes >= 5 else None,
         "mean_per_class": sum(present) / len(present),
         "per_class": per_class,
         "confusion": conf.tolist(),
@@ -99,6 +120,8 @@ def evaluate(
     img_size: int | tuple[int, int] | None = None,
     max_images: int | None = None,
     progress: Callable[[int], None] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Classify ``dataset`` with ``model``'s head and score it.
 
@@ -106,29 +129,28 @@ def evaluate(
     reading, transforms and the model). Preprocessing, ``img_size`` and ``max_images`` (a seeded
     random subset) as in :func:`vitkit.eval.features.model_outputs`. The model must predict the
     dataset's classes; a model without a head is a ``ValueError`` (use few-shot or a probe).
+
+    Several processes (``rank``, ``world_size`` in ``options``) each score their share;
+    ``reduce`` sums :func:`classification_counts` over them (an all-reduce), so every process
+    returns the metrics of the whole split. ``options`` go to :func:`model_outputs`.
     """
     if getattr(model, "num_classes", None) == 0:
-        raise ValueError("the model has no classification head (num_classes=0); use few-shot or a linear probe")
+        raise UsageError("the model has no classification head (num_classes=0); use few-shot or a linear probe")
     k_model = getattr(model, "num_classes", None)
     if k_model is not None and k_model != dataset.num_classes:
-        raise ValueError(
+        raise UsageError(
             f"the model predicts {k_model} classes but {dataset.name} has {dataset.num_classes}; "
             "fine-tune it on this data, or use few-shot or a linear probe"
         )
     res = model_outputs(
-        model,
-        dataset,
-        head="logits",
-        batch_size=batch_size,
-        device=device,
-        precision=precision,
-        img_size=img_size,
-        max_images=max_images,
-        progress=progress,
+        model, dataset, "logits", batch_size, device, precision, img_size, max_images, 0, progress, **options
     )
     if res.outputs.shape[1] != dataset.num_classes:
-        raise ValueError(f"the model gives {res.outputs.shape[1]} logits but {dataset.name} has {dataset.num_classes}")
-    metrics = classification_metrics(res.outputs, res.labels, dataset.classes)
+        raise UsageError(f"the model gives {res.outputs.shape[1]} logits but {dataset.name} has {dataset.num_classes}")
+    counts = classification_counts(res.outputs, res.labels)
+    if reduce is not None:
+        counts = reduce(counts)
+    metrics = metrics_from_counts(counts, dataset.classes)
     metrics["images_per_s"] = res.images_per_s
     metrics["seconds"] = res.seconds
     return metrics

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -58,12 +58,13 @@ def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None
     return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation)
 
 
-def _autocast(device: torch.device, precision: Precision):
+def autocast(device: torch.device, precision: str) -> Any:
+    """The autocast context of a precision: none for "fp32", bf16 autocast for "bf16"."""
     if precision == "fp32":
         return nullcontext()
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    raise UsageError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
 
 
 def _dataset_len(dataset: Dataset) -> int | None:
@@ -74,16 +75,19 @@ def _dataset_len(dataset: Dataset) -> int | None:
 
 
 def _batches(
-    dataset: Dataset, batch_size: int, max_images: int | None, sample_seed: int
+    dataset: Dataset, batch_size: int, max_images: int | None, sample_seed: int, shard: dict[str, int]
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The dataset in its order, or a seeded random ``max_images`` of it."""
+    """The dataset in its order, or a seeded random ``max_images`` of it; with ``world_size > 1``
+    this process's share of every batch, and ``max_images`` rounded up to whole batches."""
     n = _dataset_len(dataset)
     subsample = max_images is not None and (n is None or max_images < n)
     left = max_images if max_images is not None else None
-    for images, labels in dataset.batches(batch_size, shuffle=subsample, seed=sample_seed):
+    world_size = shard["world_size"]
+    for images, labels in dataset.batches(batch_size, shuffle=subsample, seed=sample_seed, **shard):
         if left is not None:
-            images, labels = images[:left], labels[:left]
-            left -= labels.numel()
+            if world_size == 1:
+                images, labels = images[:left], labels[:left]
+            left -= labels.numel() if world_size == 1 else batch_size
         yield images, labels
         if left is not None and left <= 0:
             return  # before the source reads another batch
@@ -97,23 +101,35 @@ def model_inputs(
     img_size: int | tuple[int, int] | None = None,
     max_images: int | None = None,
     sample_seed: int = 0,
+    *,
+    transform: TransformConfig | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``dataset`` as ``model`` takes it: (images (B, C, H, W) float32 resized and normalised the
     model's way, labels), lazily; the subset and resizing as in :func:`model_outputs` (a ViT of
     another size gets its position embeddings resized in place now). Also the calibration input
-    of :func:`vitkit.inference.calibrate_int8`."""
+    of :func:`vitkit.inference.calibrate_int8`.
+
+    ``transform`` replaces the model's preprocessing (training evaluates with its recipe's,
+    centre crop included); ``rank`` and ``world_size`` give this process its share of each batch;
+    ``num_workers`` decode streamed sources in that many loader processes.
+    """
     dev = torch.device(device)
-    pre = model_preprocessing(model, img_size)
     cfg = getattr(model, "cfg", None)
-    if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
-        model.set_img_size(pre.img_size)
-    in_chans = cfg.in_chans if cfg is not None else len(pre.mean)
-    tcfg = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)
+    if transform is None:
+        pre = model_preprocessing(model, img_size)
+        if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
+            model.set_img_size(pre.img_size)
+        transform = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)
+    in_chans = cfg.in_chans if cfg is not None else len(transform.mean)
 
     def generate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for images, y in _batches(dataset, batch_size, max_images, sample_seed):
+        shard = {"rank": rank, "world_size": world_size, "num_workers": num_workers}
+        for images, y in _batches(dataset, batch_size, max_images, sample_seed, shard):
             x = match_channels(images.to(dev, non_blocking=True), in_chans)
-            yield eval_transform(x, tcfg), y  # (B, C, H, W) float, the model's range
+            yield eval_transform(x, transform), y  # (B, C, H, W) float, the model's range
 
     return generate()
 
@@ -129,6 +145,7 @@ def model_outputs(
     max_images: int | None = None,
     sample_seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    **options: Any,
 ) -> ModelOutputs:
     """Run ``model`` (in eval mode, under ``torch.inference_mode``) over ``dataset``.
 
@@ -139,46 +156,46 @@ def model_outputs(
     ``max_images`` smaller than the dataset, a random subset (seeded by ``sample_seed``) is read
     so that class-sorted sources still give every class. ``progress`` is called with the number
     of images of each finished batch. The model is moved to ``device`` and left there.
+    ``options``: ``forward``, the module to call for logits (a compiled or DDP-wrapped ``model``),
+    and ``transform``, ``rank``, ``world_size``, ``num_workers`` of :func:`model_inputs`.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise UsageError(f"batch_size must be positive, got {batch_size}")
     if max_images is not None and max_images < 1:
-        raise ValueError(f"max_images must be positive, got {max_images}")
+        raise UsageError(f"max_images must be positive, got {max_images}")
     dev = torch.device(device)
-    batches = model_inputs(model, dataset, batch_size, dev, img_size, max_images, sample_seed)
-
-    if head == "logits":
-        forward = model
-    elif head == "pre_logits":
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            return model.forward_head(model.forward_features(x), pre_logits=True)
-
-    else:
-        raise ValueError(f"head must be 'logits' or 'pre_logits', got {head!r}")
-
-    was_training = model.training
-    model.eval().to(dev)
+    runner = options.pop("forward", None) or model
+    batches = model_inputs(model, dataset, batch_size, dev, img_size, max_images, sample_seed, **options)
+    forward = _head_function(runner, head)
+    was_training = runner.training
+    runner.eval().to(dev)
     outs: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     start = time.perf_counter()
     try:
         # a model from prepare_inference has its precision built in: no autocast around it
         served = hasattr(model, "input_dtype")
-        with torch.inference_mode(), _autocast(dev, "fp32" if served else precision):
+        with torch.inference_mode(), autocast(dev, "fp32" if served else precision):
             for x, y in batches:
-                x = x.to(model.input_dtype) if served else x
-                out = forward(x)
+                out = forward(x.to(model.input_dtype) if served else x)
                 outs.append(out.float().cpu())
                 labels.append(y.long().cpu())
                 if progress is not None:
                     progress(y.numel())
     finally:
-        model.train(was_training)
+        runner.train(was_training)
     seconds = time.perf_counter() - start
     if not outs:
-        raise ValueError(f"{getattr(dataset, 'name', 'dataset')}: no images to evaluate")
+        raise UsageError(f"{getattr(dataset, 'name', 'dataset')}: no images to evaluate")
     return ModelOutputs(torch.cat(outs), torch.cat(labels), seconds)
+
+
+def _head_function(model: nn.Module, head: Head) -> Callable[[torch.Tensor], torch.Tensor]:
+    if head == "logits":
+        return model
+    if head == "pre_logits":
+        return lambda x: model.forward_head(model.forward_features(x), pre_logits=True)
+    raise UsageError(f"head must be 'logits' or 'pre_logits', got {head!r}")
 
 
 def extract_features(

@@ -1,8 +1,9 @@
 """Training and fine-tuning: recipes, optimisers and schedules, the loop, distributed set-up."""
 
 from .config import Recipe, RecipeError, find_recipe, load_recipe, parse_set
-from .loop import Progress, RunResult, Trainer, TrainingError, evaluate_top1, train
+from .loop import Progress, RunResult, Trainer, TrainingError, train
 from .optim import build_optimizer, lr_at
+from .process import configure_process
 
 __all__ = [
     "Progress",
@@ -12,7 +13,7 @@ __all__ = [
     "Trainer",
     "TrainingError",
     "build_optimizer",
-    "evaluate_top1",
+    "configure_process",
     "find_recipe",
     "load_recipe",
     "lr_at",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +21,21 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from ..checkpoint.native import save_checkpoint
-from ..data import Dataset, TransformConfig, build_dataset, eval_transform, step_generator, train_transform
+from ..checkpoint.native import save_weights
+from ..data import TransformConfig, build_dataset, step_generator, train_transform
 from ..data.transforms import match_channels
-from ..errors import TrainingError
+from ..errors import RecipeError, TrainingError
+from ..eval import evaluate
+from ..eval.features import autocast
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from ..preprocessing import Preprocessing
 from . import dist as D
-from .allocator import keep_freed_memory
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
 from .optim import build_optimizer, lr_at, set_lr
+from .process import configure_process
 from .state import TrainState, latest_loadable, list_checkpoints, save_train_state
+from .timing import Stopwatch, Window, due
 
 
 class Progress:
@@ -58,51 +60,6 @@ class RunResult:
     train_seconds: float
     images_per_second: float
     resumed_from: int | None
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision != "fp32":
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
-    return contextlib.nullcontext()
-
-
-@torch.inference_mode()
-def evaluate_top1(
-    model: nn.Module,
-    dataset: Dataset,
-    tcfg: TransformConfig,
-    device: torch.device,
-    precision: str = "fp32",
-    batch_size: int = 256,
-    max_images: int | None = None,
-    info: D.DistInfo | None = None,
-    num_workers: int = 0,
-) -> tuple[float, int]:
-    """Top-1 accuracy (fraction) and number of images, summed over all processes."""
-    info = info or D.DistInfo()
-    was_training = model.training
-    model.eval()
-    in_chans = _unwrap(model).cfg.in_chans
-    correct = torch.zeros((), dtype=torch.float64, device=device)
-    seen = torch.zeros((), dtype=torch.float64, device=device)
-    limit = max_images or len(dataset)
-    done = 0
-    batches = dataset.batches(batch_size, rank=info.rank, world_size=info.world_size, num_workers=num_workers)
-    for images, labels in batches:
-        if done >= limit:
-            break
-        done += batch_size
-        x = eval_transform(match_channels(images.to(device, non_blocking=True), in_chans), tcfg)
-        with _autocast(device, precision):
-            logits = model(x)
-        correct += (logits.argmax(-1) == labels.to(device)).sum()
-        seen += labels.shape[0]
-    D.all_reduce_sum(correct, info)
-    D.all_reduce_sum(seen, info)
-    model.train(was_training)
-    return (correct / seen.clamp(min=1)).item(), int(seen.item())
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -150,57 +107,70 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: fl
     raise ValueError(f"loss must be softmax or sigmoid, got {kind!r}")
 
 
+def _devices(r: Recipe) -> tuple[torch.device, D.DistInfo]:
+    """The device of this process and its place among the processes ``torchrun`` started."""
+    device = D.resolve_device(r.train.device)
+    info = D.init_distributed(device)
+    if info.enabled and device.type == "cuda":
+        device = D.resolve_device("cuda", info.local_rank)
+    if r.train.batch_size % (info.world_size * r.train.accum_steps):
+        raise RecipeError(
+            f"train.batch_size {r.train.batch_size} is not divisible by processes x accum_steps "
+            f"({info.world_size} x {r.train.accum_steps})"
+        )
+    return device, info
+
+
+def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
+    if not r.train.patch_drop:
+        return
+    if not hasattr(model, "set_patch_drop"):
+        raise RecipeError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
+    if not 0.0 <= r.train.patch_drop < 1.0 or not 0.0 <= r.train.patch_drop_until <= 1.0:
+        raise RecipeError(
+            f"train.patch_drop must be in [0, 1) and train.patch_drop_until in [0, 1], got "
+            f"{r.train.patch_drop} and {r.train.patch_drop_until}"
+        )
+
+
+def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
+    """The recipe's augmentation at the model's resolution and value range."""
+    return TransformConfig(
+        img_size=pre.img_size,
+        crop=r.augment.crop,
+        pad=r.augment.pad,
+        flip=r.augment.flip,
+        area_min=r.augment.area_min,
+        eval_crop=r.augment.eval_crop,
+        mean=pre.mean,
+        std=pre.std,
+    )
+
+
 class Trainer:
-    """Build everything a recipe names, then :meth:`run` it to the end (resuming if possible)."""
+    """Build everything a recipe names, then :meth:`run` it to the end (resuming if possible).
+
+    The process-wide settings of CPU training (:func:`vitkit.train.process.configure_process`)
+    are :func:`train`'s to make, before a Trainer is built.
+    """
 
     def __init__(self, recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> None:
-        self.recipe = recipe
+        self.recipe = r = recipe
         self.out = Path(out_dir)
         self.progress = progress or Progress()
-        self.device = D.resolve_device(recipe.train.device)
-        self.info = D.init_distributed(self.device)
-        if self.info.enabled and self.device.type == "cuda":
-            self.device = D.resolve_device("cuda", self.info.local_rank)
-        r = recipe
-        if r.train.batch_size % (self.info.world_size * r.train.accum_steps):
-            raise ValueError(
-                f"train.batch_size {r.train.batch_size} is not divisible by processes x accum_steps "
-                f"({self.info.world_size} x {r.train.accum_steps})"
-            )
+        self.device, self.info = _devices(r)
         self._check_resume_recipe()
-        if self.device.type == "cpu":
-            # Adam's second moments of tiny gradients underflow into denormals, which are 10-100x
-            # slower on x86; flushing them to zero changes no result that matters.
-            torch.set_flush_denormal(True)
-            keep_freed_memory()  # no page faults on every step's activations (train/allocator.py)
         torch.manual_seed(r.seed)
         self.train_ds = build_dataset(r.data.name, r.data.train_split, **r.data.options)
         self.eval_ds = build_dataset(r.data.name, r.data.eval_split, **r.data.options) if r.data.eval_split else None
         self.model = self._build_model().to(self.device)
         if hasattr(self.model, "set_attention_impl"):
             self.model.set_attention_impl(r.train.attention)
-        if r.train.patch_drop:
-            if not hasattr(self.model, "set_patch_drop"):
-                raise ValueError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
-            if not 0.0 <= r.train.patch_drop < 1.0 or not 0.0 <= r.train.patch_drop_until <= 1.0:
-                raise ValueError(
-                    f"train.patch_drop must be in [0, 1) and train.patch_drop_until in [0, 1], got "
-                    f"{r.train.patch_drop} and {r.train.patch_drop_until}"
-                )
-        cfg = self.model.cfg
-        self.preprocessing = Preprocessing.for_config(cfg)
-        self.tcfg = TransformConfig(
-            img_size=cfg.img_size,
-            crop=r.augment.crop,
-            pad=r.augment.pad,
-            flip=r.augment.flip,
-            area_min=r.augment.area_min,
-            eval_crop=r.augment.eval_crop,
-            mean=self.preprocessing.mean,
-            std=self.preprocessing.std,
-        )
+        _check_patch_drop(r, self.model)
+        self.preprocessing = Preprocessing.for_config(self.model.cfg)
+        self.tcfg = _transform_config(r, self.preprocessing)
         if r.train.fsdp and r.train.ema_decay:
-            raise ValueError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
+            raise RecipeError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
         # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
         self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
         fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
@@ -210,6 +180,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self._resume()
         self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
+        self._tb: Any = None
 
     # -- set-up ---------------------------------------------------------------------------------
     def _build_model(self) -> nn.Module:
@@ -229,7 +200,7 @@ class Trainer:
             if r.model.init == "mimetic":
                 mimetic_init_(model, seed=r.seed)
             elif r.model.init != "default":
-                raise ValueError(f"model.init must be 'default' or 'mimetic', got {r.model.init!r}")
+                raise RecipeError(f"model.init must be 'default' or 'mimetic', got {r.model.init!r}")
         bias = r.train.head_bias_init
         if bias is None and r.train.loss == "sigmoid":
             bias = -math.log(model.num_classes)
@@ -310,18 +281,12 @@ class Trainer:
             return
         if self.ema is not None:
             model_sd = {k: v.to(model_sd[k].dtype).cpu() for k, v in self.ema.shadow.items()}
-        bare = _unwrap(self.model)
-        holder = _StateHolder(bare.cfg, model_sd)
-        save_checkpoint(
-            holder,
-            self.out / "best.safetensors",
-            preprocessing=self.preprocessing,
-            extra={
-                "classes": json.dumps(self.train_ds.classes),
-                "step": str(self.state.step),
-                "top1": f"{self.state.best_metric:.6f}",
-            },
-        )
+        extra = {
+            "classes": json.dumps(self.train_ds.classes),
+            "step": str(self.state.step),
+            "top1": f"{self.state.best_metric:.6f}",
+        }
+        save_weights(model_sd, _unwrap(self.model).cfg, self.out / "best.safetensors", self.preprocessing, extra)
 
     def _log(self, record: dict[str, Any]) -> None:
         if not self.info.is_main:
@@ -341,22 +306,25 @@ class Trainer:
         path.write_text("".join(ln + "\n" for ln in keep))
 
     def evaluate(self) -> float | None:
+        """Top-1 on the evaluation split (of the EMA weights when kept), over all processes."""
         if self.eval_ds is None:
             return None
         r = self.recipe
-        ctx = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
-        with ctx:
-            top1, _ = evaluate_top1(
-                self.forward,
+        with self.ema.applied(self.model) if self.ema else contextlib.nullcontext():
+            metrics = evaluate(
+                _unwrap(self.model),
                 self.eval_ds,
-                self.tcfg,
-                self.device,
-                r.train.precision,
+                device=self.device,
+                precision=r.train.precision,
                 max_images=r.data.eval_max_images,
-                info=self.info,
+                forward=self.forward,
+                transform=self.tcfg,
+                rank=self.info.rank,
+                world_size=self.info.world_size,
                 num_workers=r.data.num_workers,
+                reduce=lambda t: D.all_reduce_sum(t.to(self.device), self.info).cpu(),
             )
-        return top1
+        return metrics["top1"]
 
     # -- the loop ---------------------------------------------------------------------------------
     def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -381,7 +349,7 @@ class Trainer:
             sync = i == len(micro) - 1 or not hasattr(self.wrapped, "no_sync")
             ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
             with ctx:
-                with _autocast(self.device, r.train.precision):
+                with autocast(self.device, r.train.precision):
                     logits = self.forward(x)
                 loss = loss_fn(logits, y, r.train.loss, r.train.label_smoothing) / len(micro)
                 loss.backward()
@@ -407,19 +375,47 @@ class Trainer:
         return float(total.item())
 
     def run(self) -> RunResult:
-        r = self.recipe
-        total = r.train.steps
-        if self.info.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.yaml").write_text(dump_recipe(r))
-            self._truncate_metrics()
-        self._tb = _tensorboard(self.out) if (self.info.is_main and r.log.tensorboard) else None
+        r, total = self.recipe, self.recipe.train.steps
+        self._open_run()
         self.model.train()
         self.progress.start(total, self.state.step)
-        win_loss, win_n, win_imgs, win_t0 = 0.0, 0, 0, time.perf_counter()
-        train_time, train_time_total, train_imgs = 0.0, 0.0, 0
-        local_bs = r.train.batch_size // self.info.world_size
-        while self.state.step < total:
+        watch, window = Stopwatch(), Window()
+        global_batch = (r.train.batch_size // self.info.world_size) * self.info.world_size
+        for index, (images, labels) in self._epochs():
+            loss = self.train_step(images, labels)
+            window.add(loss, global_batch, watch.lap())  # step time includes waiting for data
+            self.state.step, self.state.batch_in_epoch = self.state.step + 1, index + 1
+            step = self.state.step
+            if due(step, r.log.log_every, total):
+                self._log_window(window, self.state.train_seconds + watch.unbanked)
+                window.reset()
+            self.progress.update(1)
+            if due(step, r.log.eval_every, total):
+                with watch.paused():
+                    self._evaluate_and_keep_best(self.state.train_seconds + watch.unbanked)
+            if due(step, r.log.checkpoint_every, total):
+                with watch.paused():
+                    self.state.train_seconds += watch.bank()
+                    self.save()
+        self.progress.close()
+        D.barrier(self.info)
+        self._close_run()
+        return RunResult(
+            out_dir=self.out,
+            step=self.state.step,
+            final_top1=self.state.last_metric,
+            best_top1=self.state.best_metric,
+            best_step=self.state.best_step,
+            train_seconds=watch.total,
+            images_per_second=global_batch * (self.state.step - (self.resumed_from or 0)) / max(watch.total, 1e-9),
+            resumed_from=self.resumed_from,
+        )
+
+    def _epochs(self) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """(index in the epoch, batch) from the resume point until the last step: each epoch in
+        the order (seed, epoch) fixes, starting at the batch the run stopped at."""
+        r = self.recipe
+        while self.state.step < r.train.steps:
             batches = self.train_ds.batches(
                 r.train.batch_size,
                 shuffle=True,
@@ -431,104 +427,55 @@ class Trainer:
                 drop_last=True,
                 num_workers=r.data.num_workers,
             )
-            mark = time.perf_counter()  # step time includes waiting for data, not evaluation
-            for images, labels in batches:
-                loss = self.train_step(images, labels)
-                now = time.perf_counter()
-                train_time += now - mark
-                mark = now
-                train_imgs += local_bs * self.info.world_size
-                self.state.step += 1
-                self.state.batch_in_epoch += 1
-                step = self.state.step
-                if loss is not None:
-                    win_loss, win_n = win_loss + loss, win_n + 1
-                win_imgs += local_bs * self.info.world_size
-                if step % r.log.log_every == 0 or step == total:
-                    now = time.perf_counter()
-                    rec = {
-                        "step": step,
-                        "loss": win_loss / max(win_n, 1),
-                        "lr": lr_at(step - 1, total, r.optim),
-                        "epoch": self.state.epoch,
-                        "img_per_s": win_imgs / max(now - win_t0, 1e-9),
-                        "train_s": self.state.train_seconds + train_time,
-                    }
-                    self._log(rec)
-                    self.progress.update(
-                        0, loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", ips=f"{rec['img_per_s']:.0f}"
-                    )
-                    win_loss, win_n, win_imgs, win_t0 = 0.0, 0, 0, time.perf_counter()
-                self.progress.update(1)
-                if (r.log.eval_every and step % r.log.eval_every == 0) or step == total:
-                    top1 = self.evaluate()
-                    if top1 is not None:
-                        self._log({"step": step, "top1": top1, "train_s": self.state.train_seconds + train_time})
-                        self.progress.message(f"step {step}: top-1 {100 * top1:.2f}%")
-                        if self.state.best_metric is None or top1 > self.state.best_metric:
-                            self.state.best_metric, self.state.best_step = top1, step
-                            self._save_best()
-                    win_t0 = mark = time.perf_counter()
-                if (r.log.checkpoint_every and step % r.log.checkpoint_every == 0) or step == total:
-                    self.state.train_seconds += train_time
-                    train_time_total += train_time
-                    train_time = 0.0
-                    self.save()
-                    win_t0 = mark = time.perf_counter()
-                if step >= total:
-                    break
-            else:
-                skipped, examples = self.train_ds.skips.reset()
-                if skipped:
-                    self.progress.message(
-                        f"epoch {self.state.epoch}: skipped {skipped} unreadable images, e.g. {examples}"
-                    )
-                self.state.epoch += 1
-                self.state.batch_in_epoch = 0
-        self.progress.close()
-        D.barrier(self.info)
-        train_time_total += train_time
-        final = self._last_top1()
-        if self.info.is_main and r.log.plot:
+            for index, batch in enumerate(batches, start=self.state.batch_in_epoch):
+                yield index, batch
+                if self.state.step >= r.train.steps:
+                    return
+            skipped, examples = self.train_ds.skips.reset()
+            if skipped:
+                self.progress.message(f"epoch {self.state.epoch}: skipped {skipped} unreadable images, e.g. {examples}")
+            self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+
+    def _open_run(self) -> None:
+        if not self.info.is_main:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(dump_recipe(self.recipe))
+        self._truncate_metrics()
+        self._tb = _tensorboard(self.out) if self.recipe.log.tensorboard else None
+
+    def _close_run(self) -> None:
+        if self.info.is_main and self.recipe.log.plot:
             from .curves import plot_curves
 
             plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
         if self._tb is not None:
             self._tb.close()
-        return RunResult(
-            out_dir=self.out,
-            step=self.state.step,
-            final_top1=final,
-            best_top1=self.state.best_metric,
-            best_step=self.state.best_step,
-            train_seconds=train_time_total,
-            images_per_second=train_imgs / max(train_time_total, 1e-9),
-            resumed_from=self.resumed_from,
-        )
 
-    def _last_top1(self) -> float | None:
-        path = self.out / "metrics.jsonl"
-        if not path.is_file():
-            return None
-        last = None
-        for ln in path.read_text().splitlines():
-            rec = json.loads(ln)
-            if "top1" in rec:
-                last = rec["top1"]
-        return last
+    def _log_window(self, window: Window, train_seconds: float) -> None:
+        step, r = self.state.step, self.recipe
+        rec = {
+            "step": step,
+            "loss": window.mean_loss,
+            "lr": lr_at(step - 1, r.train.steps, r.optim),
+            "epoch": self.state.epoch,
+            "img_per_s": window.images_per_s,
+            "train_s": train_seconds,
+        }
+        self._log(rec)
+        self.progress.update(0, loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", ips=f"{rec['img_per_s']:.0f}")
 
-
-class _StateHolder(nn.Module):
-    """A stand-in carrying a config and a state dict, for writing a model file from gathered
-    (possibly sharded) weights without building a second model."""
-
-    def __init__(self, cfg: Any, sd: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self._sd = sd
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return self._sd
+    def _evaluate_and_keep_best(self, train_seconds: float) -> None:
+        top1 = self.evaluate()
+        if top1 is None:
+            return
+        step = self.state.step
+        self.state.last_metric = top1
+        self._log({"step": step, "top1": top1, "train_s": train_seconds})
+        self.progress.message(f"step {step}: top-1 {100 * top1:.2f}%")
+        if self.state.best_metric is None or top1 > self.state.best_metric:
+            self.state.best_metric, self.state.best_step = top1, step
+            self._save_best()
 
 
 def _tensorboard(out: Path):
@@ -541,6 +488,7 @@ def _tensorboard(out: Path):
 
 def train(recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> RunResult:
     """Run (or resume) ``recipe`` into ``out_dir``."""
+    configure_process(D.resolve_device(recipe.train.device))
     trainer = Trainer(recipe, out_dir, progress)
     try:
         return trainer.run()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ class TrainState:
     best_step: int | None = None
     nonfinite_skipped: int = 0
     train_seconds: float = 0.0  # optimiser-step time so far (evaluation and checkpoints excluded)
-    extra: dict[str, Any] = field(default_factory=dict)
+    last_metric: float | None = None  # the latest evaluation's top-1
 
 
 def _flatten_optim(osd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -103,7 +103,7 @@ def save_train_state(
                 "best_step": state.best_step,
                 "nonfinite_skipped": state.nonfinite_skipped,
                 "train_seconds": state.train_seconds,
-                "extra": state.extra,
+                "last_metric": state.last_metric,
                 "optimizer": opt_meta,
             }
         ),
@@ -142,7 +142,7 @@ def load_train_state(path: Path) -> LoadedTrainState:
         best_step=ts.get("best_step"),
         nonfinite_skipped=ts.get("nonfinite_skipped", 0),
         train_seconds=ts.get("train_seconds", 0.0),
-        extra=ts.get("extra", {}),
+        last_metric=ts.get("last_metric"),
     )
     return LoadedTrainState(
         path, model_state, _unflatten_optim(tensors, ts["optimizer"]), ema, rng, state, meta.get("recipe", "")
