@@ -14,9 +14,9 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .attention import ATTENTION_IMPLS, attend
 from .config import ViTConfig, check_divisible
 from .heads import ReplaceableHead
 from .posembed import resample_pos_embed, sincos_2d_pos_embed
@@ -45,74 +45,12 @@ class PatchEmbed(nn.Module):
 # Transformer block (eqs. 2-3).
 
 
-ATTENTION_IMPLS = ("auto", "sdpa", "math", "recompute")
-
-
-_SOFTMAX_DTYPES: dict[tuple, torch.dtype] = {}
-
-
-def _attention_dtypes(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
-    """The dtypes the explicit path computes in here: (its matmuls, its softmax output). Under
-    autocast the matmuls run in the autocast dtype; softmax stays there on the CPU but CUDA's
-    autocast runs it in fp32. Asked of autocast itself (once per setting), not assumed."""
-    dev = q.device.type
-    enabled = torch.is_autocast_enabled(dev)
-    mm = torch.get_autocast_dtype(dev) if enabled else q.dtype
-    key = (dev, enabled, mm)
-    if key not in _SOFTMAX_DTYPES:
-        _SOFTMAX_DTYPES[key] = torch.softmax(torch.zeros(2, dtype=mm, device=q.device), -1).dtype
-    return mm, _SOFTMAX_DTYPES[key]
-
-
-class _RecomputedAttention(torch.autograd.Function):
-    """``softmax(q k^T * scale) v`` that saves only q, k and v for the backward, as the fused
-    kernels do, and recomputes the N x N weights there. The explicit path (``q k^T``, softmax,
-    ``@ v``) keeps the weights alive from forward to backward: 12 x B x H x N^2 values for a
-    ViT-B/16. Computes in the explicit path's dtypes under the caller's autocast (``mm``: the
-    matmuls, ``sm``: softmax's output; :func:`_attention_dtypes`), so the two give the same
-    numbers. The backward is built of differentiable ops: double backward and ``torch.func``
-    work."""
-
-    @staticmethod
-    def forward(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mm: torch.dtype, sm: torch.dtype
-    ) -> torch.Tensor:
-        with torch.autocast(q.device.type, enabled=False):
-            weights = torch.softmax(((q * scale).to(mm) @ k.to(mm).transpose(-2, -1)).to(sm), dim=-1)
-            return weights.to(mm) @ v.to(mm)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        q, k, v, ctx.scale, ctx.mm, ctx.sm = inputs
-        ctx.save_for_backward(q, k, v)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v = ctx.saved_tensors
-        mm, sm, scale = ctx.mm, ctx.sm, ctx.scale
-        with torch.autocast(q.device.type, enabled=False):
-            qs, km, vm, grad = (q * scale).to(mm), k.to(mm), v.to(mm), grad.to(mm)
-            weights = torch.softmax((qs @ km.transpose(-2, -1)).to(sm), dim=-1)  # recomputed
-            grad_v = weights.to(mm).transpose(-2, -1) @ grad
-            grad_w = (grad @ vm.transpose(-2, -1)).to(sm)
-            grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, sm).to(mm)
-            grad_q = (grad_s @ km) * scale
-            grad_k = grad_s.transpose(-2, -1) @ qs
-        return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
-
-
 class Attention(nn.Module):
-    """Multi-head self-attention with one fused qkv projection.
+    """Multi-head self-attention (MSA) with one fused qkv projection.
 
-    Three paths compute the same function. ``scaled_dot_product_attention`` (fused, memory
-    efficient) is used on accelerators and for fp32 inference on the CPU. The explicit path
-    (``q k^T``, softmax, ``@ v``: "math") is used when the caller asks for the weights and for
-    bf16 CPU inference, where it is ~8% faster than the fused kernel. CPU training takes the
-    explicit path too, since for ViT-length sequences its backward is several times faster than
-    the CPU fused kernel's; for sequences longer than 3 x head_dim (ViT-B/16 at 224 px: 197 > 192)
-    it recomputes the weights in the backward ("recompute", :class:`_RecomputedAttention`) and so
-    keeps no more for the backward than the fused kernel does (benchmarks/RESULTS.md). ``impl``
-    forces one: "auto", "sdpa", "math" or "recompute".
+    The kernel is :func:`.attention.attend`; ``impl`` ("auto", "sdpa", "math" or "recompute",
+    set by :meth:`VisionTransformer.set_attention_impl`) chooses which of its paths runs, and
+    :mod:`vitkit.models.attention` says which runs where by default.
     """
 
     impl: str = "auto"
@@ -127,40 +65,17 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _path(self, q: torch.Tensor, return_weights: bool, drop: float) -> str:
-        if return_weights:
-            return "math"
-        impl = self.impl
-        if impl == "auto":
-            # On the CPU the fused kernel wins only for fp32 inference (benchmarks/RESULTS.md).
-            if q.device.type != "cpu" or not (torch.is_grad_enabled() or q.dtype != torch.float32):
-                return "sdpa"
-            # Recompute the weights when keeping them would cost more than q, k and v together
-            # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is faster.
-            long = q.shape[-2] > 3 * q.shape[-1]
-            impl = "recompute" if long and torch.is_grad_enabled() and q.requires_grad else "math"
-        if impl == "recompute" and (drop > 0.0 or not torch.is_grad_enabled()):
-            return "math"  # dropout on the weights needs them kept; without gradients nothing is saved
-        return impl
-
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
-        drop = self.attn_drop if self.training else 0.0
-        weights = None
-        path = self._path(q, return_weights, drop)
-        if path == "math":
-            q = q if self.scale == 1.0 else q * self.scale  # 1.0: folded into the weights (serving)
-            weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
-            out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
-        elif path == "recompute":
-            out = _RecomputedAttention.apply(q, k, v, self.scale, *_attention_dtypes(q))
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)  # (B, H, N, hd)
-        out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
+        out, weights = attend(
+            q, k, v, scale=self.scale, dropout_p=self.attn_drop, training=self.training, impl=self.impl,
+            need_weights=return_weights,
+        )  # fmt: skip
+        out = out.transpose(1, 2).reshape(B, N, D)  # (B, H, N, hd) -> (B, N, D)
         out = self.proj_drop(self.proj(out))
         return (out, weights) if return_weights else out
 
