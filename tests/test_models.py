@@ -148,7 +148,7 @@ def test_attention_weights_equal_fused_path():
     # The explicit path's output equals the fused one block by block.
     blk = m.blocks[0]
     z = m.embed(x)
-    torch.testing.assert_close(blk(z), blk.forward_with_weights(z)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(blk(z), blk(z, return_weights=True)[0], atol=1e-5, rtol=0)
     only_last = m.forward_intermediates(x, indices=[-1], return_attention=True)
     assert len(only_last["tokens"]) == 1 and len(only_last["attention"]) == 1
 

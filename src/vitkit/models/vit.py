@@ -120,16 +120,16 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.act, cfg.drop_rate)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x
-
-    def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        attn_out, weights = self.attn(self.norm1(x), return_weights=True)
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, N, D) -> (B, N, D); with ``return_weights`` also the attention's softmax weights
+        (B, H, N, N), which makes the attention take its explicit path."""
+        attn = self.attn(self.norm1(x), return_weights=return_weights)
+        attn_out, weights = attn if return_weights else (attn, None)
         x = x + self.drop_path(attn_out)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x, weights
+        return (x, weights) if return_weights else x
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         out["embedded"] = x
         for i, blk in enumerate(self.blocks):
             if return_attention and i in wanted:
-                x, w = blk.forward_with_weights(x)
+                x, w = blk(x, return_weights=True)
                 out["attention"].append(w)
             else:
                 x = blk(x)
