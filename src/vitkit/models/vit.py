@@ -27,6 +27,8 @@ from .resnet import HybridStem
 
 
 class PatchEmbed(nn.Module):
+    """Images -> the patch grid x_p E, (B, D, gh, gw); a hybrid's patches come from its ResNet stem's map."""
+
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.patch_size = cfg.patch_size
@@ -36,9 +38,36 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backbone is not None:
-            x = self.backbone(x)  # (B, C', H/16, W/16)
+            x = self.backbone(x)  # (B, C', H/s, W/s), s = cfg.stem_stride
         x = self.proj(x)  # (B, D, gh, gw)
         return x
+
+
+def sincos_pos_table(grid: tuple[int, int], width: int, prefix_rows: int) -> torch.Tensor:
+    """The fixed 2-D sin-cos E_pos of a grid as the model adds it, (1, prefix_rows + gh*gw, D):
+    zero rows for the prefix tokens, so that they get no position."""
+    pe = sincos_2d_pos_embed(grid, width)  # (gh*gw, D)
+    if prefix_rows:
+        pe = torch.cat([torch.zeros(prefix_rows, width), pe], dim=0)
+    return pe[None]
+
+
+def add_tokens_and_positions(
+    patches: torch.Tensor, cls_token: torch.Tensor | None, pos: torch.Tensor | None, cls_pos_embed: bool
+) -> torch.Tensor:
+    """z0 of eq. 1 from the patch tokens (B, N, D): the class token (if any) put first and E_pos
+    (if any) added, to every token or, with ``cls_pos_embed`` False (big_vision), to the patches
+    before the class token joins them."""
+    x = patches
+    if cls_token is not None:
+        cls = cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+        if pos is not None and not cls_pos_embed:
+            x = x + pos
+            pos = None
+        x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
+    if pos is not None:
+        x = x + pos
+    return x
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,14 +179,13 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
-        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + (self.num_prefix_tokens if cfg.cls_pos_embed else 0)
+        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + self._pos_prefix_rows
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.empty(1, num_pos, D))
         elif cfg.pos_embed == "sincos2d":
-            pe = sincos_2d_pos_embed(cfg.grid_size, D)
-            if self.num_prefix_tokens and cfg.cls_pos_embed:
-                pe = torch.cat([torch.zeros(1, D), pe], dim=0)
-            self.register_buffer("pos_embed", pe[None], persistent=False)
+            self.register_buffer(
+                "pos_embed", sincos_pos_table(cfg.grid_size, D, self._pos_prefix_rows), persistent=False
+            )
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
@@ -220,18 +248,21 @@ class VisionTransformer(ReplaceableHead, nn.Module):
                 "or set dynamic_img_size=True to resize position embeddings at run time"
             )
 
+    @property
+    def _pos_prefix_rows(self) -> int:
+        """Rows of E_pos before the grid's: one per prefix token that gets a position."""
+        return self.num_prefix_tokens if self.cfg.cls_pos_embed else 0
+
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
         if self.pos_embed is None:
             return None
         if grid == self.cfg.grid_size:
             return self.pos_embed
         if self.cfg.pos_embed == "sincos2d":
-            pe = sincos_2d_pos_embed(grid, self.cfg.width).to(self.pos_embed)
-            if self.num_prefix_tokens and self.cfg.cls_pos_embed:
-                pe = torch.cat([pe.new_zeros(1, self.cfg.width), pe], dim=0)
-            return pe[None]
-        prefix = self.num_prefix_tokens if self.cfg.cls_pos_embed else 0
-        return resample_pos_embed(self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=prefix)
+            return sincos_pos_table(grid, self.cfg.width, self._pos_prefix_rows).to(self.pos_embed)
+        return resample_pos_embed(
+            self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=self._pos_prefix_rows
+        )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied; in training
@@ -241,15 +272,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         x = self.patch_embed(x)  # (B, D, gh, gw)
         grid = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)  # (B, gh*gw, D), raster order
-        pos = self._pos_embed_for(grid)
-        if self.cls_token is not None:
-            cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
-            if pos is not None and not self.cfg.cls_pos_embed:
-                x = x + pos
-                pos = None
-            x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
-        if pos is not None:
-            x = x + pos
+        x = add_tokens_and_positions(x, self.cls_token, self._pos_embed_for(grid), self.cfg.cls_pos_embed)
         if self.training and self.patch_drop_rate > 0:
             x = self._drop_patches(x)
         return self.pos_drop(x)
