@@ -14,7 +14,6 @@ attention q/k/v kernels (D, heads, D/heads) -> (D, D) rows fused into one qkv we
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import ViTConfig
+from ..models.config import ViTConfig, hybrid_stem_stride
+from ..models.posembed import square_side
 
 _BLOCK_NAMES = {
     # module role -> (pre-Linen name, Linen name)
@@ -101,18 +101,17 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
     pos_key = _posemb_key(a)
     pos_embed = "learned" if pos_key else "none"
     cls_pos_embed = True
-    stride = 1 if resnet_units is None else 4 * 2 ** (len(resnet_units) - 1)
+    stride = hybrid_stem_stride(resnet_units)
     img = (224, 224)
     if pos_key:
         num_pos = a[pos_key].shape[1]
-        if prefix and not _is_square(num_pos - prefix) and _is_square(num_pos):
+        if prefix and square_side(num_pos - prefix) is None and square_side(num_pos) is not None:
             cls_pos_embed = False  # big_vision: the class token is added after the position embedding
-        n_grid = num_pos - (prefix if cls_pos_embed else 0)
-        if not _is_square(n_grid):
+        side = square_side(num_pos - (prefix if cls_pos_embed else 0))
+        if side is None:
             raise CheckpointError(
                 f"{path}: {num_pos} position embeddings do not form a square grid (with {prefix} class token)"
             )
-        side = math.isqrt(n_grid)
         img = (side * ph * stride, side * pw * stride)
     rep = a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None
     num_classes = a["head/kernel"].shape[1] if "head/kernel" in a else 0
@@ -134,10 +133,6 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
         resnet_units=resnet_units,
         resnet_width=resnet_width,
     )
-
-
-def _is_square(n: int) -> bool:
-    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 def _posemb_key(a: dict[str, np.ndarray]) -> str | None:

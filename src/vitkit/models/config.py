@@ -42,12 +42,21 @@ def to_2tuple(value: int | tuple[int, int] | list[int], what: str = "size") -> t
     raise ValueError(f"{what} must be an int or a pair of ints, got {value!r}")
 
 
+def hybrid_stem_stride(resnet_units: tuple[int, ...] | None) -> int:
+    """Downsampling of a hybrid's ResNet stem with these units per stage (1 without a stem): the
+    root's stride-2 convolution and stride-2 max-pool, then stride 2 at the first unit of every
+    stage after the first (:class:`vitkit.models.resnet.HybridStem`)."""
+    if resnet_units is None:
+        return 1
+    return 4 * 2 ** (len(resnet_units) - 1)
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Everything that defines a Vision Transformer (paper section 3.1) or a hybrid.
 
     ``resnet_units`` set makes a hybrid: the patches come from a BiT ResNet feature map of stride
-    ``4 * 2 ** (len(resnet_units) - 1)`` and ``patch_size`` is taken over that map (usually 1).
+    :attr:`stem_stride` and ``patch_size`` is taken over that map (usually 1).
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -95,10 +104,8 @@ class ViTConfig:
 
     @property
     def stem_stride(self) -> int:
-        """Downsampling of the ResNet stem of a hybrid (1 for a plain ViT)."""
-        if self.resnet_units is None:
-            return 1
-        return 4 * 2 ** (len(self.resnet_units) - 1)
+        """Downsampling of the ResNet stem of a hybrid (1 for a plain ViT): :func:`hybrid_stem_stride`."""
+        return hybrid_stem_stride(self.resnet_units)
 
     @property
     def total_stride(self) -> tuple[int, int]:
@@ -108,8 +115,12 @@ class ViTConfig:
     @property
     def grid_size(self) -> tuple[int, int]:
         """Token grid (rows, cols) at ``img_size``."""
+        return self.grid_for(self.img_size)
+
+    def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
+        """Token grid (rows, cols) of an input of ``size`` (h, w) pixels: one token per total stride."""
         sh, sw = self.total_stride
-        return (self.img_size[0] // sh, self.img_size[1] // sw)
+        return (size[0] // sh, size[1] // sw)
 
     @property
     def num_prefix_tokens(self) -> int:

@@ -101,7 +101,8 @@ class HybridUnit(nn.Module):
 
 
 class HybridStem(nn.Module):
-    """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the ResNet stages; output stride 4 * 2^(S-1)."""
+    """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the ResNet stages; output stride
+    :func:`~vitkit.models.config.hybrid_stem_stride` of ``units``."""
 
     def __init__(self, units: tuple[int, ...], width: int = 64, in_chans: int = 3) -> None:
         super().__init__()
