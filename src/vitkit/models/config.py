@@ -127,23 +127,11 @@ class ViTConfig:
         return 1 if self.classifier == "token" else 0
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"] = list(self.img_size)
-        d["patch_size"] = list(self.patch_size)
-        if self.resnet_units is not None:
-            d["resnet_units"] = list(self.resnet_units)
-        return d
+        return _to_json_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        _check_fields(cls, d)
-        d = dict(d)
-        for key in ("img_size", "patch_size"):
-            if key in d:
-                d[key] = tuple(d[key])
-        if d.get("resnet_units") is not None:
-            d["resnet_units"] = tuple(d["resnet_units"])
-        return cls(**d)
+        return _from_json_dict(cls, d)
 
     def replace(self, **overrides: Any) -> ViTConfig:
         return _replace_checked(self, overrides)
@@ -167,28 +155,28 @@ class ResNetConfig:
             object.__setattr__(self, "num_classes", 0)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"] = list(self.img_size)
-        d["units"] = list(self.units)
-        return d
+        return _to_json_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
-        _check_fields(cls, d)
-        d = dict(d)
-        d["img_size"] = tuple(d.get("img_size", (224, 224)))
-        d["units"] = tuple(d.get("units", (3, 4, 6, 3)))
-        return cls(**d)
+        return _from_json_dict(cls, d)
 
     def replace(self, **overrides: Any) -> ResNetConfig:
         return _replace_checked(self, overrides)
 
 
-def _check_fields(cls: type, d: dict[str, Any]) -> None:
+def _to_json_dict(cfg: Any) -> dict[str, Any]:
+    """A config's fields as JSON has them: tuples (sizes, units per stage) as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _from_json_dict(cls: type, d: dict[str, Any]) -> Any:
+    """The inverse of :func:`_to_json_dict`; unknown fields are an error, absent ones default."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(known)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 def _replace_checked(cfg: Any, overrides: dict[str, Any]) -> Any:
