@@ -126,6 +126,12 @@ class ViTConfig:
     def num_prefix_tokens(self) -> int:
         return 1 if self.classifier == "token" else 0
 
+    @property
+    def pos_prefix_rows(self) -> int:
+        """Rows of the position embedding before the grid's: one per prefix token that gets a
+        position (none with ``cls_pos_embed`` False)."""
+        return self.num_prefix_tokens if self.cls_pos_embed else 0
+
     def to_dict(self) -> dict[str, Any]:
         return _to_json_dict(self)
 

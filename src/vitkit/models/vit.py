@@ -179,13 +179,11 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
-        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + self._pos_prefix_rows
+        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + cfg.pos_prefix_rows
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.empty(1, num_pos, D))
         elif cfg.pos_embed == "sincos2d":
-            self.register_buffer(
-                "pos_embed", sincos_pos_table(cfg.grid_size, D, self._pos_prefix_rows), persistent=False
-            )
+            self.register_buffer("pos_embed", sincos_pos_table(cfg.grid_size, D, cfg.pos_prefix_rows), persistent=False)
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
@@ -248,20 +246,15 @@ class VisionTransformer(ReplaceableHead, nn.Module):
                 "or set dynamic_img_size=True to resize position embeddings at run time"
             )
 
-    @property
-    def _pos_prefix_rows(self) -> int:
-        """Rows of E_pos before the grid's: one per prefix token that gets a position."""
-        return self.num_prefix_tokens if self.cfg.cls_pos_embed else 0
-
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
         if self.pos_embed is None:
             return None
         if grid == self.cfg.grid_size:
             return self.pos_embed
         if self.cfg.pos_embed == "sincos2d":
-            return sincos_pos_table(grid, self.cfg.width, self._pos_prefix_rows).to(self.pos_embed)
+            return sincos_pos_table(grid, self.cfg.width, self.cfg.pos_prefix_rows).to(self.pos_embed)
         return resample_pos_embed(
-            self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=self._pos_prefix_rows
+            self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=self.cfg.pos_prefix_rows
         )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
