@@ -148,7 +148,7 @@ def test_attention_weights_equal_fused_path():
     # The explicit path's output equals the fused one block by block.
     blk = m.blocks[0]
     z = m.embed(x)
-    torch.testing.assert_close(blk(z), blk.forward_with_weights(z)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(blk(z), blk(z, return_weights=True)[0], atol=1e-5, rtol=0)
     only_last = m.forward_intermediates(x, indices=[-1], return_attention=True)
     assert len(only_last["tokens"]) == 1 and len(only_last["attention"]) == 1
 
@@ -204,7 +204,7 @@ def test_attention_paths_agree_in_values_and_gradients(autocast):
 
 
 def test_recomputed_attention_supports_double_backward_and_torch_func():
-    from vitkit.models.vit import _RecomputedAttention
+    from vitkit.models.attention import _RecomputedAttention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 7, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -224,6 +224,7 @@ def test_recomputed_attention_supports_double_backward_and_torch_func():
 def test_cpu_training_attention_keeps_weights_only_for_short_sequences():
     """CPU training keeps the N x N weights for the backward only while they cost less than q, k
     and v (N <= 3 head_dim); longer sequences recompute them, keeping what the fused kernel keeps."""
+    from vitkit.models.attention import attention_path
 
     def saved_shapes(m, impl):
         m.set_attention_impl(impl)
@@ -240,7 +241,10 @@ def test_cpu_training_attention_keeps_weights_only_for_short_sequences():
         assert (square in saved_shapes(m, "auto")) == keeps
         assert square not in saved_shapes(m, "recompute")
         with torch.no_grad():  # nothing is saved without gradients: the explicit path
-            assert m.blocks[0].attn._path(torch.zeros(1, 4, n, 8, dtype=torch.bfloat16), False, 0.0) == "math"
+            assert (
+                attention_path(torch.zeros(1, 4, n, 8, dtype=torch.bfloat16), m.blocks[0].attn.impl, False, 0.0)
+                == "math"
+            )
 
 
 def test_mimetic_init_makes_qk_product_near_identity():

@@ -3,11 +3,11 @@
 :func:`prepare_inference` returns an inference-only copy of a model in fp32, bf16 or int8. On x86
 CPUs its fp32 and bf16 linear layers run through oneDNN with the weights reordered once into the
 kernel's blocked layout (:class:`PackedLinear`), and the MLP's GELU is fused into the first dense
-layer. Why: ``nn.Linear`` in fp32 calls MKL's sgemm, which on AMD processors takes an AVX2 path
-(about 210 GFLOP/s on the 2-core Zen machine vitkit is built on, against about 500 for oneDNN's
-AVX-512 kernel on the same shapes); in bf16 the packed weight saves the reorder that
-``nn.Linear`` repeats on every call (~1.25x on ViT-B/16's shapes). ``benchmarks/RESULTS.md`` has
-the measurements. Elsewhere (CUDA, builds without oneDNN) the layers are left as they are.
+layer. Why: ``nn.Linear`` in fp32 calls MKL's sgemm, which on AMD processors takes its AVX2 code
+path even where the CPU has AVX-512, while oneDNN's kernel uses AVX-512; in bf16 ``nn.Linear``
+reorders the weight into oneDNN's blocked layout on every call, where the packed weight was
+reordered once. ``benchmarks/RESULTS.md`` has the measurements. Elsewhere (CUDA, builds without
+oneDNN) the layers are left as they are.
 """
 
 from __future__ import annotations
@@ -382,8 +382,9 @@ def _act_name(module: nn.Module) -> str | None:
 
 def fold_attention_scale(model: nn.Module) -> int:
     """Fold each attention layer's ``1/sqrt(head_dim)`` into the query rows of its qkv projection
-    (in place), so that serving skips that multiply. Exact when the scale is a power of two
-    (head_dim 64 or 16). Returns the number of layers changed."""
+    (in place) and set its scale to 1, which the attention kernel does not multiply by
+    (:mod:`vitkit.models.attention`): serving saves that pass over q. Exact when the scale is a
+    power of two (head_dim 64 or 16). Returns the number of layers changed."""
     count = 0
     for attn in model.modules():
         if isinstance(attn, Attention) and type(attn.qkv) is nn.Linear and attn.scale != 1.0:
@@ -440,13 +441,13 @@ def prepare_inference(
     :class:`Int8Linear`; without it fp32 and bf16 keep ``nn.Linear`` and int8 uses
     ``torch.ao.quantization.quantize_dynamic``. ``calibration`` (int8 on oneDNN only: what
     :func:`calibrate_int8` takes) fixes the activation scales from those images instead of each
-    batch's range (static quantisation, :func:`calibrate_int8`), which is faster. Packed models
-    also have attention's query scale folded into the qkv weights. The result cannot be trained
-    or differentiated and its ``state_dict`` lacks the packed layers' weights; keep the original
-    to save or fine-tune. ``torch.compile`` of the returned model works (``fullgraph`` too): each
-    packed layer stays one call to its oneDNN kernel, and Inductor fuses what lies between them
-    (with static int8 scales, each activation's quantisation into the LayerNorm or attention
-    before it).
+    batch's range (static quantisation, :func:`calibrate_int8`), which saves a pass over every
+    activation to find its range. Packed models also have attention's query scale folded into the
+    qkv weights. The result cannot be trained or differentiated and its ``state_dict`` lacks the
+    packed layers' weights; keep the original to save or fine-tune. ``torch.compile`` of the
+    returned model works (``fullgraph`` too): each packed layer stays one call to its oneDNN
+    kernel, and Inductor fuses what lies between them (with static int8 scales, each activation's
+    quantisation into the LayerNorm or attention before it).
     """
     if precision not in ("fp32", "bf16", "int8"):
         raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")

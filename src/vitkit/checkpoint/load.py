@@ -139,9 +139,12 @@ def load_pretrained(
     if isinstance(cfg, ViTConfig) and "img_size" in overrides:
         new_cfg = cfg.replace(img_size=overrides["img_size"])
         if new_cfg.grid_size != cfg.grid_size and "pos_embed" in sd and cfg.pos_embed == "learned":
-            prefix = cfg.num_prefix_tokens if cfg.cls_pos_embed else 0
             sd["pos_embed"] = resample_pos_embed(
-                sd["pos_embed"], new_cfg.grid_size, cfg.grid_size, num_prefix_tokens=prefix, mode=pos_embed_mode
+                sd["pos_embed"],
+                new_cfg.grid_size,
+                cfg.grid_size,
+                num_prefix_tokens=cfg.pos_prefix_rows,
+                mode=pos_embed_mode,
             )
             notes.append(
                 f"position embeddings resized {cfg.grid_size[0]}x{cfg.grid_size[1]} -> "

@@ -14,7 +14,6 @@ attention q/k/v kernels (D, heads, D/heads) -> (D, D) rows fused into one qkv we
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import ViTConfig
+from ..models.config import ViTConfig, hybrid_stem_stride
+from ..models.posembed import square_side
 
 _BLOCK_NAMES = {
     # module role -> (pre-Linen name, Linen name)
@@ -31,6 +31,31 @@ _BLOCK_NAMES = {
     "norm2": ("LayerNorm_2", "LayerNorm_1"),
     "mlp": ("MlpBlock_3", "MlpBlock_0"),
 }
+
+
+def _block_layers(i: int, layout: int) -> list[tuple[str, str, str]]:
+    """(kind, vitkit name, official name) of the layers of block ``i`` in the official ``layout``
+    (0: pre-Linen, 1: Linen numbering), in the order both directions convert them."""
+    blk = f"Transformer/encoderblock_{i}"
+    names = {role: f"{blk}/{pair[layout]}" for role, pair in _BLOCK_NAMES.items()}
+    dst = f"blocks.{i}"
+    return [
+        ("norm", f"{dst}.norm1", names["norm1"]),
+        ("norm", f"{dst}.norm2", names["norm2"]),
+        ("qkv", f"{dst}.attn.qkv", names["attn"]),
+        ("out", f"{dst}.attn.proj", f"{names['attn']}/out"),
+        ("dense", f"{dst}.mlp.fc1", f"{names['mlp']}/Dense_0"),
+        ("dense", f"{dst}.mlp.fc2", f"{names['mlp']}/Dense_1"),
+    ]
+
+
+# (kind, vitkit name, official name, optional) of what follows the blocks: the encoder norm, then
+# the pre-logits layer and the head where the source has them.
+_TOP_LAYERS = (
+    ("norm", "norm", "Transformer/encoder_norm", False),
+    ("dense", "pre_logits", "pre_logits", True),
+    ("dense", "head", "head", True),
+)
 
 
 def is_official(keys: set[str]) -> bool:
@@ -101,18 +126,17 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
     pos_key = _posemb_key(a)
     pos_embed = "learned" if pos_key else "none"
     cls_pos_embed = True
-    stride = 1 if resnet_units is None else 4 * 2 ** (len(resnet_units) - 1)
+    stride = hybrid_stem_stride(resnet_units)
     img = (224, 224)
     if pos_key:
         num_pos = a[pos_key].shape[1]
-        if prefix and not _is_square(num_pos - prefix) and _is_square(num_pos):
+        if prefix and square_side(num_pos - prefix) is None and square_side(num_pos) is not None:
             cls_pos_embed = False  # big_vision: the class token is added after the position embedding
-        n_grid = num_pos - (prefix if cls_pos_embed else 0)
-        if not _is_square(n_grid):
+        side = square_side(num_pos - (prefix if cls_pos_embed else 0))
+        if side is None:
             raise CheckpointError(
                 f"{path}: {num_pos} position embeddings do not form a square grid (with {prefix} class token)"
             )
-        side = math.isqrt(n_grid)
         img = (side * ph * stride, side * pw * stride)
     rep = a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None
     num_classes = a["head/kernel"].shape[1] if "head/kernel" in a else 0
@@ -136,10 +160,6 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
     )
 
 
-def _is_square(n: int) -> bool:
-    return n > 0 and math.isqrt(n) ** 2 == n
-
-
 def _posemb_key(a: dict[str, np.ndarray]) -> str | None:
     for k in ("Transformer/posembed_input/pos_embedding", "pos_embedding"):
         if k in a:
@@ -153,6 +173,7 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
     cfg = infer_config(a, path)
     used: set[str] = set()
     sd: dict[str, torch.Tensor] = {}
+    D = cfg.width
 
     def take(key: str) -> np.ndarray:
         if key not in a:
@@ -173,7 +194,17 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
         if bias:
             sd[f"{dst}.bias"] = _t(take(f"{src}/bias"))
 
-    D = cfg.width
+    def qkv(dst: str, src: str) -> None:
+        qkv_w = [take(f"{src}/{p}/kernel").reshape(D, D).T for p in ("query", "key", "value")]  # (D, H, hd) -> (D, D)
+        qkv_b = [take(f"{src}/{p}/bias").reshape(D) for p in ("query", "key", "value")]
+        sd[f"{dst}.weight"] = _t(np.concatenate(qkv_w, axis=0))  # (3D, D)
+        sd[f"{dst}.bias"] = _t(np.concatenate(qkv_b))
+
+    def proj(dst: str, src: str) -> None:
+        sd[f"{dst}.weight"] = _t(take(f"{src}/kernel").reshape(D, D).T)  # (H, hd, D) -> (D, D)
+        sd[f"{dst}.bias"] = _t(take(f"{src}/bias"))
+
+    convert = {"norm": norm, "dense": dense, "qkv": qkv, "out": proj}
     conv("patch_embed.proj", "embedding", bias=True)
     if cfg.resnet_units is not None:
         bb = "patch_embed.backbone"
@@ -196,26 +227,12 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
         sd["pos_embed"] = _t(take(pos_key))
 
     for i in range(cfg.depth):
-        blk = f"Transformer/encoderblock_{i}"
-        layout = 0 if f"{blk}/{_BLOCK_NAMES['attn'][0]}/query/kernel" in a else 1
-        names = {role: pair[layout] for role, pair in _BLOCK_NAMES.items()}
-        dst = f"blocks.{i}"
-        norm(f"{dst}.norm1", f"{blk}/{names['norm1']}")
-        norm(f"{dst}.norm2", f"{blk}/{names['norm2']}")
-        att = f"{blk}/{names['attn']}"
-        qkv_w = [take(f"{att}/{p}/kernel").reshape(D, D).T for p in ("query", "key", "value")]
-        qkv_b = [take(f"{att}/{p}/bias").reshape(D) for p in ("query", "key", "value")]
-        sd[f"{dst}.attn.qkv.weight"] = _t(np.concatenate(qkv_w, axis=0))  # (3D, D)
-        sd[f"{dst}.attn.qkv.bias"] = _t(np.concatenate(qkv_b))
-        sd[f"{dst}.attn.proj.weight"] = _t(take(f"{att}/out/kernel").reshape(D, D).T)
-        sd[f"{dst}.attn.proj.bias"] = _t(take(f"{att}/out/bias"))
-        dense(f"{dst}.mlp.fc1", f"{blk}/{names['mlp']}/Dense_0")
-        dense(f"{dst}.mlp.fc2", f"{blk}/{names['mlp']}/Dense_1")
-    norm("norm", "Transformer/encoder_norm")
-    if "pre_logits/kernel" in a:
-        dense("pre_logits", "pre_logits")
-    if "head/kernel" in a:
-        dense("head", "head")
+        layout = 0 if f"Transformer/encoderblock_{i}/{_BLOCK_NAMES['attn'][0]}/query/kernel" in a else 1
+        for kind, dst, src in _block_layers(i, layout):
+            convert[kind](dst, src)
+    for kind, dst, src, optional in _TOP_LAYERS:
+        if not optional or f"{src}/kernel" in a:
+            convert[kind](dst, src)
     unused = sorted(set(a) - used)
     if unused:
         raise CheckpointError(f"{path}: arrays vitkit does not know how to map: {unused[:10]}")
@@ -243,6 +260,17 @@ def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prel
     def conv(dst: str, src: str) -> None:
         out[f"{dst}/kernel"] = n(sd[f"{src}.weight"]).transpose(2, 3, 1, 0)  # OIHW -> HWIO
 
+    def qkv(dst: str, src: str) -> None:
+        w, b = n(sd[f"{src}.weight"]), n(sd[f"{src}.bias"])  # (3D, D), (3D,)
+        for j, p in enumerate(("query", "key", "value")):
+            out[f"{dst}/{p}/kernel"] = w[j * D : (j + 1) * D].T.reshape(D, H, D // H)
+            out[f"{dst}/{p}/bias"] = b[j * D : (j + 1) * D].reshape(H, D // H)
+
+    def proj(dst: str, src: str) -> None:
+        out[f"{dst}/kernel"] = n(sd[f"{src}.weight"]).T.reshape(H, D // H, D)
+        out[f"{dst}/bias"] = n(sd[f"{src}.bias"])
+
+    convert = {"norm": norm, "dense": dense, "qkv": qkv, "out": proj}
     conv("embedding", "patch_embed.proj")
     out["embedding/bias"] = n(sd["patch_embed.proj.bias"])
     if cfg.resnet_units is not None:
@@ -263,23 +291,9 @@ def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prel
     if "pos_embed" in sd:
         out["Transformer/posembed_input/pos_embedding"] = n(sd["pos_embed"])
     for i in range(cfg.depth):
-        blk = f"Transformer/encoderblock_{i}"
-        names = {role: pair[idx] for role, pair in _BLOCK_NAMES.items()}
-        src = f"blocks.{i}"
-        norm(f"{blk}/{names['norm1']}", f"{src}.norm1")
-        norm(f"{blk}/{names['norm2']}", f"{src}.norm2")
-        att = f"{blk}/{names['attn']}"
-        w, b = n(sd[f"{src}.attn.qkv.weight"]), n(sd[f"{src}.attn.qkv.bias"])
-        for j, p in enumerate(("query", "key", "value")):
-            out[f"{att}/{p}/kernel"] = w[j * D : (j + 1) * D].T.reshape(D, H, D // H)
-            out[f"{att}/{p}/bias"] = b[j * D : (j + 1) * D].reshape(H, D // H)
-        out[f"{att}/out/kernel"] = n(sd[f"{src}.attn.proj.weight"]).T.reshape(H, D // H, D)
-        out[f"{att}/out/bias"] = n(sd[f"{src}.attn.proj.bias"])
-        dense(f"{blk}/{names['mlp']}/Dense_0", f"{src}.mlp.fc1")
-        dense(f"{blk}/{names['mlp']}/Dense_1", f"{src}.mlp.fc2")
-    norm("Transformer/encoder_norm", "norm")
-    if "pre_logits.weight" in sd:
-        dense("pre_logits", "pre_logits")
-    if "head.weight" in sd:
-        dense("head", "head")
+        for kind, src, dst in _block_layers(i, idx):
+            convert[kind](dst, src)
+    for kind, src, dst, optional in _TOP_LAYERS:
+        if not optional or f"{src}.weight" in sd:
+            convert[kind](dst, src)
     return {k: np.ascontiguousarray(v) for k, v in out.items()}

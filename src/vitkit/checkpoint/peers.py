@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import VIT_SIZES, ViTConfig
+from ..models.config import VIT_SIZES, ViTConfig, hybrid_stem_stride
+from ..models.posembed import square_side
 
 _UNSUPPORTED_TIMM = ("fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "attn_pool.", "norm_pre.")
 
@@ -35,8 +36,9 @@ def _heads_for(width: int) -> int:
 
 
 def _grid_img(num_pos: int, patch: tuple[int, int], stride: int, path: Any) -> tuple[int, int]:
-    side = round(num_pos**0.5)
-    if side * side != num_pos:
+    """The image size whose token grid is the square of ``num_pos`` cells."""
+    side = square_side(num_pos)
+    if side is None:
         raise CheckpointError(f"{path}: {num_pos} position embeddings do not form a square grid")
     return (side * patch[0] * stride, side * patch[1] * stride)
 
@@ -84,11 +86,10 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
     width, cin, ph, pw = w.shape
     depth = 1 + max(int(m.group(1)) for k in out if (m := re.match(r"blocks\.(\d+)\.", k)))
     units = None
-    stride = 1
     if "patch_embed.backbone.conv_root.weight" in out:
         cin = out["patch_embed.backbone.conv_root.weight"].shape[1]
         units = _count_units(out)
-        stride = 4 * 2 ** (len(units) - 1)
+    stride = hybrid_stem_stride(units)
     classifier = "token" if "cls_token" in out else "gap"
     prefix = 1 if classifier == "token" else 0
     img = (224, 224)

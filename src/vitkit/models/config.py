@@ -42,12 +42,21 @@ def to_2tuple(value: int | tuple[int, int] | list[int], what: str = "size") -> t
     raise ValueError(f"{what} must be an int or a pair of ints, got {value!r}")
 
 
+def hybrid_stem_stride(resnet_units: tuple[int, ...] | None) -> int:
+    """Downsampling of a hybrid's ResNet stem with these units per stage (1 without a stem): the
+    root's stride-2 convolution and stride-2 max-pool, then stride 2 at the first unit of every
+    stage after the first (:class:`vitkit.models.resnet.HybridStem`)."""
+    if resnet_units is None:
+        return 1
+    return 4 * 2 ** (len(resnet_units) - 1)
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Everything that defines a Vision Transformer (paper section 3.1) or a hybrid.
 
     ``resnet_units`` set makes a hybrid: the patches come from a BiT ResNet feature map of stride
-    ``4 * 2 ** (len(resnet_units) - 1)`` and ``patch_size`` is taken over that map (usually 1).
+    :attr:`stem_stride` and ``patch_size`` is taken over that map (usually 1).
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -95,10 +104,8 @@ class ViTConfig:
 
     @property
     def stem_stride(self) -> int:
-        """Downsampling of the ResNet stem of a hybrid (1 for a plain ViT)."""
-        if self.resnet_units is None:
-            return 1
-        return 4 * 2 ** (len(self.resnet_units) - 1)
+        """Downsampling of the ResNet stem of a hybrid (1 for a plain ViT): :func:`hybrid_stem_stride`."""
+        return hybrid_stem_stride(self.resnet_units)
 
     @property
     def total_stride(self) -> tuple[int, int]:
@@ -108,31 +115,29 @@ class ViTConfig:
     @property
     def grid_size(self) -> tuple[int, int]:
         """Token grid (rows, cols) at ``img_size``."""
+        return self.grid_for(self.img_size)
+
+    def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
+        """Token grid (rows, cols) of an input of ``size`` (h, w) pixels: one token per total stride."""
         sh, sw = self.total_stride
-        return (self.img_size[0] // sh, self.img_size[1] // sw)
+        return (size[0] // sh, size[1] // sw)
 
     @property
     def num_prefix_tokens(self) -> int:
         return 1 if self.classifier == "token" else 0
 
+    @property
+    def pos_prefix_rows(self) -> int:
+        """Rows of the position embedding before the grid's: one per prefix token that gets a
+        position (none with ``cls_pos_embed`` False)."""
+        return self.num_prefix_tokens if self.cls_pos_embed else 0
+
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"] = list(self.img_size)
-        d["patch_size"] = list(self.patch_size)
-        if self.resnet_units is not None:
-            d["resnet_units"] = list(self.resnet_units)
-        return d
+        return _to_json_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        _check_fields(cls, d)
-        d = dict(d)
-        for key in ("img_size", "patch_size"):
-            if key in d:
-                d[key] = tuple(d[key])
-        if d.get("resnet_units") is not None:
-            d["resnet_units"] = tuple(d["resnet_units"])
-        return cls(**d)
+        return _from_json_dict(cls, d)
 
     def replace(self, **overrides: Any) -> ViTConfig:
         return _replace_checked(self, overrides)
@@ -156,28 +161,28 @@ class ResNetConfig:
             object.__setattr__(self, "num_classes", 0)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"] = list(self.img_size)
-        d["units"] = list(self.units)
-        return d
+        return _to_json_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
-        _check_fields(cls, d)
-        d = dict(d)
-        d["img_size"] = tuple(d.get("img_size", (224, 224)))
-        d["units"] = tuple(d.get("units", (3, 4, 6, 3)))
-        return cls(**d)
+        return _from_json_dict(cls, d)
 
     def replace(self, **overrides: Any) -> ResNetConfig:
         return _replace_checked(self, overrides)
 
 
-def _check_fields(cls: type, d: dict[str, Any]) -> None:
+def _to_json_dict(cfg: Any) -> dict[str, Any]:
+    """A config's fields as JSON has them: tuples (sizes, units per stage) as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _from_json_dict(cls: type, d: dict[str, Any]) -> Any:
+    """The inverse of :func:`_to_json_dict`; unknown fields are an error, absent ones default."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(known)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 def _replace_checked(cfg: Any, overrides: dict[str, Any]) -> Any:

@@ -26,12 +26,21 @@ def sincos_2d_pos_embed(grid: tuple[int, int], dim: int, temperature: float = 10
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()  # (gh*gw, dim)
 
 
+def square_side(n: int) -> int | None:
+    """The side of the square grid of ``n`` cells, or None when ``n`` cells form none (``n < 1``
+    included). Exact integer arithmetic: ``round(n ** 0.5)`` is not, for large ``n``."""
+    if n < 1:
+        return None
+    side = math.isqrt(n)
+    return side if side * side == n else None
+
+
 def infer_grid(num_patches: int, hint: tuple[int, int] | None = None) -> tuple[int, int]:
     """Grid of a flattened embedding: ``hint`` if it fits, else the square one."""
     if hint is not None and hint[0] * hint[1] == num_patches:
         return hint
-    side = math.isqrt(num_patches)
-    if side * side != num_patches:
+    side = square_side(num_patches)
+    if side is None:
         raise ValueError(
             f"cannot infer the grid of {num_patches} position embeddings: not a square; pass old_grid=(rows, cols)"
         )

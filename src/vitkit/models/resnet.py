@@ -71,6 +71,22 @@ def group_norm(chans: int, eps: float = 1e-6) -> nn.GroupNorm:
     return nn.GroupNorm(32, chans, eps=eps)
 
 
+def make_stages(unit: type[nn.Module], units: tuple[int, ...], width: int) -> tuple[nn.ModuleList, int]:
+    """The bottleneck stages of a BiT ResNet, built of ``unit(in_chans, mid, stride)``: stage ``i``
+    has ``units[i]`` units of middle width ``width * 2**i`` and output ``4x`` that, and halves the
+    resolution at its first unit (except the first stage, after the root's max-pool). Returns the
+    stages and their output channels."""
+    stages, chans = [], width
+    for i, n in enumerate(units):
+        mid = width * 2**i
+        stage = []
+        for j in range(n):
+            stage.append(unit(chans, mid, stride=2 if (i > 0 and j == 0) else 1))
+            chans = 4 * mid
+        stages.append(nn.Sequential(*stage))
+    return nn.ModuleList(stages), chans
+
+
 # ----------------------------------------------------------------------------------------------
 # Hybrid stem (official vit_jax models_resnet.py layout).
 
@@ -101,23 +117,14 @@ class HybridUnit(nn.Module):
 
 
 class HybridStem(nn.Module):
-    """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the ResNet stages; output stride 4 * 2^(S-1)."""
+    """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the ResNet stages; output stride
+    :func:`~vitkit.models.config.hybrid_stem_stride` of ``units``."""
 
     def __init__(self, units: tuple[int, ...], width: int = 64, in_chans: int = 3) -> None:
         super().__init__()
         self.conv_root = StdConv2d(in_chans, width, 7, stride=2)
         self.gn_root = group_norm(width)
-        stages = []
-        chans = width
-        for i, n in enumerate(units):
-            mid = width * 2**i
-            stage = []
-            for j in range(n):
-                stage.append(HybridUnit(chans, mid, stride=2 if (i > 0 and j == 0) else 1))
-                chans = 4 * mid
-            stages.append(nn.Sequential(*stage))
-        self.stages = nn.ModuleList(stages)
-        self.out_chans = chans
+        self.stages, self.out_chans = make_stages(HybridUnit, units, width)
 
     def reset_parameters(self) -> None:
         for m in self.modules():
@@ -180,15 +187,7 @@ class ResNetV2(ReplaceableHead, nn.Module):
         wf = cfg.width_factor
         conv = dict(eps=1e-10, eps_in_sqrt=True, tf_same=False)
         self.conv_root = StdConv2d(cfg.in_chans, 64 * wf, 7, stride=2, padding=3, **conv)
-        stages, chans = [], 64 * wf
-        for i, n in enumerate(cfg.units):
-            mid = 64 * wf * 2**i
-            units = []
-            for j in range(n):
-                units.append(PreActUnit(chans, mid, stride=2 if (i > 0 and j == 0) else 1))
-                chans = 4 * mid
-            stages.append(nn.Sequential(*units))
-        self.stages = nn.ModuleList(stages)
+        self.stages, chans = make_stages(PreActUnit, cfg.units, 64 * wf)
         self.norm = group_norm(chans, eps=1e-5)
         self.num_features = chans
         self.head = nn.Linear(chans, cfg.num_classes) if cfg.num_classes else None

@@ -14,9 +14,9 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .attention import ATTENTION_IMPLS, attend
 from .config import ViTConfig, check_divisible
 from .heads import ReplaceableHead
 from .posembed import resample_pos_embed, sincos_2d_pos_embed
@@ -27,6 +27,8 @@ from .resnet import HybridStem
 
 
 class PatchEmbed(nn.Module):
+    """Images -> the patch grid x_p E, (B, D, gh, gw); a hybrid's patches come from its ResNet stem's map."""
+
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.patch_size = cfg.patch_size
@@ -36,83 +38,48 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backbone is not None:
-            x = self.backbone(x)  # (B, C', H/16, W/16)
+            x = self.backbone(x)  # (B, C', H/s, W/s), s = cfg.stem_stride
         x = self.proj(x)  # (B, D, gh, gw)
         return x
+
+
+def sincos_pos_table(grid: tuple[int, int], width: int, prefix_rows: int) -> torch.Tensor:
+    """The fixed 2-D sin-cos E_pos of a grid as the model adds it, (1, prefix_rows + gh*gw, D):
+    zero rows for the prefix tokens, so that they get no position."""
+    pe = sincos_2d_pos_embed(grid, width)  # (gh*gw, D)
+    if prefix_rows:
+        pe = torch.cat([torch.zeros(prefix_rows, width), pe], dim=0)
+    return pe[None]
+
+
+def add_tokens_and_positions(
+    patches: torch.Tensor, cls_token: torch.Tensor | None, pos: torch.Tensor | None, cls_pos_embed: bool
+) -> torch.Tensor:
+    """z0 of eq. 1 from the patch tokens (B, N, D): the class token (if any) put first and E_pos
+    (if any) added, to every token or, with ``cls_pos_embed`` False (big_vision), to the patches
+    before the class token joins them."""
+    x = patches
+    if cls_token is not None:
+        cls = cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+        if pos is not None and not cls_pos_embed:
+            x = x + pos
+            pos = None
+        x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
+    if pos is not None:
+        x = x + pos
+    return x
 
 
 # ----------------------------------------------------------------------------------------------
 # Transformer block (eqs. 2-3).
 
 
-ATTENTION_IMPLS = ("auto", "sdpa", "math", "recompute")
-
-
-_SOFTMAX_DTYPES: dict[tuple, torch.dtype] = {}
-
-
-def _attention_dtypes(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
-    """The dtypes the explicit path computes in here: (its matmuls, its softmax output). Under
-    autocast the matmuls run in the autocast dtype; softmax stays there on the CPU but CUDA's
-    autocast runs it in fp32. Asked of autocast itself (once per setting), not assumed."""
-    dev = q.device.type
-    enabled = torch.is_autocast_enabled(dev)
-    mm = torch.get_autocast_dtype(dev) if enabled else q.dtype
-    key = (dev, enabled, mm)
-    if key not in _SOFTMAX_DTYPES:
-        _SOFTMAX_DTYPES[key] = torch.softmax(torch.zeros(2, dtype=mm, device=q.device), -1).dtype
-    return mm, _SOFTMAX_DTYPES[key]
-
-
-class _RecomputedAttention(torch.autograd.Function):
-    """``softmax(q k^T * scale) v`` that saves only q, k and v for the backward, as the fused
-    kernels do, and recomputes the N x N weights there. The explicit path (``q k^T``, softmax,
-    ``@ v``) keeps the weights alive from forward to backward: 12 x B x H x N^2 values for a
-    ViT-B/16. Computes in the explicit path's dtypes under the caller's autocast (``mm``: the
-    matmuls, ``sm``: softmax's output; :func:`_attention_dtypes`), so the two give the same
-    numbers. The backward is built of differentiable ops: double backward and ``torch.func``
-    work."""
-
-    @staticmethod
-    def forward(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mm: torch.dtype, sm: torch.dtype
-    ) -> torch.Tensor:
-        with torch.autocast(q.device.type, enabled=False):
-            weights = torch.softmax(((q * scale).to(mm) @ k.to(mm).transpose(-2, -1)).to(sm), dim=-1)
-            return weights.to(mm) @ v.to(mm)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        q, k, v, ctx.scale, ctx.mm, ctx.sm = inputs
-        ctx.save_for_backward(q, k, v)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v = ctx.saved_tensors
-        mm, sm, scale = ctx.mm, ctx.sm, ctx.scale
-        with torch.autocast(q.device.type, enabled=False):
-            qs, km, vm, grad = (q * scale).to(mm), k.to(mm), v.to(mm), grad.to(mm)
-            weights = torch.softmax((qs @ km.transpose(-2, -1)).to(sm), dim=-1)  # recomputed
-            grad_v = weights.to(mm).transpose(-2, -1) @ grad
-            grad_w = (grad @ vm.transpose(-2, -1)).to(sm)
-            grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, sm).to(mm)
-            grad_q = (grad_s @ km) * scale
-            grad_k = grad_s.transpose(-2, -1) @ qs
-        return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
-
-
 class Attention(nn.Module):
-    """Multi-head self-attention with one fused qkv projection.
+    """Multi-head self-attention (MSA) with one fused qkv projection.
 
-    Three paths compute the same function. ``scaled_dot_product_attention`` (fused, memory
-    efficient) is used on accelerators and for fp32 inference on the CPU. The explicit path
-    (``q k^T``, softmax, ``@ v``: "math") is used when the caller asks for the weights and for
-    bf16 CPU inference, where it is ~8% faster than the fused kernel. CPU training takes the
-    explicit path too, since for ViT-length sequences its backward is several times faster than
-    the CPU fused kernel's; for sequences longer than 3 x head_dim (ViT-B/16 at 224 px: 197 > 192)
-    it recomputes the weights in the backward ("recompute", :class:`_RecomputedAttention`) and so
-    keeps no more for the backward than the fused kernel does (benchmarks/RESULTS.md). ``impl``
-    forces one: "auto", "sdpa", "math" or "recompute".
+    The kernel is :func:`.attention.attend`; ``impl`` ("auto", "sdpa", "math" or "recompute",
+    set by :meth:`VisionTransformer.set_attention_impl`) chooses which of its paths runs, and
+    :mod:`vitkit.models.attention` says which runs where by default.
     """
 
     impl: str = "auto"
@@ -127,40 +94,17 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _path(self, q: torch.Tensor, return_weights: bool, drop: float) -> str:
-        if return_weights:
-            return "math"
-        impl = self.impl
-        if impl == "auto":
-            # On the CPU the fused kernel wins only for fp32 inference (benchmarks/RESULTS.md).
-            if q.device.type != "cpu" or not (torch.is_grad_enabled() or q.dtype != torch.float32):
-                return "sdpa"
-            # Recompute the weights when keeping them would cost more than q, k and v together
-            # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is faster.
-            long = q.shape[-2] > 3 * q.shape[-1]
-            impl = "recompute" if long and torch.is_grad_enabled() and q.requires_grad else "math"
-        if impl == "recompute" and (drop > 0.0 or not torch.is_grad_enabled()):
-            return "math"  # dropout on the weights needs them kept; without gradients nothing is saved
-        return impl
-
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
-        drop = self.attn_drop if self.training else 0.0
-        weights = None
-        path = self._path(q, return_weights, drop)
-        if path == "math":
-            q = q if self.scale == 1.0 else q * self.scale  # 1.0: folded into the weights (serving)
-            weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
-            out = F.dropout(weights, drop, self.training) @ v  # (B, H, N, hd)
-        elif path == "recompute":
-            out = _RecomputedAttention.apply(q, k, v, self.scale, *_attention_dtypes(q))
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)  # (B, H, N, hd)
-        out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
+        out, weights = attend(
+            q, k, v, scale=self.scale, dropout_p=self.attn_drop, training=self.training, impl=self.impl,
+            need_weights=return_weights,
+        )  # fmt: skip
+        out = out.transpose(1, 2).reshape(B, N, D)  # (B, H, N, hd) -> (B, N, D)
         out = self.proj_drop(self.proj(out))
         return (out, weights) if return_weights else out
 
@@ -205,16 +149,16 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.act, cfg.drop_rate)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x
-
-    def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        attn_out, weights = self.attn(self.norm1(x), return_weights=True)
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, N, D) -> (B, N, D); with ``return_weights`` also the attention's softmax weights
+        (B, H, N, N), which makes the attention take its explicit path."""
+        attn = self.attn(self.norm1(x), return_weights=return_weights)
+        attn_out, weights = attn if return_weights else (attn, None)
         x = x + self.drop_path(attn_out)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return x, weights
+        return (x, weights) if return_weights else x
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,14 +179,11 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
-        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + (self.num_prefix_tokens if cfg.cls_pos_embed else 0)
+        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + cfg.pos_prefix_rows
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.empty(1, num_pos, D))
         elif cfg.pos_embed == "sincos2d":
-            pe = sincos_2d_pos_embed(cfg.grid_size, D)
-            if self.num_prefix_tokens and cfg.cls_pos_embed:
-                pe = torch.cat([torch.zeros(1, D), pe], dim=0)
-            self.register_buffer("pos_embed", pe[None], persistent=False)
+            self.register_buffer("pos_embed", sincos_pos_table(cfg.grid_size, D, cfg.pos_prefix_rows), persistent=False)
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
@@ -311,12 +252,10 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         if grid == self.cfg.grid_size:
             return self.pos_embed
         if self.cfg.pos_embed == "sincos2d":
-            pe = sincos_2d_pos_embed(grid, self.cfg.width).to(self.pos_embed)
-            if self.num_prefix_tokens and self.cfg.cls_pos_embed:
-                pe = torch.cat([pe.new_zeros(1, self.cfg.width), pe], dim=0)
-            return pe[None]
-        prefix = self.num_prefix_tokens if self.cfg.cls_pos_embed else 0
-        return resample_pos_embed(self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=prefix)
+            return sincos_pos_table(grid, self.cfg.width, self.cfg.pos_prefix_rows).to(self.pos_embed)
+        return resample_pos_embed(
+            self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=self.cfg.pos_prefix_rows
+        )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied; in training
@@ -326,15 +265,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         x = self.patch_embed(x)  # (B, D, gh, gw)
         grid = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)  # (B, gh*gw, D), raster order
-        pos = self._pos_embed_for(grid)
-        if self.cls_token is not None:
-            cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
-            if pos is not None and not self.cfg.cls_pos_embed:
-                x = x + pos
-                pos = None
-            x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
-        if pos is not None:
-            x = x + pos
+        x = add_tokens_and_positions(x, self.cls_token, self._pos_embed_for(grid), self.cfg.cls_pos_embed)
         if self.training and self.patch_drop_rate > 0:
             x = self._drop_patches(x)
         return self.pos_drop(x)
@@ -382,7 +313,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         out["embedded"] = x
         for i, blk in enumerate(self.blocks):
             if return_attention and i in wanted:
-                x, w = blk.forward_with_weights(x)
+                x, w = blk(x, return_weights=True)
                 out["attention"].append(w)
             else:
                 x = blk(x)

@@ -3,11 +3,12 @@
 glibc's allocator serves large blocks (above a threshold that adapts up to 32 MB) by mapping
 fresh pages and returns them to the kernel when they are freed, and trims the top of its heap
 when more than a threshold is free there. A training step allocates and frees its activations
-and gradients every time, so every step faults the same memory back in, page by page: 24,000
-minor faults a step for the Fashion-MNIST-sized ViT at batch 128 and 76,000 for ViT-S/16 at
-batch 16 on the 2-core machine vitkit is built on, 11-18% of the step (``benchmarks/RESULTS.md``).
-Raising both thresholds keeps those pages mapped; the peak memory is the same, only no longer
-handed back between steps. jemalloc or tcmalloc (``LD_PRELOAD``) do the same on their own.
+and gradients every time, so every step faults the same memory back in, page by page: each
+fault is a trip into the kernel and a freshly zeroed page, paid again for every page of every
+large buffer on every step, and it grows with the model and the batch. Raising both thresholds
+keeps those pages mapped; the peak memory is the same, only no longer handed back between steps.
+jemalloc or tcmalloc (``LD_PRELOAD``) do the same on their own. The fault counts and the time
+they cost are in ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations

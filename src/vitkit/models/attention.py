@@ -1,0 +1,136 @@
+"""The attention kernel: ``softmax(q k^T * scale) v`` of eq. 2's MSA, and which of three ways computes it.
+
+- "sdpa": ``F.scaled_dot_product_attention``, the fused kernel. It never holds the N x N weights
+  (tiles with an online softmax), which is what accelerators and long sequences want.
+- "math": the explicit path, ``q * scale``, ``q k^T``, softmax, dropout, ``@ v``. The only path that
+  can hand the weights back (the analyses ask for them). At ViT sequence lengths on the CPU the
+  weights are small, so the explicit path is a few batched matmuls on the CPU's GEMM kernels and,
+  in the backward, matmuls and a softmax backward; the fused CPU kernel instead works tile by tile
+  and recomputes the weights tile by tile in its backward, which costs more at these lengths.
+- "recompute": the explicit path's numbers, bit for bit, with the weights recomputed in the backward
+  instead of kept (:class:`_RecomputedAttention`): what the explicit path saves for its backward
+  grows as N^2, the fused kernel's as N.
+
+``impl="auto"`` picks per call (:func:`attention_path`): the fused kernel on accelerators and for
+fp32 CPU inference; the explicit path for bf16 CPU inference and CPU training, recomputing once
+keeping the weights would cost more than q, k and v together (N > 3 head_dim). The measurements
+behind these choices are in ``benchmarks/RESULTS.md``.
+
+A scale of exactly 1 is not multiplied in on the explicit path: ``q * 1.0`` is ``q`` in IEEE
+arithmetic, so skipping it changes no value and saves one pass over q (the scale may already be
+in the query weights, as :func:`vitkit.inference.fold_attention_scale` puts it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_IMPLS = ("auto", "sdpa", "math", "recompute")
+
+
+_SOFTMAX_DTYPES: dict[tuple, torch.dtype] = {}
+
+
+def _attention_dtypes(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """The dtypes the explicit path computes in here: (its matmuls, its softmax output). Under
+    autocast the matmuls run in the autocast dtype; softmax stays there on the CPU but CUDA's
+    autocast runs it in fp32. Asked of autocast itself (once per setting), not assumed."""
+    dev = q.device.type
+    enabled = torch.is_autocast_enabled(dev)
+    mm = torch.get_autocast_dtype(dev) if enabled else q.dtype
+    key = (dev, enabled, mm)
+    if key not in _SOFTMAX_DTYPES:
+        _SOFTMAX_DTYPES[key] = torch.softmax(torch.zeros(2, dtype=mm, device=q.device), -1).dtype
+    return mm, _SOFTMAX_DTYPES[key]
+
+
+class _RecomputedAttention(torch.autograd.Function):
+    """``softmax(q k^T * scale) v`` that saves only q, k and v for the backward, as the fused
+    kernels do, and recomputes the N x N weights there. The explicit path (``q k^T``, softmax,
+    ``@ v``) keeps the weights alive from forward to backward: 12 x B x H x N^2 values for a
+    ViT-B/16. Computes in the explicit path's dtypes under the caller's autocast (``mm``: the
+    matmuls, ``sm``: softmax's output; :func:`_attention_dtypes`), so the two give the same
+    numbers. The backward is built of differentiable ops: double backward and ``torch.func``
+    work."""
+
+    @staticmethod
+    def forward(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mm: torch.dtype, sm: torch.dtype
+    ) -> torch.Tensor:
+        with torch.autocast(q.device.type, enabled=False):
+            weights = torch.softmax(((q * scale).to(mm) @ k.to(mm).transpose(-2, -1)).to(sm), dim=-1)
+            return weights.to(mm) @ v.to(mm)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        q, k, v, ctx.scale, ctx.mm, ctx.sm = inputs
+        ctx.save_for_backward(q, k, v)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        mm, sm, scale = ctx.mm, ctx.sm, ctx.scale
+        with torch.autocast(q.device.type, enabled=False):
+            qs, km, vm, grad = (q * scale).to(mm), k.to(mm), v.to(mm), grad.to(mm)
+            weights = torch.softmax((qs @ km.transpose(-2, -1)).to(sm), dim=-1)  # recomputed
+            grad_v = weights.to(mm).transpose(-2, -1) @ grad
+            grad_w = (grad @ vm.transpose(-2, -1)).to(sm)
+            grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, sm).to(mm)
+            grad_q = (grad_s @ km) * scale
+            grad_k = grad_s.transpose(-2, -1) @ qs
+        return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
+
+
+def attention_path(q: torch.Tensor, impl: str, need_weights: bool, dropout_p: float) -> str:
+    """The path that computes attention for queries ``q`` (B, H, N, hd): "sdpa", "math" or
+    "recompute". ``impl`` is one of :data:`ATTENTION_IMPLS`; ``dropout_p`` is the dropout rate
+    in effect (0 outside training). The module docstring says why each runs where."""
+    if need_weights:
+        return "math"
+    if impl == "auto":
+        # On the CPU the fused kernel wins only for fp32 inference.
+        if q.device.type != "cpu" or not (torch.is_grad_enabled() or q.dtype != torch.float32):
+            return "sdpa"
+        # Recompute the weights when keeping them would cost more than q, k and v together
+        # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is cheaper.
+        long = q.shape[-2] > 3 * q.shape[-1]
+        impl = "recompute" if long and torch.is_grad_enabled() and q.requires_grad else "math"
+    if impl == "recompute" and (dropout_p > 0.0 or not torch.is_grad_enabled()):
+        return "math"  # dropout on the weights needs them kept; without gradients nothing is saved
+    return impl
+
+
+def _explicit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dropout_p: float, training: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q = q if scale == 1.0 else q * scale  # a multiply by exactly 1 changes nothing (module docstring)
+    weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+    out = F.dropout(weights, dropout_p, training) @ v  # (B, H, N, hd)
+    return out, weights
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    dropout_p: float,
+    training: bool,
+    impl: str,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``softmax(q k^T * scale) v`` for q, k, v of shape (B, H, N, hd), with dropout ``dropout_p``
+    on the weights in training. Returns the output (B, H, N, hd) and, when ``need_weights``, the
+    softmax weights (B, H, N, N) (else None). ``impl`` chooses the path (:func:`attention_path`)."""
+    drop = dropout_p if training else 0.0
+    path = attention_path(q, impl, need_weights, drop)
+    if path == "math":
+        out, weights = _explicit(q, k, v, scale, drop, training)
+        return out, (weights if need_weights else None)
+    if path == "recompute":
+        return _RecomputedAttention.apply(q, k, v, scale, *_attention_dtypes(q)), None
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=scale), None  # (B, H, N, hd)
