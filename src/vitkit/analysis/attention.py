@@ -31,8 +31,7 @@ def _check_vit(model: nn.Module) -> None:
 def grid_of(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
     """Token grid (rows, cols) ``model`` makes of ``images`` (B, C, H, W)."""
     _check_vit(model)
-    sh, sw = model.cfg.total_stride
-    return (images.shape[-2] // sh, images.shape[-1] // sw)
+    return model.cfg.grid_for(tuple(images.shape[-2:]))
 
 
 def collect_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:

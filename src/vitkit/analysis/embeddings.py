@@ -25,8 +25,7 @@ def _pos_embed_of(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int], int]
         raise ValueError(
             f"the model has no position embedding (pos_embed={cfg.pos_embed!r}); there is nothing to compare"
         )
-    prefix = cfg.num_prefix_tokens if cfg.cls_pos_embed else 0
-    return pos.detach(), tuple(cfg.grid_size), prefix
+    return pos.detach(), tuple(cfg.grid_size), cfg.pos_prefix_rows
 
 
 def pos_embed_similarity(

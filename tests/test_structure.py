@@ -1,0 +1,117 @@
+"""The package's shape, checked from its source: imports go one way, the command line is a thin
+layer nothing else imports, and ``vitkit --help`` starts without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import vitkit
+
+SRC = Path(vitkit.__file__).parent
+MAX_FUNCTION_LINES = 80
+# Modules every package may import: they import no other vitkit module but each other.
+NEUTRAL = {"errors", "files", "preprocessing"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The vitkit modules ``module`` imports, at any depth of its code (lazy imports included)."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "vitkit")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "vitkit":
+                found.add(target)
+                found.update(f"{target}.{a.name}" for a in node.names)  # `from . import x`: a module
+    modules = _modules()
+    return {t for t in found if t in modules and t != module}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "vitkit"
+
+
+def test_no_library_module_imports_the_cli():
+    offenders = [
+        f"{m} imports {t}"
+        for m, p in _modules().items()
+        if _package(m) not in ("cli", "__main__")
+        for t in _imports(m, p)
+        if _package(t) == "cli"
+    ]
+    assert not offenders, offenders
+
+
+def test_no_import_cycle_between_packages():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for m, p in _modules().items():
+        for t in _imports(m, p):
+            a, b = _package(m), _package(t)
+            if a != b and "vitkit" not in (a, b):  # the root package only re-exports, lazily
+                graph[a].add(b)
+    for pkg in NEUTRAL:
+        assert graph[pkg] <= NEUTRAL, f"vitkit.{pkg} must import only the other neutral modules: {graph[pkg]}"
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted(f"{a} -> {b} -> ... -> {a}" for a in list(graph) for b in graph[a] if a in reach(b))
+    assert not cycles, cycles
+
+
+def test_lower_layers_know_nothing_of_the_upper_ones():
+    allowed = {
+        "models": NEUTRAL,
+        "data": NEUTRAL,
+        "checkpoint": NEUTRAL | {"models"},
+    }
+    for m, p in _modules().items():
+        pkg = _package(m)
+        if pkg in allowed:
+            bad = {_package(t) for t in _imports(m, p)} - allowed[pkg] - {pkg}
+            assert not bad, f"{m} imports {sorted(bad)}"
+
+
+def test_no_function_longer_than_the_limit():
+    long = []
+    for m, p in _modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{m}.{node.name}: {n} lines")
+    assert not long, long
+
+
+def test_help_starts_without_torch():
+    code = "import sys; from vitkit.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code += "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "usage: vitkit" in out and out.strip().endswith("False"), out
