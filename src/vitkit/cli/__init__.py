@@ -3,8 +3,8 @@
 Each command is a module of this package with ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``; the commands do their work through the library (``vitkit.train``,
 ``vitkit.eval``, ``vitkit.analysis``, ...), which they import only when they run, so
-``vitkit --help`` starts without torch. Library errors (:class:`vitkit.VitkitError`) become one
-line on stderr and exit code 2.
+``vitkit --help`` starts without torch. Library errors (:class:`vitkit.VitkitError`, and file
+errors) become one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     try:
         return COMMANDS[args.command].run(args)
-    except (VitkitError, OSError) as e:
+    except (VitkitError, OSError, ValueError) as e:  # ValueError: library checks not yet a VitkitError
         if args.verbose:
             raise
         print(f"vitkit {args.command}: error: {_one_line(e)}", file=sys.stderr)
