@@ -164,7 +164,8 @@ def model_outputs(
     if max_images is not None and max_images < 1:
         raise UsageError(f"max_images must be positive, got {max_images}")
     dev = torch.device(device)
-    runner = options.pop("forward", None) or model
+    runner = options.pop("forward", None)
+    runner = model if runner is None else runner  # not `or`: a compiled module has no truth value
     batches = model_inputs(model, dataset, batch_size, dev, img_size, max_images, sample_seed, **options)
     forward = _head_function(runner, head)
     was_training = runner.training
