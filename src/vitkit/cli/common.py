@@ -98,6 +98,11 @@ def model_arguments(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1...")
 
 
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """How fewshot and probe run the model: ``batch_size``, ``device``, ``precision``."""
+    return {"batch_size": args.batch_size, "device": args.device, "precision": args.precision}
+
+
 def split_arguments(p: argparse.ArgumentParser, max_train: int | None, max_train_help: str) -> None:
     p.add_argument("--train-split", default="train")
     p.add_argument("--test-split", default="test")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
-from .common import describe, load_model, model_arguments, num, progress, split_arguments
+from .common import describe, load_model, model_arguments, num, progress, run_options, split_arguments
 
 HELP = "few-shot linear accuracy (closed-form least squares, as the paper)"
 
@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
             max_train=args.max_train,
             max_test=args.max_test,
             progress=update,
-            batch_size=args.batch_size,
-            device=args.device,
-            precision=args.precision,
+            **run_options(args),
         )
     _print(res, model, args)
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
-from .common import describe, load_model, model_arguments, pct, progress, split_arguments
+from .common import describe, load_model, model_arguments, pct, progress, run_options, split_arguments
 
 HELP = "linear-probe (logistic regression) and k-NN accuracy of frozen features"
 
@@ -45,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
             max_train=args.max_train,
             max_test=args.max_test,
             progress=update,
-            batch_size=args.batch_size,
-            device=args.device,
-            precision=args.precision,
+            **run_options(args),
         )
     lin, knn = res["linear_probe"], res["knn"]
     print(f"checkpoint   {model.load_report.path} ({model.load_report.source})")
