@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import UsageError
-
 WEIGHTS_HELP = "weights: vitkit .safetensors, a run folder, official .npz, timm or HF files"
 
 
@@ -23,12 +21,6 @@ def parse_size(text: str) -> int | tuple[int, int]:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}") from None
-
-
-def positive(name: str, value: int | float | None) -> None:
-    """A count or size given on the command line must be at least 1."""
-    if value is not None and value < 1:
-        raise UsageError(f"{name} must be positive, got {value}")
 
 
 def note(text: str) -> None:
@@ -45,12 +37,6 @@ def load_model(path: str, img_size: Any = None, **overrides: Any) -> Any:
     for text in model.load_report.notes:
         note(text)
     return model
-
-
-def dataset(spec: str, split: str) -> Any:
-    from ..data import build_dataset
-
-    return build_dataset(spec, split)
 
 
 def size_of(dataset: Any, cap: int | None) -> int | None:
