@@ -1,7 +1,7 @@
 """Data sources (uint8 batches) and batched transforms on the compute device.
 
 Every command names its data the same way (``--data``): ``fashion-mnist``, ``mnist``,
-``cifar10``, ``cifar100``, ``synthetic``, and further sources registered in :data:`SOURCES`; a
+``cifar10``, ``cifar100``, ``digits`` (scikit-learn's), ``synthetic``, and further sources registered in :data:`SOURCES`; a
 folder path (an image-folder tree) or a shard pattern (``shards/train-{000..099}.tar``) through
 :data:`PATTERN_SOURCES`. Options a source does not use are ignored, so that one set of options
 (``img_size``...) can be passed to any of them.
@@ -15,7 +15,9 @@ from typing import Any
 
 from ..errors import DataError
 from .base import ArrayDataset, Dataset, SkipCounter
+from .carve import MINIVAL, carve
 from .cifar import download_cifar, load_cifar
+from .digits import load_digits_dataset
 from .folder import ImageFolder
 from .idx import load_idx_dataset
 from .plan import BatchPlan, epoch_order
@@ -51,6 +53,7 @@ SOURCES: dict[str, Callable[..., Dataset]] = {
     ),
     "cifar10": lambda split, **kw: load_cifar("cifar10", split, **_pick(kw, "root", "allow_download")),
     "cifar100": lambda split, **kw: load_cifar("cifar100", split, **_pick(kw, "root", "allow_download", "label_kind")),
+    "digits": lambda split, **kw: load_digits_dataset(split),
 }
 
 ALIASES = {
@@ -61,8 +64,24 @@ ALIASES = {
 }
 
 
-def build_dataset(spec: str, split: str = "train", **options) -> Dataset:
-    """Resolve a ``--data`` value to a dataset split ("train", "test" or "val")."""
+def build_dataset(
+    spec: str, split: str = "train", *, minival: float = 0, subset: float | None = None, subset_seed: int = 0, **options
+) -> Dataset:
+    """Resolve a ``--data`` value to a dataset split ("train", "test" or "val").
+
+    ``minival`` and ``subset`` carve the training split (:func:`vitkit.data.carve.carve`): the
+    split "minival" is then ``minival`` images held out of "train", and "train" is a
+    class-balanced ``subset`` of the rest. Other splits are unchanged.
+    """
+    if minival or subset is not None:
+        if split in ("train", MINIVAL):
+            return carve(_source(spec, "train", options), split, minival, subset, subset_seed)
+    elif split == MINIVAL:
+        raise DataError(f"{spec}: split 'minival' needs data.minival, the number of training images to hold out")
+    return _source(spec, split, options)
+
+
+def _source(spec: str, split: str, options: dict[str, Any]) -> Dataset:
     key = ALIASES.get(spec.lower(), spec.lower())
     if key in SOURCES:
         return SOURCES[key](split, **options)
@@ -96,17 +115,20 @@ __all__ = [
     "DataError",
     "Dataset",
     "ImageFolder",
+    "MINIVAL",
     "ShardDataset",
     "SkipCounter",
     "StreamingDataset",
     "TransformConfig",
     "build_dataset",
+    "carve",
     "decode_image",
     "download_cifar",
     "epoch_order",
     "eval_transform",
     "expand_braces",
     "load_cifar",
+    "load_digits_dataset",
     "load_idx_dataset",
     "shard_paths",
     "step_generator",

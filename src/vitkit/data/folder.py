@@ -7,6 +7,7 @@ deterministic fraction of every class is held out for validation, or as ``root/t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
+from .base import SkipCounter
 from .plan import BatchPlan
 from .streaming import StreamingDataset
 
@@ -121,6 +123,19 @@ class ImageFolder(StreamingDataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The label of every image, in the order of :attr:`samples`."""
+        return torch.tensor([label for _, label in self.samples], dtype=torch.int64)
+
+    def subset(self, indices: torch.Tensor, name: str | None = None) -> ImageFolder:
+        """The same folder restricted to the images at ``indices`` (into :attr:`samples`)."""
+        part = copy.copy(self)
+        part.samples = [self.samples[i] for i in indices.tolist()]
+        part.name = name or self.name
+        part.skips = SkipCounter()
+        return part
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of decoded batches; the plan picks the files, ``num_workers`` processes decode them."""

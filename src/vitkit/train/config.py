@@ -34,6 +34,9 @@ class DataSection:
     eval_split: str = "test"
     num_workers: int = 0
     eval_max_images: int | None = None
+    minival: float = 0  # training images held out as the split "minival" (a count, or a fraction)
+    subset: float | None = None  # train on a class-balanced subset of the rest (a count or a fraction)
+    subset_seed: int = 0  # fixes which images the minival and the subsets take (nested subsets)
     options: dict[str, Any] = field(default_factory=dict)  # passed to the source (e.g. load_size)
 
 

@@ -22,7 +22,7 @@ import yaml
 from torch import nn
 
 from ..checkpoint.native import save_weights
-from ..data import TransformConfig, build_dataset, step_generator, train_transform
+from ..data import Dataset, TransformConfig, build_dataset, step_generator, train_transform
 from ..data.transforms import match_channels
 from ..errors import RecipeError, TrainingError
 from ..eval import evaluate
@@ -121,6 +121,12 @@ def _devices(r: Recipe) -> tuple[torch.device, D.DistInfo]:
     return device, info
 
 
+def _dataset(r: Recipe, split: str) -> Dataset:
+    """A split of the recipe's data, carved (``data.minival``, ``data.subset``) as the recipe says."""
+    d = r.data
+    return build_dataset(d.name, split, minival=d.minival, subset=d.subset, subset_seed=d.subset_seed, **d.options)
+
+
 def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
     if not r.train.patch_drop:
         return
@@ -161,8 +167,8 @@ class Trainer:
         self.device, self.info = _devices(r)
         self._check_resume_recipe()
         torch.manual_seed(r.seed)
-        self.train_ds = build_dataset(r.data.name, r.data.train_split, **r.data.options)
-        self.eval_ds = build_dataset(r.data.name, r.data.eval_split, **r.data.options) if r.data.eval_split else None
+        self.train_ds = _dataset(r, r.data.train_split)
+        self.eval_ds = _dataset(r, r.data.eval_split) if r.data.eval_split else None
         self.model = self._build_model().to(self.device)
         if hasattr(self.model, "set_attention_impl"):
             self.model.set_attention_impl(r.train.attention)
