@@ -20,7 +20,13 @@ def _pos_embed_of(model: nn.Module) -> tuple[torch.Tensor, tuple[int, int], int]
         raise TypeError(
             f"expected a vitkit VisionTransformer or a position-embedding tensor, got {type(model).__name__}"
         )
-    pos = getattr(model, "pos_embed", None)
+    if getattr(cfg, "pos_embed", None) == "relative":
+        raise ValueError(
+            "the model has no absolute position embedding (pos_embed='relative' learns one per query-key "
+            "offset, inside attention); there is nothing to compare"
+        )
+    table = getattr(model, "pos_embed_table", None)  # learned2d: the full table, composed
+    pos = table() if callable(table) else getattr(model, "pos_embed", None)
     if pos is None:
         raise ValueError(
             f"the model has no position embedding (pos_embed={cfg.pos_embed!r}); there is nothing to compare"
@@ -36,8 +42,8 @@ def pos_embed_similarity(
     """Cosine similarity of every patch's position embedding to every other: (gh, gw, gh, gw).
 
     ``sim[i, j]`` is the (gh, gw) map of how similar patch (i, j)'s embedding is to each patch's;
-    the paper shows it as a grid of such maps. ``source`` is a model (learned or sin-cos
-    embeddings; its grid and prefix rows are read from the config) or a tensor (1, N, D) or
+    the paper shows it as a grid of such maps. ``source`` is a model (learned, learned2d or
+    sin-cos embeddings; its grid and prefix rows are read from the config) or a tensor (1, N, D) or
     (N, D). For a tensor, ``grid`` defaults to the square one and ``num_prefix_tokens`` to
     whatever ``grid`` leaves over (0 without ``grid``). Prefix rows (the class token's) are left out.
     """

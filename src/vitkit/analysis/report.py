@@ -154,11 +154,12 @@ def analyze(
         head_maps.append(token_attention_maps(attentions, grid, prefix))  # (b, L, H, gh, gw)
         dist = mean_attention_distance(attentions, grid, stride, prefix) * len(batch)  # (L, H)
         distance_sum = dist if distance_sum is None else distance_sum + dist
-    if model.pos_embed is not None:
+    if cfg.pos_embed not in ("none", "relative"):
         sim = pos_embed_similarity(model)
         pos_summary: dict[str, Any] = {"grid": list(grid), "kind": cfg.pos_embed, **pos_embed_similarity_summary(sim)}
     else:
-        sim, pos_summary = None, {"skipped": "the model has no position embedding"}
+        kind = "absolute " if cfg.pos_embed == "relative" else ""  # relative positions live in the attention
+        sim, pos_summary = None, {"skipped": f"the model has no {kind}position embedding"}
     return Report(
         name=model_name(cfg),
         config=cfg.to_dict(),

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, UsageError
 from ..models.config import ResNetConfig, ViTConfig
-from ..models.posembed import resample_pos_embed
+from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_embed
 from ..models.registry import build_model, model_config
 from ..preprocessing import Preprocessing
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
@@ -114,6 +114,32 @@ def _apply_name(loaded: _Loaded, name: str, path: Path) -> None:
             raise CheckpointError(f"{path}: weights do not fit {name}: {detail}")
 
 
+def _resize_positions(sd: dict[str, torch.Tensor], cfg: ViTConfig, grid: tuple[int, int], mode: str) -> list[str]:
+    """Resize the position tables of ``sd`` (in place) from ``cfg``'s grid to ``grid``; the note
+    that says so, if anything changed. The 1-D learned table is resized in 2-D (``mode``); the row
+    and column tables of "learned2d" and the offset tables of "relative" linearly, in 1-D."""
+    old = cfg.grid_size
+    if grid == old or cfg.pos_embed not in ("learned", "learned2d", "relative"):
+        return []
+    if cfg.pos_embed == "learned":
+        if "pos_embed" not in sd:
+            return []
+        sd["pos_embed"] = resample_pos_embed(sd["pos_embed"], grid, old, cfg.pos_prefix_rows, mode=mode)
+    elif mode != "bilinear":
+        raise UsageError(
+            f"pos_embed_mode {mode!r} resizes a 2-D grid; pos_embed={cfg.pos_embed!r} has 1-D tables, "
+            "resized linearly: use pos_embed_mode='bilinear'"
+        )
+    else:
+        mode = "linear, 1-D"
+        for key in list(sd):
+            if key in ("pos_embed_row", "pos_embed_col"):
+                sd[key] = resample_1d(sd[key], grid[0] if key == "pos_embed_row" else grid[1])
+            elif key.endswith(".attn.rel_embed"):
+                sd[key] = resample_relative_embed(sd[key], grid[0] * grid[1], cfg.num_prefix_tokens)
+    return [f"position embeddings resized {old[0]}x{old[1]} -> {grid[0]}x{grid[1]} ({mode})"]
+
+
 def load_pretrained(
     path: str | Path,
     name: str | None = None,
@@ -125,7 +151,8 @@ def load_pretrained(
 
     ``name`` (optional) is checked against the architecture read from the file. ``overrides``
     are config fields: a different ``img_size`` resizes the position embeddings (``pos_embed_mode``
-    "bilinear", the official method, or "bicubic"); a different ``num_classes`` replaces the head
+    "bilinear", the official method, or "bicubic"; the 1-D tables of "learned2d" and "relative"
+    linearly, in 1-D); a different ``num_classes`` replaces the head
     by a zero-initialised one; others (dropout rates, ``dynamic_img_size``...) are set as given.
     The returned model has ``.load_report`` (a :class:`LoadReport`) and ``.preprocessing``.
     """
@@ -137,19 +164,7 @@ def load_pretrained(
     sd = dict(loaded.state)
     notes = list(loaded.notes)
     if isinstance(cfg, ViTConfig) and "img_size" in overrides:
-        new_cfg = cfg.replace(img_size=overrides["img_size"])
-        if new_cfg.grid_size != cfg.grid_size and "pos_embed" in sd and cfg.pos_embed == "learned":
-            sd["pos_embed"] = resample_pos_embed(
-                sd["pos_embed"],
-                new_cfg.grid_size,
-                cfg.grid_size,
-                num_prefix_tokens=cfg.pos_prefix_rows,
-                mode=pos_embed_mode,
-            )
-            notes.append(
-                f"position embeddings resized {cfg.grid_size[0]}x{cfg.grid_size[1]} -> "
-                f"{new_cfg.grid_size[0]}x{new_cfg.grid_size[1]} ({pos_embed_mode})"
-            )
+        notes += _resize_positions(sd, cfg, cfg.replace(img_size=overrides["img_size"]).grid_size, pos_embed_mode)
     new_classes = overrides.get("num_classes", cfg.num_classes)
     new_classes = 0 if new_classes is None else int(new_classes)
     if new_classes != cfg.num_classes:

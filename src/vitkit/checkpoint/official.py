@@ -241,7 +241,13 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
 
 def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prelinen") -> dict[str, np.ndarray]:
     """vitkit state dict -> official flat arrays (``layout`` "prelinen" or "linen"); the inverse
-    of :func:`convert_official` for plain ViTs and hybrids."""
+    of :func:`convert_official` for plain ViTs and hybrids. The format has one learned 1-D
+    position table at most: "learned2d" and "relative" models are refused."""
+    if cfg.pos_embed in ("learned2d", "relative"):
+        raise CheckpointError(
+            f"the official .npz format holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
+            "export to vitkit instead"
+        )
     idx = 0 if layout == "prelinen" else 1
     D, H = cfg.width, cfg.num_heads
     out: dict[str, np.ndarray] = {}

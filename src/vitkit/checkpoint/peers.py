@@ -115,8 +115,25 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
     return out, cfg
 
 
+# Parameter names (last component) of the position embeddings timm and Hugging Face cannot hold.
+_POS_KINDS = {
+    "pos_embed_row": "learned2d",
+    "pos_embed_col": "learned2d",
+    "pos_embed_prefix": "learned2d",
+    "rel_embed": "relative",
+}
+
+
 def to_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``)."""
+    """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``).
+    timm's ViT has one learned 1-D position table at most: "learned2d" and "relative" tables
+    (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused."""
+    kind = next((_POS_KINDS[k.rsplit(".", 1)[-1]] for k in sd if k.rsplit(".", 1)[-1] in _POS_KINDS), None)
+    if kind is not None:
+        raise CheckpointError(
+            f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={kind!r}; "
+            "export to vitkit instead"
+        )
     return {k.replace("pre_logits.", "pre_logits.fc."): v for k, v in sd.items()}
 
 
@@ -215,7 +232,12 @@ def convert_hf(
 def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
     (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head)."""
-    if cfg.classifier != "token" or cfg.resnet_units or cfg.pos_embed != "learned":
+    if cfg.pos_embed != "learned":
+        raise CheckpointError(
+            f"Hugging Face ViT holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
+            "export to vitkit instead"
+        )
+    if cfg.classifier != "token" or cfg.resnet_units:
         raise CheckpointError("Hugging Face ViT holds only plain, class-token models with learned position embeddings")
     has_head = "head.weight" in sd
     if has_head and "pre_logits.weight" in sd:

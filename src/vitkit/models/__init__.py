@@ -2,7 +2,14 @@
 
 from .config import ResNetConfig, ViTConfig
 from .flops import count_params, model_flops
-from .posembed import resample_pos_embed, sincos_2d_pos_embed
+from .posembed import (
+    learned_2d_pos_table,
+    relative_offset_index,
+    resample_1d,
+    resample_pos_embed,
+    resample_relative_embed,
+    sincos_2d_pos_embed,
+)
 from .registry import build_model, canonical_name, create_model, list_models, model_config
 from .resnet import ResNetV2
 from .vit import VisionTransformer
@@ -16,9 +23,13 @@ __all__ = [
     "canonical_name",
     "count_params",
     "create_model",
+    "learned_2d_pos_table",
     "list_models",
     "model_config",
     "model_flops",
+    "relative_offset_index",
+    "resample_1d",
     "resample_pos_embed",
+    "resample_relative_embed",
     "sincos_2d_pos_embed",
 ]

@@ -1,4 +1,8 @@
-"""The attention kernel: ``softmax(q k^T * scale) v`` of eq. 2's MSA, and which of three ways computes it.
+"""The attention kernel: ``softmax(q k^T * scale + bias) v`` of eq. 2's MSA, and which of three ways computes it.
+
+The optional ``bias`` (B, H, N, N) is added to the logits before the softmax; the relative position
+embedding (appendix D.4) hands its term over this way. Every path takes it (``attn_mask`` of the fused
+kernel, a float mask being added), except that "recompute" gives way to "math" (:func:`attention_path`).
 
 - "sdpa": ``F.scaled_dot_product_attention``, the fused kernel. It never holds the N x N weights
   (tiles with an online softmax), which is what accelerators and long sequences want.
@@ -84,10 +88,15 @@ class _RecomputedAttention(torch.autograd.Function):
         return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
 
 
-def attention_path(q: torch.Tensor, impl: str, need_weights: bool, dropout_p: float) -> str:
+def attention_path(q: torch.Tensor, impl: str, need_weights: bool, dropout_p: float, bias: bool = False) -> str:
     """The path that computes attention for queries ``q`` (B, H, N, hd): "sdpa", "math" or
     "recompute". ``impl`` is one of :data:`ATTENTION_IMPLS`; ``dropout_p`` is the dropout rate
-    in effect (0 outside training). The module docstring says why each runs where."""
+    in effect (0 outside training); ``bias``: whether a logits bias is added. The module docstring
+    says why each runs where.
+
+    With a bias, "recompute" (asked for, or chosen by "auto") runs the explicit path instead: the
+    bias is an N x N tensor that needs a gradient, so the recomputing backward would have to keep
+    it (or its gradient's inputs), which is what recomputing the weights is there to avoid."""
     if need_weights:
         return "math"
     if impl == "auto":
@@ -98,16 +107,26 @@ def attention_path(q: torch.Tensor, impl: str, need_weights: bool, dropout_p: fl
         # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is cheaper.
         long = q.shape[-2] > 3 * q.shape[-1]
         impl = "recompute" if long and torch.is_grad_enabled() and q.requires_grad else "math"
-    if impl == "recompute" and (dropout_p > 0.0 or not torch.is_grad_enabled()):
-        return "math"  # dropout on the weights needs them kept; without gradients nothing is saved
+    if impl == "recompute" and (dropout_p > 0.0 or not torch.is_grad_enabled() or bias):
+        # dropout on the weights needs them kept; without gradients nothing is saved; a bias: above
+        return "math"
     return impl
 
 
 def _explicit(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dropout_p: float, training: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    dropout_p: float,
+    training: bool,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q = q if scale == 1.0 else q * scale  # a multiply by exactly 1 changes nothing (module docstring)
-    weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+    logits = q @ k.transpose(-2, -1)  # (B, H, N, N)
+    if bias is not None:
+        logits = logits + bias
+    weights = logits.softmax(dim=-1)
     out = F.dropout(weights, dropout_p, training) @ v  # (B, H, N, hd)
     return out, weights
 
@@ -122,15 +141,19 @@ def attend(
     training: bool,
     impl: str,
     need_weights: bool,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``softmax(q k^T * scale) v`` for q, k, v of shape (B, H, N, hd), with dropout ``dropout_p``
-    on the weights in training. Returns the output (B, H, N, hd) and, when ``need_weights``, the
-    softmax weights (B, H, N, N) (else None). ``impl`` chooses the path (:func:`attention_path`)."""
+    """``softmax(q k^T * scale + bias) v`` for q, k, v of shape (B, H, N, hd), with dropout
+    ``dropout_p`` on the weights in training; ``bias`` (broadcastable to (B, H, N, N), optional)
+    is added to the logits and gets its gradient on every path. Returns the output (B, H, N, hd)
+    and, when ``need_weights``, the softmax weights (B, H, N, N) (else None). ``impl`` chooses
+    the path (:func:`attention_path`)."""
     drop = dropout_p if training else 0.0
-    path = attention_path(q, impl, need_weights, drop)
+    path = attention_path(q, impl, need_weights, drop, bias=bias is not None)
     if path == "math":
-        out, weights = _explicit(q, k, v, scale, drop, training)
+        out, weights = _explicit(q, k, v, scale, drop, training, bias)
         return out, (weights if need_weights else None)
     if path == "recompute":
         return _RecomputedAttention.apply(q, k, v, scale, *_attention_dtypes(q)), None
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=scale), None  # (B, H, N, hd)
+    mask = None if bias is None else bias.to(q.dtype)  # a float mask is added to the logits
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=scale), None

@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Pooling = Literal["token", "gap"]
-PosEmbed = Literal["learned", "sincos2d", "none"]
+# learned: one 1-D table (section 3.1); learned2d: a row and a column table, each D/2 wide, and
+# relative: a learned bias per query-key offset inside attention (appendix D.4, Table 8);
+# sincos2d: fixed 2-D sine-cosine (big_vision); none.
+PosEmbed = Literal["learned", "learned2d", "sincos2d", "relative", "none"]
+POS_EMBEDS: tuple[str, ...] = ("learned", "learned2d", "sincos2d", "relative", "none")
 Activation = Literal["gelu_tanh", "gelu"]
 
 # name -> (width D, depth L, heads, MLP size); Table 1 of the paper, Ti and S from later work.
@@ -70,7 +74,7 @@ class ViTConfig:
     classifier: Pooling = "token"
     representation_size: int | None = None
     pos_embed: PosEmbed = "learned"
-    cls_pos_embed: bool = True  # False: the class token gets no position embedding (big_vision)
+    cls_pos_embed: bool = True  # False: the class token gets no position embedding (big_vision); "relative" ignores it
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -89,10 +93,15 @@ class ViTConfig:
             object.__setattr__(self, "num_classes", 0)
         if self.classifier not in ("token", "gap"):
             raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
-        if self.pos_embed not in ("learned", "sincos2d", "none"):
-            raise ValueError(f"pos_embed must be 'learned', 'sincos2d' or 'none', got {self.pos_embed!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            choices = ", ".join(repr(c) for c in POS_EMBEDS[:-1]) + f" or {POS_EMBEDS[-1]!r}"
+            raise ValueError(f"pos_embed must be {choices}, got {self.pos_embed!r}")
         if self.act not in ("gelu_tanh", "gelu"):
             raise ValueError(f"act must be 'gelu_tanh' or 'gelu', got {self.act!r}")
+        if self.pos_embed == "learned2d" and self.width % 2:
+            raise ValueError(
+                f"pos_embed 'learned2d' needs an even width (a row half and a column half), got width {self.width}"
+            )
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         for name in ("width", "depth", "num_heads", "mlp_dim", "in_chans"):

@@ -2,9 +2,9 @@
 
 Counted: 2 x multiply-adds of every matrix multiply and convolution (patch embedding, q/k/v,
 the two attention products Q K^T and A V, output projection, MLP, pre-logits, head, ResNet
-convolutions). Not counted: normalisation, activations, softmax, pooling, additions (a few
-percent at most). This is the convention of the peers' published figures (ViT-B/16 at 224 px:
-35.13 GFLOPs).
+convolutions; with relative positions, the query against the offset table Q R^T). Not counted:
+normalisation, activations, softmax, pooling, additions, gathers (a few percent at most). This
+is the convention of the peers' published figures (ViT-B/16 at 224 px: 35.13 GFLOPs).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import nn
 
 from .config import ResNetConfig, ViTConfig
+from .posembed import relative_num_offsets
 
 
 def _conv(h: int, w: int, k: int, cin: int, cout: int, stride: int) -> tuple[int, int, int]:
@@ -50,6 +51,8 @@ def vit_flops(cfg: ViTConfig, img_size: tuple[int, int] | None = None) -> int:
     flops += 2 * gh * gw * ph * pw * cin * D  # patch embedding
     N = gh * gw + cfg.num_prefix_tokens
     per_block = 2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D + 2 * 2 * N * D * M
+    if cfg.pos_embed == "relative":  # q @ R^T: 2 N hd num_offsets per head, heads x hd = D
+        per_block += 2 * N * D * relative_num_offsets(gh * gw, cfg.num_prefix_tokens)
     flops += cfg.depth * per_block
     feat = D
     if cfg.representation_size:

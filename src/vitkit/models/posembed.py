@@ -1,6 +1,8 @@
-"""Position embeddings: the fixed 2-D sin-cos variant and resizing of learned ones (section 3.2).
+"""Position embeddings: the fixed 2-D sin-cos variant, resizing of learned ones (section 3.2), and the
+tables of the alternatives of appendix D.4 (Table 8): 2-D learned (a row and a column table) and
+1-D relative (one embedding per query-key offset, used inside attention).
 
-Both are pure functions, used at load time, at run time on request, and by the analyses.
+All are pure functions, used at build time, at load time, at run time on request, and by the analyses.
 """
 
 from __future__ import annotations
@@ -78,3 +80,73 @@ def resample_pos_embed(
     g = F.interpolate(g, size=new_grid, mode=mode, align_corners=align_corners, antialias=antialias)
     g = g.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, gh'*gw', D)
     return torch.cat([prefix, g], dim=1)
+
+
+def resample_1d(table: torch.Tensor, new_length: int, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Resize a table of embeddings (..., L, C) along its length L to ``num_prefix_tokens + new_length``.
+
+    The first ``num_prefix_tokens`` entries are kept as they are; the others are interpolated
+    linearly with ``align_corners=True`` (the first and last entries stay where they are: the
+    official bilinear convention, in one dimension). The same length returns ``table`` itself.
+    Used for the row and column tables of "learned2d" and the offset table of "relative".
+    """
+    if table.ndim < 2:
+        raise ValueError(f"embedding table must have shape (..., L, C), got {tuple(table.shape)}")
+    prefix, body = table[..., :num_prefix_tokens, :], table[..., num_prefix_tokens:, :]
+    old_length, new_length = body.shape[-2], int(new_length)
+    if new_length < 1 or old_length < 1:
+        raise ValueError(f"cannot resize {old_length} embeddings to {new_length}")
+    if old_length == new_length:
+        return table
+    lead, C = body.shape[:-2], body.shape[-1]
+    b = body.double().reshape(-1, old_length, C).transpose(1, 2)  # (n, C, L)
+    b = F.interpolate(b, size=new_length, mode="linear", align_corners=True)
+    b = b.transpose(1, 2).reshape(*lead, new_length, C).to(table.dtype)  # (..., L', C)
+    return torch.cat([prefix, b], dim=-2)
+
+
+def learned_2d_pos_table(row: torch.Tensor, col: torch.Tensor, prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """The "learned2d" E_pos (1, P + gh*gw, D) from a row table (1, gh, D/2) and a column table
+    (1, gw, D/2): patch (i, j), raster order, gets ``cat(row[i], col[j])`` (row half first), after
+    the ``prefix`` rows (1, P, D) when given (the class token's position)."""
+    gh, gw = row.shape[1], col.shape[1]
+    grid = torch.cat([row[:, :, None].expand(-1, gh, gw, -1), col[:, None].expand(-1, gh, gw, -1)], dim=-1)
+    grid = grid.reshape(1, gh * gw, grid.shape[-1])  # (1, gh*gw, D)
+    return grid if prefix is None else torch.cat([prefix, grid], dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1-D relative positions (appendix D.4): one learned embedding per query-key offset.
+#
+# Patches are positions 0..N-1 in raster order; a query-key pair of patches (i, j) has the offset
+# i - j in [-(N-1), N-1]: 2N-1 entries. With prefix tokens (the class token) the table has one
+# more entry, first, used by every pair with a prefix token in it: 2N-1+1 entries. Entry of a
+# pair of patches: (i - j) + (N - 1) + 1 with the prefix entry, (i - j) + (N - 1) without.
+
+
+def relative_num_offsets(num_patches: int, num_prefix_tokens: int = 0) -> int:
+    """Entries of the relative table: 2N-1 patch offsets, plus one for the prefix pairs if any."""
+    return 2 * num_patches - 1 + (1 if num_prefix_tokens else 0)
+
+
+def relative_offset_index(
+    num_patches: int, num_prefix_tokens: int = 0, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The (T, T) table entry of every (query, key) pair, T = prefix + N tokens (prefix first)."""
+    P, N = num_prefix_tokens, num_patches
+    extra = 1 if P else 0
+    pos = torch.arange(N, device=device)
+    index = torch.zeros(P + N, P + N, dtype=torch.long, device=device)  # prefix pairs: entry 0
+    index[P:, P:] = pos[:, None] - pos[None, :] + (N - 1) + extra
+    return index
+
+
+def resample_relative_embed(table: torch.Tensor, num_patches: int, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Resize a relative table (2N-1 [+1], C) to ``num_patches`` N' patches: the patch offsets are
+    interpolated linearly (align_corners=True) from 2N-1 to 2N'-1 entries, the prefix entry kept.
+
+    Offsets are in raster order, the paper's 1-D choice: across grid widths an offset means only
+    approximately the same displacement (offset gw is "one row down" on one grid, not on another).
+    """
+    extra = 1 if num_prefix_tokens else 0
+    return resample_1d(table, relative_num_offsets(num_patches), num_prefix_tokens=extra)

@@ -19,7 +19,15 @@ from torch import nn
 from .attention import ATTENTION_IMPLS, attend
 from .config import ViTConfig, check_divisible
 from .heads import ReplaceableHead
-from .posembed import resample_pos_embed, sincos_2d_pos_embed
+from .posembed import (
+    learned_2d_pos_table,
+    relative_num_offsets,
+    relative_offset_index,
+    resample_1d,
+    resample_pos_embed,
+    resample_relative_embed,
+    sincos_2d_pos_embed,
+)
 from .resnet import HybridStem
 
 # ----------------------------------------------------------------------------------------------
@@ -80,11 +88,27 @@ class Attention(nn.Module):
     The kernel is :func:`.attention.attend`; ``impl`` ("auto", "sdpa", "math" or "recompute",
     set by :meth:`VisionTransformer.set_attention_impl`) chooses which of its paths runs, and
     :mod:`vitkit.models.attention` says which runs where by default.
+
+    ``relative=(num_patches, num_prefix_tokens)`` adds the paper's 1-D relative position term
+    (appendix D.4, ``pos_embed="relative"``): a learned table ``rel_embed`` (num_offsets, head_dim),
+    shared by the heads, one entry per query-key offset of the patches in raster order and one for
+    every pair with a prefix token (:mod:`.posembed`). The content query attends to the table as
+    keys; those logits, ``bias[b, h, i, j] = (q[b, h, i] * scale) . rel_embed[index[i, j]]``, are
+    added to the content logits before the softmax. The query is scaled as for the content logits,
+    so both terms are on one scale and folding the scale into the query weights
+    (:func:`vitkit.inference.fold_attention_scale`) leaves the bias as it was.
     """
 
     impl: str = "auto"
 
-    def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        relative: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -93,6 +117,38 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.rel_embed: nn.Parameter | None = None
+        if relative is not None:
+            self.rel_patches, self.rel_prefix = relative
+            self.rel_embed = nn.Parameter(torch.empty(relative_num_offsets(*relative), self.head_dim))
+            nn.init.normal_(self.rel_embed, std=0.02)
+            index = relative_offset_index(*relative)  # (T, T), T = prefix + patches
+            self.register_buffer("rel_index", index, persistent=False)
+
+    def set_num_patches(self, num_patches: int) -> None:
+        """Resize the relative table (in place) for a grid of ``num_patches`` patches and rebuild
+        the pair index (:func:`.posembed.resample_relative_embed`); the same count keeps both."""
+        if self.rel_embed is None or num_patches == self.rel_patches:
+            return
+        table = resample_relative_embed(self.rel_embed.detach(), num_patches, self.rel_prefix)
+        self.rel_embed = nn.Parameter(table.clone())
+        self.rel_patches = num_patches
+        index = relative_offset_index(num_patches, self.rel_prefix, device=self.rel_index.device)
+        self.register_buffer("rel_index", index, persistent=False)
+
+    def relative_bias(self, q: torch.Tensor) -> torch.Tensor:
+        """The relative term (B, H, T, T) for queries (B, H, T, hd): ``(q * scale) @ rel_embed^T``,
+        (B, H, T, num_offsets), then each pair's entry gathered. A sequence of another length than
+        the table's (``dynamic_img_size``) gets a resized table and index, differentiably."""
+        B, H, T, _ = q.shape
+        table, index = self.rel_embed, self.rel_index
+        num_patches = T - self.rel_prefix
+        if num_patches != self.rel_patches:
+            table = resample_relative_embed(table, num_patches, self.rel_prefix)
+            index = relative_offset_index(num_patches, self.rel_prefix, device=q.device)
+        q = q if self.scale == 1.0 else q * self.scale
+        logits = q @ table.transpose(0, 1)  # (B, H, T, num_offsets)
+        return logits.gather(-1, index.expand(B, H, T, T))  # (B, H, T, T)
 
     def forward(
         self, x: torch.Tensor, return_weights: bool = False
@@ -100,9 +156,10 @@ class Attention(nn.Module):
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
+        bias = self.relative_bias(q) if self.rel_embed is not None else None
         out, weights = attend(
             q, k, v, scale=self.scale, dropout_p=self.attn_drop, training=self.training, impl=self.impl,
-            need_weights=return_weights,
+            need_weights=return_weights, bias=bias,
         )  # fmt: skip
         out = out.transpose(1, 2).reshape(B, N, D)  # (B, H, N, hd) -> (B, N, D)
         out = self.proj_drop(self.proj(out))
@@ -144,7 +201,8 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
-        self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_drop_rate, cfg.drop_rate)
+        rel = (cfg.grid_size[0] * cfg.grid_size[1], cfg.num_prefix_tokens) if cfg.pos_embed == "relative" else None
+        self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_drop_rate, cfg.drop_rate, relative=rel)
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.act, cfg.drop_rate)
         self.drop_path = DropPath(drop_path)
@@ -164,6 +222,9 @@ class Block(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # The whole model.
 
+# Position embeddings whose tables are sized for one grid: another input size needs a resize.
+_SIZED_POS_EMBEDS = ("learned", "learned2d", "relative")
+
 
 class VisionTransformer(ReplaceableHead, nn.Module):
     """ViT (and R+ViT hybrid when ``cfg.resnet_units`` is set). Inputs are NCHW floats, in the
@@ -179,13 +240,18 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
-        num_pos = cfg.grid_size[0] * cfg.grid_size[1] + cfg.pos_prefix_rows
+        (gh, gw), prefix_rows = cfg.grid_size, cfg.pos_prefix_rows
+        self.pos_embed_row = self.pos_embed_col = self.pos_embed_prefix = None
         if cfg.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.empty(1, num_pos, D))
+            self.pos_embed = nn.Parameter(torch.empty(1, prefix_rows + gh * gw, D))
         elif cfg.pos_embed == "sincos2d":
-            self.register_buffer("pos_embed", sincos_pos_table(cfg.grid_size, D, cfg.pos_prefix_rows), persistent=False)
-        else:
+            self.register_buffer("pos_embed", sincos_pos_table(cfg.grid_size, D, prefix_rows), persistent=False)
+        else:  # learned2d: no 1-D table (below); relative: no E_pos, each block's attention has its table
             self.pos_embed = None
+        if cfg.pos_embed == "learned2d":  # E_pos of patch (i, j): cat(row[i], col[j]) (pos_embed_table)
+            self.pos_embed_row = nn.Parameter(torch.empty(1, gh, D // 2))
+            self.pos_embed_col = nn.Parameter(torch.empty(1, gw, D // 2))
+            self.pos_embed_prefix = nn.Parameter(torch.empty(1, prefix_rows, D)) if prefix_rows else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.patch_drop_rate = 0.0  # training only; see set_patch_drop
 
@@ -216,8 +282,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
         nn.init.trunc_normal_(proj.weight, std=math.sqrt(1 / fan_in) / 0.87962566103423978)
         nn.init.zeros_(proj.bias)
-        if isinstance(self.pos_embed, nn.Parameter):
-            nn.init.normal_(self.pos_embed, std=0.02)
+        for table in (self.pos_embed, self.pos_embed_row, self.pos_embed_col, self.pos_embed_prefix):
+            if isinstance(table, nn.Parameter):
+                nn.init.normal_(table, std=0.02)
+        for blk in self.blocks:
+            if blk.attn.rel_embed is not None:
+                nn.init.normal_(blk.attn.rel_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         if self.pre_logits is not None:
@@ -239,23 +309,29 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             )
         size = (x.shape[2], x.shape[3])
         check_divisible(size, self.cfg.total_stride, what="input size")
-        if size != self.cfg.img_size and not self.dynamic_img_size and self.cfg.pos_embed == "learned":
+        if size != self.cfg.img_size and not self.dynamic_img_size and self.cfg.pos_embed in _SIZED_POS_EMBEDS:
             raise ValueError(
                 f"input size {size[0]}x{size[1]} differs from the model's img_size "
                 f"{self.cfg.img_size[0]}x{self.cfg.img_size[1]}; load or create it with img_size={size[0]} "
                 "or set dynamic_img_size=True to resize position embeddings at run time"
             )
 
-    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
+    def pos_embed_table(self, grid: tuple[int, int] | None = None) -> torch.Tensor | None:
+        """E_pos as it is added to the tokens of a ``grid`` (default: the model's), (1, prefix rows
+        + gh*gw, D), resized (differentiably) for another grid; None where the model adds none
+        ("none", and "relative", whose positions live in the attention)."""
+        cfg = self.cfg
+        grid = cfg.grid_size if grid is None else (int(grid[0]), int(grid[1]))
+        if cfg.pos_embed == "learned2d":
+            row, col = resample_1d(self.pos_embed_row, grid[0]), resample_1d(self.pos_embed_col, grid[1])
+            return learned_2d_pos_table(row, col, self.pos_embed_prefix)
         if self.pos_embed is None:
             return None
-        if grid == self.cfg.grid_size:
+        if grid == cfg.grid_size:
             return self.pos_embed
-        if self.cfg.pos_embed == "sincos2d":
-            return sincos_pos_table(grid, self.cfg.width, self.cfg.pos_prefix_rows).to(self.pos_embed)
-        return resample_pos_embed(
-            self.pos_embed, grid, old_grid=self.cfg.grid_size, num_prefix_tokens=self.cfg.pos_prefix_rows
-        )
+        if cfg.pos_embed == "sincos2d":
+            return sincos_pos_table(grid, cfg.width, cfg.pos_prefix_rows).to(self.pos_embed)
+        return resample_pos_embed(self.pos_embed, grid, old_grid=cfg.grid_size, num_prefix_tokens=cfg.pos_prefix_rows)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied; in training
@@ -265,7 +341,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         x = self.patch_embed(x)  # (B, D, gh, gw)
         grid = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)  # (B, gh*gw, D), raster order
-        x = add_tokens_and_positions(x, self.cls_token, self._pos_embed_for(grid), self.cfg.cls_pos_embed)
+        x = add_tokens_and_positions(x, self.cls_token, self.pos_embed_table(grid), self.cfg.cls_pos_embed)
         if self.training and self.patch_drop_rate > 0:
             x = self._drop_patches(x)
         return self.pos_drop(x)
@@ -349,17 +425,30 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             blk.attn.impl = impl
 
     def set_patch_drop(self, rate: float) -> None:
-        """Drop this fraction of the patch tokens of every training image (0 disables)."""
+        """Drop this fraction of the patch tokens of every training image (0 disables). Not with
+        relative positions, which are the kept tokens' places in the sequence, not in the grid."""
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
+        if rate and self.cfg.pos_embed == "relative":
+            raise ValueError(
+                "patch dropout needs absolute position embeddings: with pos_embed='relative' the kept "
+                "patches would lose their places in the grid"
+            )
         self.patch_drop_rate = float(rate)
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
-        """Resize the learned position embedding (in place) for another input resolution."""
+        """Resize the position embeddings (in place) for another input resolution: the learned
+        table(s), the fixed sin-cos one, or every block's relative table (:mod:`.posembed`)."""
         cfg = self.cfg.replace(img_size=img_size)
         grid = cfg.grid_size
         if self.cfg.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(self._pos_embed_for(grid).detach().clone())
+            self.pos_embed = nn.Parameter(self.pos_embed_table(grid).detach().clone())
+        elif self.cfg.pos_embed == "learned2d":
+            self.pos_embed_row = nn.Parameter(resample_1d(self.pos_embed_row.detach(), grid[0]).clone())
+            self.pos_embed_col = nn.Parameter(resample_1d(self.pos_embed_col.detach(), grid[1]).clone())
         elif self.cfg.pos_embed == "sincos2d":
-            self.register_buffer("pos_embed", self._pos_embed_for(grid).detach().clone(), persistent=False)
+            self.register_buffer("pos_embed", self.pos_embed_table(grid).detach().clone(), persistent=False)
+        elif self.cfg.pos_embed == "relative":
+            for blk in self.blocks:
+                blk.attn.set_num_patches(grid[0] * grid[1])
         self.cfg = cfg

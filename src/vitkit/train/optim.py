@@ -15,7 +15,9 @@ from torch import nn
 from .config import OptimSection
 
 # Parameters that never get weight decay: biases, norm scales, embeddings of positions/class.
-_NO_DECAY_NAMES = ("pos_embed", "cls_token")
+# Names match as substrings: "pos_embed" covers learned2d's pos_embed_row, _col and _prefix;
+# "rel_embed" is every block's relative-position table (blocks.{i}.attn.rel_embed).
+_NO_DECAY_NAMES = ("pos_embed", "cls_token", "rel_embed")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
