@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 
 from ..errors import VitkitError
-from . import analyze, bench, convert, fewshot, finetune, models, predict, probe, train
+from . import analyze, bench, convert, fewshot, finetune, models, predict, probe, reproduce, train
 from . import eval as evaluate
 
 COMMANDS: dict[str, ModuleType] = {
@@ -26,6 +26,7 @@ COMMANDS: dict[str, ModuleType] = {
     "probe": probe,
     "predict": predict,
     "analyze": analyze,
+    "reproduce": reproduce,
     "bench": bench,
     "convert": convert,
     "models": models,

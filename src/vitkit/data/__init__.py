@@ -1,10 +1,10 @@
 """Data sources (uint8 batches) and batched transforms on the compute device.
 
 Every command names its data the same way (``--data``): ``fashion-mnist``, ``mnist``,
-``cifar10``, ``cifar100``, ``digits`` (scikit-learn's), ``synthetic``, and further sources registered in :data:`SOURCES`; a
-folder path (an image-folder tree) or a shard pattern (``shards/train-{000..099}.tar``) through
-:data:`PATTERN_SOURCES`. Options a source does not use are ignored, so that one set of options
-(``img_size``...) can be passed to any of them.
+``cifar10``, ``cifar100``, ``digits`` (scikit-learn's), ``synthetic``, and further sources
+registered in :data:`SOURCES`; a folder path (an image-folder tree) or a shard pattern
+(``shards/train-{000..099}.tar``) through :data:`PATTERN_SOURCES`. Options a source does not
+use are ignored, so that one set of options (``img_size``...) can be passed to any of them.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ PATTERN_SOURCES: list[tuple[Callable[[str], bool], Callable[..., Dataset]]] = [
 
 __all__ = [
     "ALIASES",
+    "MINIVAL",
     "PATTERN_SOURCES",
     "SOURCES",
     "ArrayDataset",
@@ -115,7 +116,6 @@ __all__ = [
     "DataError",
     "Dataset",
     "ImageFolder",
-    "MINIVAL",
     "ShardDataset",
     "SkipCounter",
     "StreamingDataset",

@@ -1,0 +1,101 @@
+"""``vitkit reproduce``: the paper's findings, measured on the machine at hand by one call.
+
+:func:`reproduce` plans the runs of the chosen experiments (:mod:`.spec`), trains and scores
+those not yet finished (:mod:`.runner`), and writes ``report.md``, ``report.json`` and the
+figures (:mod:`.report`) for every experiment whose runs are all finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .names import BUDGETS, EXPERIMENTS
+
+if TYPE_CHECKING:
+    from .spec import DataInfo, RunSpec
+
+__all__ = ["BUDGETS", "EXPERIMENTS", "reproduce"]
+
+
+def _classes() -> dict[str, type]:
+    from .attention import Attention
+    from .compute import Compute
+    from .data_scaling import DataScaling
+    from .pooling import Pooling
+    from .pos_embed import PosEmbed
+    from .resolution import Resolution
+
+    return {c.name: c for c in (DataScaling, Compute, PosEmbed, Pooling, Attention, Resolution)}
+
+
+def data_info(data: str) -> DataInfo:
+    """What the suite must know of ``data`` before planning (its test split must exist too)."""
+    from ..data import build_dataset
+    from .spec import DataInfo
+
+    train = build_dataset(data, "train")
+    build_dataset(data, "test")
+    return DataInfo(data, tuple(train.image_size), train.in_chans, list(train.classes), len(train))
+
+
+def _unique(specs: list[RunSpec]) -> list[RunSpec]:
+    out: dict[str, RunSpec] = {}
+    for s in specs:
+        if s.key in out:
+            out[s.key].experiments |= s.experiments
+        else:
+            out[s.key] = s
+    return list(out.values())
+
+
+def reproduce(
+    experiments: Sequence[str] = (),
+    out: str | Path = "runs/reproduce",
+    data: str = "fashion-mnist",
+    budget: str = "desktop",
+    seeds: int | None = None,
+    jobs: int = 1,
+    report: Callable[[str], None] = print,
+    command: str = "vitkit reproduce",
+) -> Path:
+    """Run ``experiments`` (all by default) at ``budget`` on ``data`` into ``out``; returns the
+    path of ``report.md``. Finished runs are skipped and interrupted ones resumed. The report
+    covers every experiment whose runs are all finished, from this call or earlier ones."""
+    from ..errors import VitkitError
+    from .report import machine, now, write_report
+    from .runner import Runner, ScoreSettings, check_fewshot_data, read_result
+    from .spec import Suite, check_experiments
+
+    start = time.perf_counter()
+    names = check_experiments(list(experiments))
+    suite = Suite(out, data, budget, seeds, data_info(data))
+    settings = ScoreSettings.of(suite)
+    check_fewshot_data(settings)
+    classes = _classes()
+    chosen = [classes[n](suite) for n in names]
+    runner = Runner(suite, jobs, report)
+    runner.run(_unique([s for e in chosen for s in e.runs()]))
+    sections, runs = [], {}
+    for name in EXPERIMENTS:  # every experiment whose runs are finished, asked for now or before
+        try:
+            exp = chosen[names.index(name)] if name in names else classes[name](suite)
+            specs = exp.runs()
+        except VitkitError:
+            if name in names:
+                raise
+            continue  # an experiment not asked for that this data or budget cannot plan
+        results = {s.key: read_result(suite.run_dir(s) / "result.json") for s in specs}
+        if all(results.values()):
+            sections.append(exp.summarise(results))
+            runs.update(results)
+    meta = {
+        "command": command, "date": now(), "budget": budget, "data": data, "seeds": suite.seeds,
+        "img_size": list(suite.img_size), "fewshot": f"{settings.shots}-shot {settings.fewshot_data}",
+        "machine": machine(), "seconds": time.perf_counter() - start, "experiments": [s.name for s in sections],
+    }  # fmt: skip
+    md, _ = write_report(suite.out, sections, meta, runs)
+    report(f"report: {md}")
+    return md

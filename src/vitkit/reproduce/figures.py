@@ -1,0 +1,120 @@
+"""The report's figures, drawn like the paper's: accuracy against data (Figure 4), against
+compute (Figure 5), per position embedding (Table 8), against the learning rate per pooling
+(Figure 9), and the attention analyses (Figures 6 and 7, through :mod:`vitkit.analysis.figures`).
+Error bars are the standard deviation over seeds."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..analysis.figures import _new_figure, _save
+
+_METRICS = (("test_top1", "test top-1 (%)"), ("fewshot", "{shots} accuracy on the transfer task (%)"))
+
+
+def _ms(values: list[float]) -> tuple[float, float]:
+    return 100 * statistics.fmean(values), 100 * (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
+    """Accuracy against the number of pre-training images, one line per model (Figure 4)."""
+    fig = _new_figure(10.0, 4.0)
+    axes = fig.subplots(1, 2)
+    for ax, (metric, label) in zip(axes, _METRICS):
+        for entry in numbers["models"].values():
+            sizes = sorted(entry[metric])
+            ms = [_ms(entry[metric][n]) for n in sizes]
+            ax.errorbar(sizes, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=entry["title"])
+        ax.set_xscale("log")
+        ax.set_xlabel("pre-training images (nested class-balanced subsets)")
+        ax.set_ylabel(label.format(shots=shots))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Data scaling (after Figure 4)")
+    return _save(fig, path)
+
+
+def plot_compute(numbers: dict[str, Any], path: Path, shots: str) -> Path:
+    """Accuracy against total training FLOPs, one line per family (Figure 5)."""
+    fig = _new_figure(10.0, 4.0)
+    axes = fig.subplots(1, 2)
+    for ax, (metric, label) in zip(axes, _METRICS):
+        for family, entries in numbers["families"].items():
+            pts = sorted((e["train_flops"], _ms(e[metric])[0]) for e in entries)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=family)
+        ax.set_xscale("log")
+        ax.set_xlabel("total training FLOPs (3 x forward x images seen)")
+        ax.set_ylabel(label.format(shots=shots))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Accuracy against training compute (after Figure 5)")
+    return _save(fig, path)
+
+
+def plot_bars(groups: dict[str, Any], path: Path, shots: str, title: str) -> Path:
+    """One bar per variant for each metric, with the spread over seeds."""
+    fig = _new_figure(10.0, 4.0)
+    axes = fig.subplots(1, 2)
+    names = list(groups)
+    for ax, (metric, label) in zip(axes, _METRICS):
+        ms = [_ms(groups[n][metric]) for n in names]
+        ax.bar(range(len(names)), [m for m, _ in ms], yerr=[s for _, s in ms], capsize=3, color="tab:blue")
+        ax.set_xticks(range(len(names)), [groups[n]["title"] for n in names], rotation=20, ha="right", fontsize=8)
+        low = min(m - s for m, s in ms)
+        ax.set_ylim(max(0.0, low - 5), min(100.0, max(m + s for m, s in ms) + 2))
+        ax.set_ylabel(label.format(shots=shots))
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_pooling(cells: dict[str, Any], path: Path) -> Path:
+    """Test top-1 against the learning rate for the class token and GAP (Figure 9)."""
+    fig = _new_figure(5.5, 4.0)
+    ax = fig.subplots()
+    for pooling, label in (("token", "class token"), ("gap", "global average pooling")):
+        pts = sorted((c["lr"], *_ms(c["test_top1"])) for c in cells.values() if c["pooling"] == pooling)
+        ax.errorbar(
+            [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=label
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("test top-1 (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Class token against GAP (after Figure 9)")
+    return _save(fig, path)
+
+
+def plot_attention(reports: dict[str, Any], out: Path, rollout_images: int) -> list[Path]:
+    """Figure 7 (mean attention distance of the ViT and the hybrid, position-embedding
+    similarity, embedding filters) and Figure 6 (rollout) for the analysed models."""
+    from ..analysis import figures as F
+
+    written = []
+    for role, rep in reports.items():
+        written.append(
+            F.plot_mean_attention_distance(
+                rep.distances, out / f"attention_distance_{role}.png", title=f"{rep.name}: mean attention distance"
+            )
+        )
+    vit = reports["vit"]
+    if vit.pos_similarity is not None:
+        written.append(
+            F.plot_pos_embed_similarity(
+                vit.pos_similarity, out / "pos_embed_similarity.png", title=f"{vit.name}: position embedding similarity"
+            )
+        )
+    pca = vit.filters
+    if pca.components.shape[1] in (1, 3):
+        written.append(
+            F.plot_filter_components(pca.components, out / "embedding_filters.png", pca.explained_variance_ratio,
+                                     title=f"{vit.name}: embedding filters (principal components)")
+        )  # fmt: skip
+    k = min(rollout_images, len(vit.images))
+    written.append(
+        F.plot_rollout_overlay(vit.images.pixels[:k], vit.rollout[:k], out / "rollout.png", titles=vit.images.names[:k])
+    )
+    return written

@@ -1,0 +1,101 @@
+"""``report.md`` and ``report.json``: per experiment the paper's claim and numbers, the measured
+numbers (mean and spread over seeds), the figure, and one sentence on whether they agree."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from ..files import write_json, write_text
+from .experiments import Section
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _section_md(s: Section, out: Path) -> str:
+    figs = "\n".join(f"![{s.name}]({f.relative_to(out).as_posix()})" for f in s.figures)
+    return "\n\n".join(
+        [
+            f"## `{s.name}`: {s.follows}",
+            f"**The paper's claim.** {s.claim}",
+            f"**The paper's numbers.** {s.paper}",
+            f"**{s.caption}:**\n\n" + _table(s.header, s.rows),
+            figs,
+            f"**Agreement.** {s.verdict}",
+        ]
+    )
+
+
+def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``out/report.md`` and ``out/report.json`` (atomically)."""
+    m = meta["machine"]
+    minutes = sum(r.get("train_seconds") or 0 for r in runs.values()) / 60
+    size = "x".join(map(str, meta["img_size"]))
+    gpu = f", {m['gpu']}" if m["gpu"] else ""
+    head = [
+        '# Reproducing "An Image is Worth 16x16 Words" with vitkit',
+        f"Made by `{meta['command']}` on {meta['date']}: budget `{meta['budget']}`, data `{meta['data']}` "
+        f"(models at {size} px), {meta['seeds']} seed(s) where seeds are compared. "
+        f"Machine: {m['cpu']}, {m['cores']} cores{gpu}, torch {m['torch']}.",
+        f"{len(runs)} training runs ({minutes:.1f} min of training in all, as each run measured it); "
+        f"this call took {meta['seconds'] / 60:.1f} min. Every run is a vitkit run folder under `runs/`; its "
+        "`result.json` holds the numbers below.",
+        "Protocol: each run keeps its best checkpoint by a minival carved from the training split (the paper's early "
+        f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
+        "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",
+    ]
+    body = [_section_md(s, out) for s in sections]
+    md = out / "report.md"
+    write_text(md, "\n\n".join(head + body) + "\n")
+    payload = {
+        "meta": meta,
+        "experiments": {
+            s.name: {
+                "follows": s.follows,
+                "claim": s.claim,
+                "paper": s.paper,
+                "numbers": s.numbers,
+                "verdict": s.verdict,
+                "table": {"header": s.header, "rows": s.rows},
+                "figures": [f.relative_to(out).as_posix() for f in s.figures],
+            }
+            for s in sections
+        },
+        "runs": runs,
+    }
+    js = out / "report.json"
+    write_json(js, payload)
+    return md, js
+
+
+def now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")

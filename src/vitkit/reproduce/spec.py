@@ -1,0 +1,225 @@
+"""What a reproduction runs: the experiments' YAML files, a budget, the data, and one spec per run.
+
+Every experiment is a YAML file under ``configs/reproduce/`` that says which figure or table it
+follows; ``common.yaml`` holds the recipe, the models and the budgets they all share. A budget
+(``smoke``, ``desktop``, ``full``) picks the sizes; its keys override the experiment's.
+
+A run is named by its recipe: its folder under ``OUT/runs/`` is the model's label and a hash of
+the whole resolved recipe. Two experiments that need the same training (the data-scaling study's
+ViT on the full split is the position-embedding study's learned 1-D ViT) share one folder, and
+running the suite again finds every finished run where it left it.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import DataError, UsageError
+from ..train.config import CONFIG_DIR, parse_set, recipe_from_dict
+from .names import BUDGETS, EXPERIMENTS
+
+REPRODUCE_DIR = CONFIG_DIR / "reproduce"
+
+
+def check_experiments(names: list[str]) -> list[str]:
+    """The experiments asked for, in the suite's order (all when none); a wrong name is a
+    :class:`UsageError` that suggests the close ones."""
+    for name in names:
+        if name not in EXPERIMENTS:
+            close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(f"unknown experiment {name!r}{hint} (experiments: {', '.join(EXPERIMENTS)})")
+    return [e for e in EXPERIMENTS if e in names] if names else list(EXPERIMENTS)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(tree, dict):
+        raise UsageError(f"{path}: expected a mapping")
+    return tree
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, mappings merged key by key, anything else replaced."""
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def budget_view(tree: dict[str, Any], budget: str) -> dict[str, Any]:
+    """A config file as one budget sees it: the budget's keys over the file's. ``models``
+    entries are replaced whole (a budget names other models, not other overrides of these);
+    ``recipe`` and ``set`` merge."""
+    over = dict((tree.get("budgets") or {}).get(budget) or {})
+    out = {k: v for k, v in tree.items() if k != "budgets"}
+    models = over.pop("models", None)
+    out = deep_merge(out, over)
+    if isinstance(models, dict):
+        out["models"] = {**out.get("models", {}), **copy.deepcopy(models)}
+    elif models is not None:
+        out["models"] = models  # a list of labels (an experiment's choice of models)
+    return out
+
+
+def load_experiment(name: str, budget: str) -> dict[str, Any]:
+    return budget_view(_read_yaml(REPRODUCE_DIR / f"{name.replace('-', '_')}.yaml"), budget)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What the suite needs to know of the training data before it plans a run."""
+
+    name: str
+    image_size: tuple[int, int]
+    in_chans: int
+    classes: list[str]
+    num_train: int  # images in the training split, before the minival is carved out
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+@dataclass
+class RunSpec:
+    """One training run: its recipe tree (``model.init_from`` may name another run as ``run:KEY``)."""
+
+    label: str  # for people: "vit-tiny, 580 images, seed 0"
+    model: str  # the model's role in common.yaml ("vit-tiny")
+    recipe: dict[str, Any]
+    after: str | None = None  # key of the run whose weights this one starts from
+    experiments: set[str] = field(default_factory=set)
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha1(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.model}-{digest}"
+
+
+class Suite:
+    """The shared settings of one ``vitkit reproduce`` call."""
+
+    def __init__(self, out: str | Path, data: str, budget: str, seeds: int | None, info: DataInfo) -> None:
+        if budget not in BUDGETS:
+            raise UsageError(f"unknown budget {budget!r} (budgets: {', '.join(BUDGETS)})")
+        if seeds is not None and seeds < 1:
+            raise UsageError(f"--seeds must be at least 1, got {seeds}")
+        self.out = Path(out)
+        self.data = data
+        self.budget = budget
+        self.info = info
+        self.common = budget_view(_read_yaml(REPRODUCE_DIR / "common.yaml"), budget)
+        self.seeds = seeds or int(self.common.get("seeds", 1))
+        self.img_size = self._img_size()
+        self.minival = int(self.common.get("minival", 0))
+        if self.minival and self.minival < info.num_classes:
+            raise DataError(
+                f"{data}: a minival of {self.minival} images cannot hold one of each of {info.num_classes} classes"
+            )
+        if self.minival >= info.num_train:
+            raise DataError(f"{data}: {info.num_train} training images cannot spare a minival of {self.minival}")
+
+    @property
+    def num_pool(self) -> int:
+        """Training images left for the subsets once the minival is held out."""
+        return self.info.num_train - self.minival
+
+    def _img_size(self) -> tuple[int, int]:
+        """The models' input size: the data's (capped by ``max_img_size``) or the budget's number,
+        in whole multiples of 4 (every model's pixels per token divides it at toy scale)."""
+        want = self.common.get("img_size", "auto")
+        if want != "auto":
+            return (int(want), int(want))
+        cap = int(self.common.get("max_img_size", 32))
+        h, w = (min(s, cap) // 4 * 4 for s in self.info.image_size)
+        if min(h, w) < 8:
+            size = "x".join(map(str, self.info.image_size))
+            raise DataError(f"{self.data}: images of {size} px are too small for the models (8 px at least)")
+        return (h, w)
+
+    def model_section(self, label: str, **overrides: Any) -> dict[str, Any]:
+        models = self.common.get("models", {})
+        if label not in models:
+            raise UsageError(f"model {label!r} is not defined in {REPRODUCE_DIR / 'common.yaml'}")
+        entry = models[label]
+        over = {**(entry.get("overrides") or {}), "img_size": list(self.img_size), **overrides}
+        return {"name": entry["name"], "overrides": over}
+
+    def model_title(self, label: str) -> str:
+        return str(self.common.get("models", {}).get(label, {}).get("title", label))
+
+    def recipe(
+        self,
+        model: str,
+        seed: int,
+        *,
+        subset: float | None = None,
+        experiment: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The whole recipe tree of one run: common recipe, the experiment's, the budget's
+        ``set`` keys, the model, the data (carved), the seed, and ``extra`` last."""
+        experiment = experiment or {}
+        tree = deep_merge(self.common.get("recipe", {}), experiment.get("recipe", {}))
+        sets = {**(self.common.get("set") or {}), **(experiment.get("set") or {})}
+        for key, value in parse_set([f"{k}={json.dumps(v)}" for k, v in sets.items()]):
+            node = tree
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        tree["model"] = deep_merge(tree.get("model", {}), self.model_section(model, **(overrides or {})))
+        tree["data"] = deep_merge(
+            tree.get("data", {}),
+            {"name": self.data, "train_split": "train", "eval_split": "minival", "minival": self.minival,
+             "subset": subset, "subset_seed": 0},
+        )  # fmt: skip
+        tree["seed"] = seed
+        tree = deep_merge(tree, extra or {})
+        recipe_from_dict(copy.deepcopy(tree))  # a wrong key or value is an error now, not after an hour
+        return tree
+
+    def subset_size(self, size: float) -> int:
+        """A subset as an image count: a fraction of the pool, or a count that must fit it."""
+        n = round(size * self.num_pool) if 0 < size <= 1 else int(size)
+        if n > self.num_pool:
+            raise DataError(
+                f"{self.data}: a subset of {n} images is larger than the {self.num_pool} training images "
+                f"left after the minival of {self.minival}; use smaller sizes or more data"
+            )
+        if n < self.info.num_classes:
+            raise DataError(
+                f"{self.data}: a subset of {n} images cannot hold one of each of {self.info.num_classes} classes"
+            )
+        return n
+
+    def run_dir(self, spec: RunSpec) -> Path:
+        return self.out / "runs" / spec.key
+
+
+__all__ = [
+    "BUDGETS",
+    "EXPERIMENTS",
+    "DataInfo",
+    "RunSpec",
+    "Suite",
+    "budget_view",
+    "check_experiments",
+    "deep_merge",
+    "load_experiment",
+]

@@ -1,0 +1,229 @@
+"""``vitkit reproduce``: the carved splits it trains on, the smoke budget end to end (every
+experiment in the report), resume after a kill, another kind of data, and its clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.data import ArrayDataset, ImageFolder, build_dataset, carve
+from vitkit.data.carve import balanced_quota, class_orders
+from vitkit.errors import DataError, UsageError
+from vitkit.reproduce import EXPERIMENTS, reproduce
+from vitkit.reproduce.runner import ScoreSettings, check_fewshot_data
+from vitkit.reproduce.spec import DataInfo, Suite, check_experiments
+
+pytest.importorskip("sklearn")  # the few-shot transfer task (scikit-learn's digits)
+pytest.importorskip("matplotlib")
+
+
+def _arrays(per_class: list[int]) -> ArrayDataset:
+    labels = torch.cat([torch.full((n,), c) for c, n in enumerate(per_class)])
+    images = torch.arange(len(labels), dtype=torch.int64).remainder(256).to(torch.uint8).view(-1, 1, 1, 1)
+    images = images.expand(-1, 1, 4, 4).contiguous()
+    return ArrayDataset(images, labels, [f"c{c}" for c in range(len(per_class))], name="toy")
+
+
+# -- carved splits -------------------------------------------------------------------------------
+
+
+def test_minival_and_subsets_are_balanced_nested_and_disjoint():
+    ds = _arrays([50, 50, 50])
+    val = carve(ds, "minival", minival=30, seed=0)
+    assert val.labels.bincount().tolist() == [10, 10, 10]
+    small = carve(ds, "train", minival=30, subset=12, seed=0)
+    large = carve(ds, "train", minival=30, subset=60, seed=0)
+    assert small.labels.bincount().tolist() == [4, 4, 4]
+    assert large.labels.bincount().tolist() == [20, 20, 20]
+    orders = class_orders(ds.labels, 3, 0)
+    val_idx = {int(i) for o in orders for i in o[:10]}
+    small_idx = {int(i) for o in orders for i in o[10:14]}
+    large_idx = {int(i) for o in orders for i in o[10:30]}
+    assert small_idx <= large_idx and not (large_idx & val_idx)
+    # the carved datasets hold exactly those images
+    assert sorted(small.images[:, 0, 0, 0].tolist()) == sorted(ds.images[sorted(small_idx), 0, 0, 0].tolist())
+    assert sorted(val.images[:, 0, 0, 0].tolist()) == sorted(ds.images[sorted(val_idx), 0, 0, 0].tolist())
+    everything = carve(ds, "train", minival=30, subset=1.0, seed=0)
+    assert len(everything) == 120
+    assert len(carve(ds, "train", minival=30, subset=0.5, seed=0)) == 60
+
+
+def test_balanced_quota_spreads_what_a_small_class_cannot_fill():
+    assert balanced_quota([2, 10, 10], 12) == [2, 5, 5]
+    assert sum(balanced_quota([3, 7, 1], 11)) == 11
+    with pytest.raises(DataError):
+        balanced_quota([1, 1], 3)
+
+
+def test_carve_errors_name_the_problem():
+    ds = _arrays([10, 10])
+    with pytest.raises(DataError, match="larger than the 16 training images"):
+        carve(ds, "train", minival=4, subset=17)
+    with pytest.raises(DataError, match="one of each"):
+        carve(ds, "train", subset=1)
+    with pytest.raises(DataError, match="needs data.minival"):
+        carve(ds, "minival")
+    with pytest.raises(DataError, match="whole number"):
+        carve(ds, "train", subset=2.5)
+
+
+def test_build_dataset_carves_and_digits_are_a_source():
+    train = build_dataset("digits", "train", minival=100, subset=200)
+    val = build_dataset("digits", "minival", minival=100)
+    assert len(train) == 200 and len(val) == 100
+    assert train.labels.bincount().tolist() == [20] * 10
+    test = build_dataset("digits", "test")
+    assert len(test) + len(build_dataset("digits", "train")) == 1797
+    assert test.image_size == (8, 8) and test.in_chans == 1
+    with pytest.raises(DataError, match="minival"):
+        build_dataset("digits", "minival")
+
+
+def _rgb_folder(root: Path, classes: int, per_class: int, size: tuple[int, int]) -> Path:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            base = torch.zeros(size[0], size[1], 3)
+            base[..., c % 3] = 0.3 + 0.2 * (c // 3)  # classes differ in colour
+            img = (base + 0.3 * torch.rand(size[0], size[1], 3, generator=g)).clamp(0, 1)
+            Image.fromarray((img * 255).to(torch.uint8).numpy()).save(root / f"class{c}" / f"{i}.png")
+    return root
+
+
+def test_image_folder_subsets(tmp_path):
+    root = _rgb_folder(tmp_path / "imgs", 3, 12, (10, 12))
+    train = ImageFolder(root, "train", load_size=(10, 12))
+    part = carve(train, "train", minival=6, subset=9)
+    assert isinstance(part, ImageFolder) and len(part) == 9
+    assert part.labels.bincount().tolist() == [3, 3, 3]
+    x, y = next(part.batches(9))
+    assert x.shape == (9, 3, 10, 12) and sorted(y.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+# -- the suite ----------------------------------------------------------------------------------
+
+
+def test_unknown_experiment_suggests_the_close_one():
+    with pytest.raises(UsageError, match="did you mean pos-embed"):
+        check_experiments(["pos-embd"])
+    assert check_experiments(["pooling", "compute"]) == ["compute", "pooling"]
+    assert check_experiments([]) == list(EXPERIMENTS)
+
+
+def test_a_budget_that_cannot_fit_the_data_is_one_clear_error(tmp_path):
+    info = DataInfo("tiny", (28, 28), 1, [str(i) for i in range(10)], 1000)
+    suite = Suite(tmp_path, "tiny", "smoke", None, info)
+    with pytest.raises(DataError, match="larger than the 900 training images"):
+        suite.subset_size(5000)
+    with pytest.raises(DataError, match="cannot spare a minival"):
+        Suite(tmp_path, "tiny", "desktop", None, DataInfo("tiny", (28, 28), 1, ["a", "b"], 1500))
+    with pytest.raises(UsageError, match="unknown budget"):
+        Suite(tmp_path, "tiny", "huge", None, info)
+
+
+def test_fewshot_task_with_too_few_images_per_class(tmp_path):
+    folder = _rgb_folder(tmp_path / "few", 2, 12, (8, 8))  # ~11 training images a class < 2 x 10 shots
+    settings = ScoreSettings(data="x", test_images=None, fewshot_data=str(folder), shots=10, fewshot_seeds=1)
+    with pytest.raises(DataError, match="needs 20 training images of every class"):
+        check_fewshot_data(settings)
+
+
+def _numbers(report: dict) -> dict[str, tuple[float, float]]:
+    return {k: (r["test_top1"], r["fewshot"]["mean"]) for k, r in report["runs"].items()}
+
+
+def test_smoke_budget_end_to_end(tmp_path):
+    """Every experiment of the smoke budget, on data that is neither 28 px nor grey: the report,
+    its JSON and a figure per experiment; a second call trains nothing and gives the same numbers."""
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    md = reproduce(out=tmp_path, data="synthetic", budget="smoke", report=lines.append)
+    assert time.perf_counter() - t0 < 120
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert list(report["experiments"]) == list(EXPERIMENTS)
+    text = md.read_text()
+    for name in EXPERIMENTS:
+        section = report["experiments"][name]
+        assert f"## `{name}`" in text and section["verdict"] and section["table"]["rows"]
+        assert all((tmp_path / f).is_file() for f in section["figures"]) and section["figures"]
+    assert report["meta"]["img_size"] == [28, 28]  # synthetic 32 px, capped by the smoke budget
+    assert any(line.startswith("[1/") and "ETA" in line for line in lines)
+    for run in report["runs"].values():
+        assert 0.0 <= run["test_top1"] <= 1.0 and 0.0 <= run["fewshot"]["mean"] <= 1.0
+        assert (tmp_path / "runs" / run["key"] / "best.safetensors").is_file()
+    again: list[str] = []
+    reproduce(out=tmp_path, data="synthetic", budget="smoke", report=again.append)
+    assert again[0].endswith("; 0 to run")
+    assert _numbers(json.loads((tmp_path / "report.json").read_text())) == _numbers(report)
+
+
+def test_rgb_folder_of_another_size(tmp_path):
+    folder = _rgb_folder(tmp_path / "rgb", 4, 70, (20, 20))
+    reproduce(["pooling"], out=tmp_path / "out", data=str(folder), budget="smoke", report=lambda s: None)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["meta"]["img_size"] == [20, 20]
+    assert "pooling" in report["experiments"]
+    run = next(iter(report["runs"].values()))
+    assert run["img_size"] == [20, 20]
+
+
+def test_killed_suite_resumes_to_the_same_numbers(tmp_path):
+    """SIGKILL while a run is training (a checkpoint written, no result yet), run again: the
+    numbers equal an uninterrupted suite's."""
+    cmd = [sys.executable, "-m", "vitkit", "reproduce", "pooling", "--budget", "smoke", "--data", "synthetic"]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    subprocess.run([*cmd, "--out", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    finished: list[Path] = []
+    mid: list[Path] = []
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            runs = list((killed / "runs").glob("*")) if (killed / "runs").is_dir() else []
+            finished = [r for r in runs if (r / "result.json").is_file()]
+            mid = [r for r in runs if list(r.glob("checkpoints/*.safetensors")) and not (r / "result.json").is_file()]
+            if finished and mid:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert finished and mid, "the suite ended before it could be killed mid-run"
+    subprocess.run([*cmd, "--out", str(killed)], check=True, env=env, capture_output=True)
+    whole = json.loads((tmp_path / "whole" / "report.json").read_text())
+    resumed = json.loads((killed / "report.json").read_text())
+    assert _numbers(resumed) == _numbers(whole)
+
+
+@pytest.mark.parametrize("budget", ["smoke", "desktop", "full"])
+def test_every_budget_plans_valid_runs(tmp_path, budget):
+    """Each budget's recipes validate and its models build (no training): the full budget is
+    sized for a GPU, so this is what a CPU-only test suite can check of it."""
+    from vitkit.models.registry import model_config
+    from vitkit.reproduce import _classes
+
+    info = DataInfo("imagenet-like", (256, 256), 3, [str(i) for i in range(100)], 130_000)
+    suite = Suite(tmp_path, "imagenet-like", budget, None, info)
+    keys = set()
+    for name, cls in _classes().items():
+        specs = cls(suite).runs()
+        assert specs, name
+        for spec in specs:
+            m = spec.recipe["model"]
+            cfg = model_config(m["name"], **m["overrides"])
+            if "init_from" not in m:  # the resolution study fine-tunes at another size
+                assert tuple(cfg.img_size) == suite.img_size
+            keys.add(spec.key)
+    assert len(keys) > 10
