@@ -43,22 +43,45 @@ class DataScaling(Experiment):
 
         by = self.grouped(results)
         roles, sizes, shots = self.roles(), self.sizes(), shots_label(results)
-        header = ["model", *[f"{n:,} images" for n in sizes]]
+        header = ["model", "untrained", *[f"{n:,} images" for n in sizes]]
         rows, numbers = [], {"sizes": sizes, "models": {}}
         for role, model in roles.items():
             title = self.suite.model_title(model)
-            rows.append([f"{title}: test top-1", *[pct(self.top1(by[model][n])) for n in sizes]])
-            rows.append([f"{title}: {shots}", *[pct(self.fewshot(by[model][n])) for n in sizes]])
+            untrained = [self.untrained_fewshot(model, s) for s in self.seeds]
+            rows.append([f"{title}: test top-1", "", *[pct(self.top1(by[model][n])) for n in sizes]])
+            rows.append([f"{title}: {shots}", pct(untrained), *[pct(self.fewshot(by[model][n])) for n in sizes]])
             numbers["models"][model] = {
                 "role": role,
                 "title": title,
                 "test_top1": {n: self.top1(by[model][n]) for n in sizes},
                 "fewshot": {n: self.fewshot(by[model][n]) for n in sizes},
+                "fewshot_untrained": untrained,
             }
         figure = plot_scaling(numbers, self.suite.out / "figures" / "data_scaling.png", shots)
-        section = self.section(header, rows, numbers, self.verdict(by, sizes, shots))
+        verdict = self.verdict(by, sizes, shots) + " " + self.control(numbers, sizes[-1], shots)
+        section = self.section(header, rows, numbers, verdict)
         section.figures.append(figure)
         return section
+
+    def untrained_fewshot(self, model: str, seed: int) -> float:
+        """The transfer task's few-shot accuracy of ``model`` as its run starts (the control:
+        what pre-training adds to random features)."""
+        from .runner import ScoreSettings, fewshot_transfer, initial_model
+
+        spec = self.base_spec(model, seed)
+        net = initial_model(spec.recipe, self.suite.info)
+        return fewshot_transfer(net, ScoreSettings.of(self.suite), spec.recipe["train"]["precision"])["mean"]
+
+    def control(self, numbers: dict[str, Any], large: int, shots: str) -> str:
+        parts = []
+        for entry in numbers["models"].values():
+            gain = 100 * (mean_std(entry["fewshot"][large])[0] - mean_std(entry["fewshot_untrained"])[0])
+            parts.append(f"{entry['title']} {gain:+.1f}")
+        return (
+            f"Control: against the same models untrained, pre-training on all {large:,} images changes {shots} "
+            f"transfer by {', '.join(parts)} points; where that is small or negative, the transfer task measures "
+            "how generic random features are more than what pre-training taught."
+        )
 
     def verdict(self, by: dict[str, dict[int, list[dict[str, Any]]]], sizes: list[int], shots: str) -> str:
         r = self.roles()

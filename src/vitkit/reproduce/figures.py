@@ -18,6 +18,15 @@ def _ms(values: list[float]) -> tuple[float, float]:
     return 100 * statistics.fmean(values), 100 * (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _plain_log_ticks(ax: Any, ticks: list[int] | None) -> None:
+    """A log axis without the clutter of labelled minor ticks; ``ticks`` labelled as plain numbers."""
+    from matplotlib.ticker import NullFormatter
+
+    if ticks:
+        ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     """Accuracy against the number of pre-training images, one line per model (Figure 4)."""
     fig = _new_figure(10.0, 4.0)
@@ -26,12 +35,18 @@ def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
         for entry in numbers["models"].values():
             sizes = sorted(entry[metric])
             ms = [_ms(entry[metric][n]) for n in sizes]
-            ax.errorbar(sizes, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=entry["title"])
+            line = ax.errorbar(
+                sizes, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=entry["title"]
+            )
+            if metric == "fewshot" and entry.get("fewshot_untrained"):
+                ax.axhline(_ms(entry["fewshot_untrained"])[0], ls="--", lw=1, color=line[0].get_color())
         ax.set_xscale("log")
+        _plain_log_ticks(ax, sorted({n for e in numbers["models"].values() for n in e[metric]}))
         ax.set_xlabel("pre-training images (nested class-balanced subsets)")
         ax.set_ylabel(label.format(shots=shots))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
+    axes[1].set_title("dashed: the same models untrained", fontsize=8)
     fig.suptitle("Data scaling (after Figure 4)")
     return _save(fig, path)
 
@@ -45,6 +60,7 @@ def plot_compute(numbers: dict[str, Any], path: Path, shots: str) -> Path:
             pts = sorted((e["train_flops"], _ms(e[metric])[0]) for e in entries)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=family)
         ax.set_xscale("log")
+        _plain_log_ticks(ax, None)
         ax.set_xlabel("total training FLOPs (3 x forward x images seen)")
         ax.set_ylabel(label.format(shots=shots))
         ax.grid(alpha=0.3)

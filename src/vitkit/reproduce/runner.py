@@ -105,6 +105,24 @@ def fewshot_transfer(model: Any, settings: ScoreSettings, precision: str) -> dic
     return {"shots": settings.shots, "l2": l2, "mean": res["mean"], "std": res["std"], "per_seed": res["per_seed"]}
 
 
+def initial_model(tree: dict[str, Any], info: Any) -> Any:
+    """The model a run's recipe starts from, before any step: built and initialised as the
+    trainer does (seeded by the recipe's seed), in eval mode."""
+    import torch
+
+    from ..models.init import mimetic_init_
+    from ..models.registry import create_model
+    from ..train.config import recipe_from_dict
+
+    r = recipe_from_dict(copy.deepcopy(tree))
+    torch.manual_seed(r.seed)
+    overrides = {"num_classes": info.num_classes, "in_chans": info.in_chans, **r.model.overrides}
+    model = create_model(r.model.name, **overrides)
+    if r.model.init == "mimetic":
+        mimetic_init_(model, seed=r.seed)
+    return model.eval()
+
+
 def score(run_dir: Path, settings: ScoreSettings, precision: str) -> dict[str, Any]:
     """Test top-1 and few-shot transfer of a finished run's best (minival) checkpoint."""
     from ..checkpoint.io import read_safetensors_metadata

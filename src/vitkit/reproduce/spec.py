@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from ..errors import DataError, UsageError
-from ..train.config import CONFIG_DIR, parse_set, recipe_from_dict
+from ..train.config import CONFIG_DIR, recipe_from_dict
 from .names import BUDGETS, EXPERIMENTS
 
 REPRODUCE_DIR = CONFIG_DIR / "reproduce"
@@ -177,12 +177,12 @@ class Suite:
         experiment = experiment or {}
         tree = deep_merge(self.common.get("recipe", {}), experiment.get("recipe", {}))
         sets = {**(self.common.get("set") or {}), **(experiment.get("set") or {})}
-        for key, value in parse_set([f"{k}={json.dumps(v)}" for k, v in sets.items()]):
+        for key, value in sets.items():  # dotted keys, as --set takes them
             node = tree
             *parents, leaf = key.split(".")
             for p in parents:
                 node = node.setdefault(p, {})
-            node[leaf] = value
+            node[leaf] = copy.deepcopy(value)
         tree["model"] = deep_merge(tree.get("model", {}), self.model_section(model, **(overrides or {})))
         tree["data"] = deep_merge(
             tree.get("data", {}),
