@@ -68,7 +68,8 @@ def test_carve_errors_name_the_problem():
     with pytest.raises(DataError, match="larger than the 16 training images"):
         carve(ds, "train", minival=4, subset=17)
     with pytest.raises(DataError, match="one of each"):
-        carve(ds, "train", subset=1)
+        carve(_arrays([5, 5, 5]), "train", subset=2)
+    assert len(carve(ds, "train", subset=1)) == 20  # 1 (or 1.0): the whole split
     with pytest.raises(DataError, match="needs data.minival"):
         carve(ds, "minival")
     with pytest.raises(DataError, match="whole number"):

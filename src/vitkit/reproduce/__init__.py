@@ -33,12 +33,19 @@ def _classes() -> dict[str, type]:
 
 def data_info(data: str) -> DataInfo:
     """What the suite must know of ``data`` before planning (its test split must exist too)."""
-    from ..data import build_dataset
+    from ..data import StreamingDataset, build_dataset
     from .spec import DataInfo
 
     train = build_dataset(data, "train")
     build_dataset(data, "test")
-    return DataInfo(data, tuple(train.image_size), train.in_chans, list(train.classes), len(train))
+    size, streaming = tuple(train.image_size), isinstance(train, StreamingDataset)
+    samples = getattr(train, "samples", None)
+    if streaming and samples:  # an image folder decodes to a load size: take the files' own instead
+        from PIL import Image
+
+        with Image.open(samples[0][0]) as im:
+            size = (im.height, im.width)
+    return DataInfo(data, size, train.in_chans, list(train.classes), len(train), streaming)
 
 
 def _unique(specs: list[RunSpec]) -> list[RunSpec]:
@@ -89,7 +96,10 @@ def reproduce(
             continue  # an experiment not asked for that this data or budget cannot plan
         results = {s.key: read_result(suite.run_dir(s) / "result.json") for s in specs}
         if all(results.values()):
-            sections.append(exp.summarise(results))
+            section = exp.summarise(results)
+            section.runs = len(results)
+            section.wall_seconds = sum(r.get("wall_seconds") or 0.0 for r in results.values())
+            sections.append(section)
             runs.update(results)
     meta = {
         "command": command, "date": now(), "budget": budget, "data": data, "seeds": suite.seeds,

@@ -40,7 +40,7 @@ def test_images(suite: Any, model: Any, count: int) -> Any:
     from ..eval.features import model_preprocessing
     from ..preprocessing import LoadedImages
 
-    test = build_dataset(suite.data, "test")
+    test = build_dataset(suite.data, "test", **suite.data_options())
     x, _ = next(test.batches(count))
     pre = model_preprocessing(model)
     cfg = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)

@@ -33,6 +33,8 @@ class Section:
     verdict: str
     figures: list[Path] = field(default_factory=list)
     caption: str = "Measured (mean ± standard deviation over seeds, in percent)"
+    runs: int = 0  # training runs the experiment needs
+    wall_seconds: float = 0.0  # their wall time, training and scoring: what running it alone costs
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

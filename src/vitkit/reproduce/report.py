@@ -46,6 +46,8 @@ def _section_md(s: Section, out: Path) -> str:
     return "\n\n".join(
         [
             f"## `{s.name}`: {s.follows}",
+            f"{s.runs} training runs; run alone, this experiment takes {s.wall_seconds / 60:.1f} min "
+            "(the sum of its runs' wall times, training and scoring).",
             f"**The paper's claim.** {s.claim}",
             f"**The paper's numbers.** {s.paper}",
             f"**{s.caption}:**\n\n" + _table(s.header, s.rows),
@@ -58,7 +60,7 @@ def _section_md(s: Section, out: Path) -> str:
 def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``out/report.md`` and ``out/report.json`` (atomically)."""
     m = meta["machine"]
-    minutes = sum(r.get("train_seconds") or 0 for r in runs.values()) / 60
+    minutes = sum(r.get("wall_seconds") or 0 for r in runs.values()) / 60
     size = "x".join(map(str, meta["img_size"]))
     gpu = f", {m['gpu']}" if m["gpu"] else ""
     head = [
@@ -66,7 +68,8 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         f"Made by `{meta['command']}` on {meta['date']}: budget `{meta['budget']}`, data `{meta['data']}` "
         f"(models at {size} px), {meta['seeds']} seed(s) where seeds are compared. "
         f"Machine: {m['cpu']}, {m['cores']} cores{gpu}, torch {m['torch']}.",
-        f"{len(runs)} training runs ({minutes:.1f} min of training in all, as each run measured it); "
+        f"{len(runs)} training runs, {minutes:.1f} min in all (the sum of the runs' wall times, training and "
+        "scoring, as the call that finished each measured it); "
         f"this call took {meta['seconds'] / 60:.1f} min. Every run is a vitkit run folder under `runs/`; its "
         "`result.json` holds the numbers below.",
         "Protocol: each run keeps its best checkpoint by a minival carved from the training split (the paper's early "
@@ -80,6 +83,8 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         "meta": meta,
         "experiments": {
             s.name: {
+                "runs": s.runs,
+                "wall_seconds": s.wall_seconds,
                 "follows": s.follows,
                 "claim": s.claim,
                 "paper": s.paper,

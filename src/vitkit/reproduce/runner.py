@@ -39,6 +39,7 @@ class ScoreSettings:
     fewshot_data: str
     shots: int
     fewshot_seeds: int
+    data_options: tuple[tuple[str, Any], ...] = ()  # how the data source loads (hashable: cached per process)
 
     @classmethod
     def of(cls, suite: Suite) -> ScoreSettings:
@@ -49,6 +50,7 @@ class ScoreSettings:
             fewshot_data=str(fs.get("data", "digits")),
             shots=int(fs.get("shots", 10)),
             fewshot_seeds=int(fs.get("seeds", 5)),
+            data_options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in suite.data_options().items()),
         )
 
 
@@ -69,15 +71,16 @@ def check_fewshot_data(settings: ScoreSettings) -> None:
         )
 
 
-_CACHE: dict[tuple[str, str], Any] = {}
+_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
-def _split(name: str, split: str) -> Any:
+def _split(name: str, split: str, options: tuple[tuple[str, Any], ...] = ()) -> Any:
     from ..data import build_dataset
 
-    if (name, split) not in _CACHE:
-        _CACHE[(name, split)] = build_dataset(name, split)
-    return _CACHE[(name, split)]
+    key = (name, split, options)
+    if key not in _CACHE:
+        _CACHE[key] = build_dataset(name, split, **dict(options))
+    return _CACHE[key]
 
 
 def fewshot_transfer(model: Any, settings: ScoreSettings, precision: str) -> dict[str, Any]:
@@ -134,7 +137,7 @@ def score(run_dir: Path, settings: ScoreSettings, precision: str) -> dict[str, A
     if not best.is_file():
         raise TrainingError(f"{run_dir}: no best.safetensors (was the minival ever evaluated?)")
     model = load_pretrained(best)
-    test = _split(settings.data, "test")
+    test = _split(settings.data, "test", settings.data_options)
     metrics = evaluate(model, test, precision=precision, max_images=settings.test_images)
     meta = read_safetensors_metadata(best)
     return {

@@ -88,6 +88,7 @@ class DataInfo:
     in_chans: int
     classes: list[str]
     num_train: int  # images in the training split, before the minival is carved out
+    streaming: bool = False  # decoded from files while training (a folder, shards): loaded at the models' size
 
     @property
     def num_classes(self) -> int:
@@ -189,10 +190,16 @@ class Suite:
             {"name": self.data, "train_split": "train", "eval_split": "minival", "minival": self.minival,
              "subset": subset, "subset_seed": 0},
         )  # fmt: skip
+        if self.data_options():
+            tree["data"].setdefault("options", {}).update(self.data_options())
         tree["seed"] = seed
         tree = deep_merge(tree, extra or {})
         recipe_from_dict(copy.deepcopy(tree))  # a wrong key or value is an error now, not after an hour
         return tree
+
+    def data_options(self) -> dict[str, Any]:
+        """Options of the data source: files are decoded at the models' size (in-memory data needs none)."""
+        return {"load_size": list(self.img_size)} if self.info.streaming else {}
 
     def subset_size(self, size: float) -> int:
         """A subset as an image count: a fraction of the pool, or a count that must fit it."""
