@@ -12,15 +12,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+_TMP_SUFFIX = ".tmp"
+
 
 def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write through a temporary file in the same folder, fsync it, then rename over ``path``.
 
-    A crash or a failed write leaves any previous file at ``path`` untouched.
+    A crash or a failed write leaves any previous file at ``path`` untouched. The temporary is
+    ``.NAME.XXXXXXXX.tmp``; a process killed while writing leaves it behind
+    (:func:`temporary_target` recognises it).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, mode) as f:
             write(f)
@@ -39,6 +43,15 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb
             os.close(dfd)
     except OSError:
         pass
+
+
+def temporary_target(name: str) -> str | None:
+    """The file name an :func:`atomic_write` temporary called ``name`` was for, or None if
+    ``name`` is not one (``.metrics.jsonl.k3j_x9a2.tmp`` -> ``metrics.jsonl``)."""
+    if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+        return None
+    parts = name[1 : -len(_TMP_SUFFIX)].rsplit(".", 1)  # mkstemp's random part has no dot
+    return parts[0] if len(parts) == 2 and parts[0] else None
 
 
 def write_text(path: str | Path, text: str) -> None:

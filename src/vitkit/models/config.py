@@ -102,11 +102,14 @@ class ViTConfig:
             raise ValueError(
                 f"pos_embed 'learned2d' needs an even width (a row half and a column half), got width {self.width}"
             )
-        if self.width % self.num_heads:
-            raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         for name in ("width", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("img_size", "patch_size"):
+            if min(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.width % self.num_heads:
+            raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.resnet_units is not None and self.resnet_width % 32:
             raise ValueError(f"resnet_width must be a multiple of 32 (GroupNorm's 32 groups), got {self.resnet_width}")
         check_divisible(self.img_size, self.total_stride, what="img_size")
@@ -168,6 +171,11 @@ class ResNetConfig:
         object.__setattr__(self, "units", tuple(int(u) for u in self.units))
         if self.num_classes is None:
             object.__setattr__(self, "num_classes", 0)
+        if not self.units or min(self.units) < 1 or self.width_factor < 1 or self.in_chans < 1:
+            raise ValueError(
+                f"units (per stage), width_factor and in_chans must be positive, got {list(self.units)}, "
+                f"{self.width_factor} and {self.in_chans}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return _to_json_dict(self)

@@ -1,13 +1,20 @@
 """Recipes: YAML files with ``--set key=value`` overrides, validated against dataclasses.
 
-Unknown keys are an error that suggests the close ones; the resolved recipe is saved with every
-run (``config.yaml``), so a run folder always says exactly what produced it.
+Every value is checked when the recipe is read, not when the run gets to it: its type (from the
+field's annotation; a ``float`` is a finite number), and what the field declares next to its
+default (:func:`checked`: a range such as ``"[0, 1)"`` or ``">= 1"``, or the names it may take).
+Unknown keys are an error that suggests the close ones; the model's overrides are checked against
+the model's config. The resolved recipe is saved with every run (``config.yaml``), so a run folder
+always says exactly what produced it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +23,74 @@ from typing import Any
 import yaml
 
 from ..errors import RecipeError
+from ..models.attention import ATTENTION_IMPLS
+
+_RANGE = re.compile(r"([\[(])\s*(\S+?)\s*,\s*(\S+?)\s*([\])])|(>=|>)\s*(\S+)")
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a recipe value must be beyond its type: a range of numbers, written as in mathematics
+    (``"[0, 1)"``, ``"(0, 1]"``, ``">= 1"``, ``"> 0"``), or one of ``choices``. ``counts``: a
+    number above 1 must be whole (a count of images; below 1 it is a fraction). Applies to every
+    element of a pair (``optim.betas``); None passes (an optional field left unset)."""
+
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+    ignore_case: bool = False
+    counts: bool = False
+
+    def bounds(self) -> tuple[float, float, bool, bool]:
+        """(low, high, low included, high included) of the range."""
+        m = _RANGE.fullmatch(self.spec.strip())
+        if m is None:
+            raise ValueError(f"not a range: {self.spec!r}")
+        if m.group(5):
+            return float(m.group(6)), math.inf, m.group(5) == ">=", False
+        return float(m.group(2)), float(m.group(3)), m.group(1) == "[", m.group(4) == "]"
+
+    def __call__(self, value: Any, where: str) -> None:
+        if value is None:
+            return
+        if isinstance(value, (tuple, list)):
+            for v in value:
+                self(v, where)
+            return
+        if self.choices:
+            self._check_choice(value, where)
+        if self.spec:
+            lo, hi, lo_in, hi_in = self.bounds()
+            inside = (lo <= value if lo_in else lo < value) and (value <= hi if hi_in else value < hi)
+            if not inside:
+                what = f"in {self.spec}" if self.spec[0] in "[(" else self.spec
+                raise RecipeError(f"{where} must be {what}, got {value!r}")
+        if self.counts and value > 1 and value != int(value):
+            raise RecipeError(f"{where} must be a whole number of images or a fraction in (0, 1], got {value!r}")
+
+    def _check_choice(self, value: Any, where: str) -> None:
+        names = [c.lower() for c in self.choices] if self.ignore_case else list(self.choices)
+        key = value.lower() if self.ignore_case and isinstance(value, str) else value
+        if key in names:
+            return
+        close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise RecipeError(f"{where} must be one of {', '.join(self.choices)}, got {value!r}{hint}")
+
+
+def checked(default: Any, spec: str = "", choices: tuple[str, ...] = (), **options: Any) -> Any:
+    """A dataclass field with its :class:`Check` declared next to its default."""
+    return field(default=default, metadata={"check": Check(spec, tuple(choices), **options)})
+
+
+SEEDS = "[0, 4294967296)"  # what every generator seed takes (numpy's range too)
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("cosine", "linear", "constant")
+PRECISIONS = ("fp32", "bf16")
+LOSSES = ("softmax", "sigmoid")
+ON_NONFINITE = ("stop", "skip")
+CROPS = ("inception", "pad", "none")
+INITS = ("default", "mimetic")
+POS_EMBED_MODES = ("bilinear", "bicubic")
 
 
 @dataclass
@@ -23,8 +98,8 @@ class ModelSection:
     name: str = "vit_s16"  # any registered name; the fields below override its config
     overrides: dict[str, Any] = field(default_factory=dict)
     init_from: str | None = None  # weights to start from (fine-tuning): any format load_pretrained reads
-    init: str = "default"  # default | mimetic (attention initialisation of a model trained from scratch)
-    pos_embed_mode: str = "bilinear"  # how position embeddings are resized when init_from's size differs
+    init: str = checked("default", choices=INITS)  # attention initialisation of a model trained from scratch
+    pos_embed_mode: str = checked("bilinear", choices=POS_EMBED_MODES)  # resizing when init_from's size differs
 
 
 @dataclass
@@ -32,63 +107,63 @@ class DataSection:
     name: str = "fashion-mnist"  # --data: fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder, shards
     train_split: str = "train"
     eval_split: str = "test"
-    num_workers: int = 0
-    eval_max_images: int | None = None
-    minival: float = 0  # training images held out as the split "minival" (a count, or a fraction)
-    subset: float | None = None  # train on a class-balanced subset of the rest (a count or a fraction)
-    subset_seed: int = 0  # fixes which images the minival and the subsets take (nested subsets)
+    num_workers: int = checked(0, ">= 0")
+    eval_max_images: int | None = checked(None, ">= 1")
+    minival: float = checked(0, ">= 0", counts=True)  # training images held out as the split "minival"
+    subset: float | None = checked(None, "> 0", counts=True)  # train on a class-balanced subset of the rest
+    subset_seed: int = checked(0, SEEDS)  # fixes which images the minival and the subsets take (nested)
     options: dict[str, Any] = field(default_factory=dict)  # passed to the source (e.g. load_size)
 
 
 @dataclass
 class AugmentSection:
-    crop: str = "inception"  # inception | pad | none
-    pad: int = 4
+    crop: str = checked("inception", choices=CROPS)
+    pad: int = checked(4, ">= 0")
     flip: bool = True
-    area_min: float = 0.05
-    eval_crop: float = 1.0
+    area_min: float = checked(0.05, "(0, 1]")
+    eval_crop: float = checked(1.0, "(0, 1]")
 
 
 @dataclass
 class OptimSection:
-    name: str = "adamw"  # adamw | adam | sgd
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    momentum: float = 0.9
+    name: str = checked("adamw", choices=OPTIMIZERS, ignore_case=True)
+    lr: float = checked(1e-3, ">= 0")
+    betas: tuple[float, float] = checked((0.9, 0.999), "[0, 1)")
+    eps: float = checked(1e-8, ">= 0")
+    momentum: float = checked(0.9, "[0, 1)")
     nesterov: bool = False
-    weight_decay: float = 0.1  # decoupled (AdamW); on weight matrices only
-    schedule: str = "cosine"  # cosine | linear | constant
-    warmup_steps: int = 0
-    min_lr: float = 0.0
+    weight_decay: float = checked(0.1, ">= 0")  # decoupled (AdamW); on weight matrices only
+    schedule: str = checked("cosine", choices=SCHEDULES)
+    warmup_steps: int = checked(0, ">= 0")
+    min_lr: float = checked(0.0, ">= 0")
 
 
 @dataclass
 class TrainSection:
-    steps: int = 1000
-    batch_size: int = 128  # global batch (all processes, all accumulation micro-steps)
-    accum_steps: int = 1
-    precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 weights)
+    steps: int = checked(1000, ">= 1")
+    batch_size: int = checked(128, ">= 1")  # global batch (all processes, all accumulation micro-steps)
+    accum_steps: int = checked(1, ">= 1")
+    precision: str = checked("fp32", choices=PRECISIONS)  # bf16: autocast, fp32 weights
     compile: bool = False
-    grad_clip: float = 1.0  # global norm; 0 disables
-    label_smoothing: float = 0.0
-    loss: str = "softmax"  # softmax | sigmoid
+    grad_clip: float = checked(1.0, ">= 0")  # global norm; 0 disables
+    label_smoothing: float = checked(0.0, "[0, 1)")
+    loss: str = checked("softmax", choices=LOSSES)
     head_bias_init: float | None = None  # default: 0 (softmax) / -log(K) (sigmoid)
-    ema_decay: float = 0.0  # Polyak averaging of the weights; 0 disables
-    on_nonfinite: str = "stop"  # stop | skip
+    ema_decay: float = checked(0.0, "[0, 1)")  # Polyak averaging of the weights; 0 disables
+    on_nonfinite: str = checked("stop", choices=ON_NONFINITE)  # skip: leave out a step whose loss is not finite
     fsdp: bool = False  # shard parameters with FSDP2 (torch.distributed.fsdp.fully_shard)
-    patch_drop: float = 0.0  # fraction of patch tokens dropped per training image (PatchDropout)
-    patch_drop_until: float = 1.0  # ... during this fraction of the steps; all tokens afterwards
-    attention: str = "auto"  # auto | sdpa | math | recompute (Attention's docstring says which runs where)
+    patch_drop: float = checked(0.0, "[0, 1)")  # fraction of patch tokens dropped per training image
+    patch_drop_until: float = checked(1.0, "[0, 1]")  # ... during this fraction of the steps; all tokens after
+    attention: str = checked("auto", choices=ATTENTION_IMPLS)  # Attention's docstring says which runs where
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
 @dataclass
 class LogSection:
-    log_every: int = 50
-    eval_every: int = 500
-    checkpoint_every: int = 500
-    keep_last: int = 2
+    log_every: int = checked(50, ">= 0")  # 0: only after the last step (as eval_every, checkpoint_every)
+    eval_every: int = checked(500, ">= 0")
+    checkpoint_every: int = checked(500, ">= 0")
+    keep_last: int = checked(2, ">= 1")
     tensorboard: bool = True  # when the tensorboard package is installed
     plot: bool = True
 
@@ -98,7 +173,7 @@ class Recipe:
     """A whole training recipe."""
 
     description: str = ""
-    seed: int = 0
+    seed: int = checked(0, SEEDS)
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     augment: AugmentSection = field(default_factory=AugmentSection)
@@ -117,22 +192,28 @@ def _section_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+def _section_checks(cls: type) -> dict[str, Check]:
+    return {f.name: f.metadata["check"] for f in dataclasses.fields(cls) if "check" in f.metadata}
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the type ``hint`` names (a YAML or ``--set`` value: "3" for 3 is fine)."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if value is None:
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and type(None) in args:
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
             return None
-        raise RecipeError(f"{where}: null is not allowed")
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        for a in args:
-            if a is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _coerce(value, options[0], where)
+        for a in options:
             try:
                 return _coerce(value, a, where)
             except RecipeError:
                 continue
         raise RecipeError(f"{where}: {value!r} does not fit {hint}")
+    if value is None:
+        raise RecipeError(f"{where}: null is not allowed")
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -140,21 +221,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise RecipeError(f"{where}: expected true/false, got {value!r}")
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise RecipeError(f"{where}: expected an integer, got {value!r}")
-        try:
-            f = float(value)
-        except ValueError:
-            raise RecipeError(f"{where}: expected an integer, got {value!r}") from None
-        if f != int(f):
-            raise RecipeError(f"{where}: expected an integer, got {value!r}")
-        return int(f)
+        return _integer(value, where)
     if hint is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: expected a number, got {value!r}") from None
+        return _number(value, where)
     if hint is str:
+        if isinstance(value, (dict, list, tuple)):
+            raise RecipeError(f"{where}: expected a string, got {value!r}")
         return str(value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
@@ -163,27 +235,139 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise RecipeError(f"{where}: expected a mapping, got {value!r}")
+        odd = [k for k in value if not isinstance(k, str)]
+        if odd:
+            raise RecipeError(f"{where}: keys must be names, got {odd[0]!r}")
         return dict(value)
     return value
+
+
+def _integer(value: Any, where: str) -> int:
+    """An int, or a string or float that is a whole number ("1e3", 1000.0)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    if isinstance(value, (float, str)) and not isinstance(value, bool):
+        try:
+            f = float(value)
+        except ValueError:
+            f = math.nan
+        if math.isfinite(f) and f == int(f):
+            return int(f)
+    raise RecipeError(f"{where}: expected an integer, got {value!r}")
+
+
+def _number(value: Any, where: str) -> float:
+    """A finite float: nan and inf are not numbers a recipe can use."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise RecipeError(f"{where}: expected a number, got {value!r}")
+    try:
+        f = float(value)
+    except (ValueError, OverflowError):
+        raise RecipeError(f"{where}: expected a number, got {value!r}") from None
+    if not math.isfinite(f):
+        raise RecipeError(f"{where}: expected a finite number, got {value!r}")
+    return f
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if not isinstance(data, dict):
         raise RecipeError(f"{where or 'recipe'}: expected a mapping, got {data!r}")
-    types = _section_types(cls)
+    hints, checks = _section_types(cls), _section_checks(cls)
     kwargs = {}
     for key, value in data.items():
-        path = f"{where}.{key}" if where else key
-        if key not in types:
-            close = difflib.get_close_matches(key, list(types), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(types)}"
+        path = f"{where}.{key}" if where else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(hints)}"
             raise RecipeError(f"unknown recipe key {path!r}{hint}")
-        hint = types[key]
+        hint = hints[key]
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value or {}, path)
         else:
             kwargs[key] = _coerce(value, hint, path)
-    return cls(**kwargs)
+            if key in checks:
+                checks[key](kwargs[key], path)
+    section = cls(**kwargs)
+    if isinstance(section, ModelSection):
+        check_model_section(section, where)
+    optim = section if isinstance(section, OptimSection) else None
+    if optim is not None and optim.nesterov and optim.name.lower() == "sgd" and optim.momentum == 0:
+        raise RecipeError(f"{where}.nesterov needs {where}.momentum above 0, got 0")
+    return section
+
+
+# Model overrides (fields of ViTConfig and ResNetConfig) whose nonsense values the model would take
+# or fail on late: (kind, check). Kinds: "int" (a whole number), "number", "size" (an int or an
+# (h, w) pair), "ints" (a list of them), "bool"; "?" after a kind: None allowed.
+MODEL_OVERRIDES: dict[str, tuple[str, Check]] = {
+    **{k: ("size", Check(">= 1")) for k in ("img_size", "patch_size")},
+    **{
+        k: ("int", Check(">= 1"))
+        for k in ("in_chans", "num_classes", "width", "depth", "num_heads", "mlp_dim", "resnet_width", "width_factor")
+    },
+    "representation_size": ("int?", Check(">= 1")),
+    **{k: ("number", Check("[0, 1)")) for k in ("drop_rate", "attn_drop_rate", "drop_path_rate")},
+    "ln_eps": ("number", Check("> 0")),
+    "resnet_units": ("ints?", Check(">= 1")),
+    "units": ("ints", Check(">= 1")),
+    **{k: ("bool", Check()) for k in ("cls_pos_embed", "dynamic_img_size")},
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fits_kind(value: Any, kind: str) -> bool:
+    if kind.endswith("?"):
+        return value is None or _fits_kind(value, kind[:-1])
+    if kind == "int":
+        return _is_int(value)
+    if kind == "number":
+        return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    if kind == "size":
+        return _is_int(value) or (isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_int, value)))
+    if kind == "ints":
+        return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_int, value))
+    return isinstance(value, bool)
+
+
+_KIND_NAMES = {
+    "int": "a whole number",
+    "number": "a finite number",
+    "size": "a whole number or a pair [h, w] of them",
+    "ints": "a list of whole numbers",
+    "bool": "true or false",
+}
+
+
+def check_model_section(m: ModelSection, where: str = "model") -> None:
+    """Every override the model knows a range for, then (without ``init_from``, whose file gives the
+    config) the whole config as the model builds it: one line naming ``model.overrides.KEY``."""
+    for key, value in m.overrides.items():
+        if key in MODEL_OVERRIDES:
+            kind, check = MODEL_OVERRIDES[key]
+            if not _fits_kind(value, kind):
+                raise RecipeError(f"{where}.overrides.{key} must be {_KIND_NAMES[kind.rstrip('?')]}, got {value!r}")
+            if not isinstance(value, bool):
+                check(value, f"{where}.overrides.{key}")
+    if m.init_from is not None:
+        return
+    from ..models.registry import model_config
+
+    try:
+        model_config(m.name)
+    except ValueError as e:
+        raise RecipeError(f"{where}.name: {e}") from None
+    try:
+        model_config(m.name, **m.overrides)
+    except (ValueError, TypeError) as e:
+        raise RecipeError(f"{where}.overrides: {e}") from None
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from .runfolder import read_metrics
 
 
 def plot_curves(metrics: Path, out: Path) -> Path | None:
-    """Draw loss and top-1 curves; returns None when matplotlib is not installed."""
+    """Draw loss and top-1 curves; returns None when matplotlib is not installed. Lines of the log
+    that do not parse (a torn last line, a damaged one) and skipped steps' null losses are left out."""
     try:
         import matplotlib
 
@@ -16,9 +18,8 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
     except ImportError:
         return None
     steps, losses, esteps, top1 = [], [], [], []
-    for line in Path(metrics).read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
+    for _, rec in read_metrics(metrics, strict=False):
+        if rec.get("loss") is not None:
             steps.append(rec["step"])
             losses.append(rec["loss"])
         if "top1" in rec:

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import RecipeError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -44,7 +46,10 @@ def resolve_device(name: str, info_local_rank: int | None = None) -> torch.devic
     if name == "cuda":
         local = info_local_rank if info_local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
         name = f"cuda:{local}"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):  # torch's message lists every device type it was built with
+        raise RecipeError(f"train.device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device cuda requested but CUDA is not available; use --device cpu")

@@ -24,9 +24,10 @@ from torch import nn
 from ..checkpoint.native import save_weights
 from ..data import Dataset, TransformConfig, build_dataset, step_generator, train_transform
 from ..data.transforms import match_channels
-from ..errors import RecipeError, TrainingError
+from ..errors import DataError, RecipeError, TrainingError, VitkitError
 from ..eval import evaluate
 from ..eval.features import autocast
+from ..files import write_text
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from ..preprocessing import Preprocessing
@@ -34,7 +35,8 @@ from . import dist as D
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
 from .optim import build_optimizer, lr_at, set_lr
 from .process import configure_process
-from .state import TrainState, latest_loadable, list_checkpoints, save_train_state
+from .runfolder import RunFolder
+from .state import TrainState, latest_loadable, list_checkpoints, nonfinite_names, save_train_state
 from .timing import Stopwatch, Window, due
 
 
@@ -127,16 +129,22 @@ def _dataset(r: Recipe, split: str) -> Dataset:
     return build_dataset(d.name, split, minival=d.minival, subset=d.subset, subset_seed=d.subset_seed, **d.options)
 
 
-def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
-    if not r.train.patch_drop:
+def _check_batch_fits(r: Recipe, ds: Dataset) -> None:
+    """Every epoch drops its short last batch: with fewer images than a batch it would have none."""
+    try:
+        n = len(ds)
+    except (NotImplementedError, TypeError):  # a stream of unknown length: the epoch itself tells
         return
-    if not hasattr(model, "set_patch_drop"):
-        raise RecipeError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
-    if not 0.0 <= r.train.patch_drop < 1.0 or not 0.0 <= r.train.patch_drop_until <= 1.0:
+    if n < r.train.batch_size:
         raise RecipeError(
-            f"train.patch_drop must be in [0, 1) and train.patch_drop_until in [0, 1], got "
-            f"{r.train.patch_drop} and {r.train.patch_drop_until}"
+            f"train.batch_size {r.train.batch_size} is larger than the {n} training images of {ds.name}; "
+            "lower --batch-size"
         )
+
+
+def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
+    if r.train.patch_drop and not hasattr(model, "set_patch_drop"):
+        raise RecipeError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
 
 
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
@@ -161,13 +169,32 @@ class Trainer:
     """
 
     def __init__(self, recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> None:
-        self.recipe = r = recipe
+        recipe_from_dict(recipe.to_dict())  # the checks of a recipe read from YAML, for one built in Python
+        self.recipe = recipe
         self.out = Path(out_dir)
+        self.folder = RunFolder(self.out)
         self.progress = progress or Progress()
-        self.device, self.info = _devices(r)
+        self.device, self.info = _devices(recipe)
+        if self.info.is_main:
+            self.folder.acquire()  # held until run() ends (or the process does)
+        try:
+            self._set_up()
+        except BaseException:
+            self.folder.release(failed_start=True)
+            raise
+
+    def _set_up(self) -> None:
+        r = self.recipe
+        if self.info.is_main:
+            removed = self.folder.remove_stale_temporaries()
+            if removed:
+                self.progress.message(
+                    f"{self.out}: removed {len(removed)} temporary files a killed run left ({', '.join(removed[:3])})"
+                )
         self._check_resume_recipe()
         torch.manual_seed(r.seed)
         self.train_ds = _dataset(r, r.data.train_split)
+        _check_batch_fits(r, self.train_ds)
         self.eval_ds = _dataset(r, r.data.eval_split) if r.data.eval_split else None
         self.model = self._build_model().to(self.device)
         if hasattr(self.model, "set_attention_impl"):
@@ -193,20 +220,28 @@ class Trainer:
         r = self.recipe
         overrides = dict(r.model.overrides)
         overrides.setdefault("num_classes", self.train_ds.num_classes)
-        if r.model.init_from:
-            from ..checkpoint.load import load_pretrained
+        if overrides["num_classes"] < self.train_ds.num_classes:
+            raise RecipeError(
+                f"model.overrides.num_classes {overrides['num_classes']} is smaller than the "
+                f"{self.train_ds.num_classes} classes of {self.train_ds.name}"
+            )
+        try:
+            if r.model.init_from:
+                from ..checkpoint.load import load_pretrained
 
-            model = load_pretrained(r.model.init_from, pos_embed_mode=r.model.pos_embed_mode, **overrides)
-            for note in model.load_report.notes:
-                self.progress.message(f"{r.model.init_from}: {note}")
-            model.train()
-        else:
-            overrides.setdefault("in_chans", self.train_ds.in_chans)
-            model = create_model(r.model.name, **overrides)
-            if r.model.init == "mimetic":
-                mimetic_init_(model, seed=r.seed)
-            elif r.model.init != "default":
-                raise RecipeError(f"model.init must be 'default' or 'mimetic', got {r.model.init!r}")
+                model = load_pretrained(r.model.init_from, pos_embed_mode=r.model.pos_embed_mode, **overrides)
+                for note in model.load_report.notes:
+                    self.progress.message(f"{r.model.init_from}: {note}")
+                model.train()
+            else:
+                overrides.setdefault("in_chans", self.train_ds.in_chans)
+                model = create_model(r.model.name, **overrides)
+                if r.model.init == "mimetic":
+                    mimetic_init_(model, seed=r.seed)
+        except ValueError as e:  # the model's own checks, of the overrides with the file's or the data's values
+            if isinstance(e, VitkitError):
+                raise
+            raise RecipeError(f"model.overrides: {e}") from None
         bias = r.train.head_bias_init
         if bias is None and r.train.loss == "sigmoid":
             bias = -math.log(model.num_classes)
@@ -217,7 +252,14 @@ class Trainer:
     def _check_resume_recipe(self) -> None:
         saved = self.out / "config.yaml"
         if saved.is_file() and list_checkpoints(self.out / "checkpoints"):
-            old = recipe_from_dict(yaml.safe_load(saved.read_text()))
+            try:
+                old = recipe_from_dict(yaml.safe_load(saved.read_text()))
+            except (RecipeError, yaml.YAMLError, OSError) as e:
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise TrainingError(
+                    f"{saved}: the recipe of the run in this folder does not read back ({why}); "
+                    "fix it, or use another --out"
+                ) from None
             changed = [k for k in diff_recipes(old, self.recipe) if not k.startswith("log.")]
             if changed:
                 raise TrainingError(
@@ -226,14 +268,17 @@ class Trainer:
                 )
 
     def _resume(self) -> None:
-        ckpts = list_checkpoints(self.out / "checkpoints")
-        if not ckpts:
+        if not list_checkpoints(self.out / "checkpoints"):
             return
-        loaded = latest_loadable(self.out / "checkpoints")
+        skipped: list[str] = []
+        loaded = latest_loadable(self.out / "checkpoints", skipped)
         if loaded is None:
-            raise TrainingError(f"{self.out / 'checkpoints'}: no checkpoint reads back; cannot resume")
-        if loaded.path != ckpts[-1]:
-            self.progress.message(f"skipped damaged checkpoint {ckpts[-1].name}; resuming from {loaded.path.name}")
+            raise TrainingError(
+                f"{self.out / 'checkpoints'}: no checkpoint reads back with finite weights "
+                f"({'; '.join(skipped[:3])}); cannot resume. Move the folder away to start afresh"
+            )
+        if skipped:
+            self.progress.message(f"skipped checkpoint {', '.join(skipped)}; resuming from {loaded.path.name}")
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(  # full (unsharded) tensors in the file; sharded again under FSDP
@@ -261,24 +306,58 @@ class Trainer:
             self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
 
+    def _nonfinite(self) -> list[str]:
+        """The weights, EMA weights and optimiser state holding a NaN or an infinity (this process's
+        shard of them under FSDP); every process gets the same answer (a collective)."""
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard
+
+        names = {p: n for n, p in self.model.named_parameters()}
+        tensors = {n: local(p.detach()) for n, p in self.model.named_parameters()}
+        tensors.update({f"buffer {n}": local(b) for n, b in self.model.named_buffers()})
+        if self.ema is not None:
+            tensors.update({f"EMA {k}": v for k, v in self.ema.shadow.items()})
+        for p, st in self.optimizer.state.items():
+            name = names.get(p, "?")
+            tensors.update({f"optimizer {name}/{k}": local(v) for k, v in st.items() if torch.is_tensor(v)})
+        bad = nonfinite_names(tensors)
+        count = D.all_reduce_sum(torch.tensor(float(len(bad)), device=self.device), self.info)
+        return bad or (["the weights of another process"] if count.item() else [])
+
+    def _stop_if_nonfinite(self, consequence: str) -> None:
+        """Stop before non-finite weights are evaluated, saved or trained on further."""
+        bad = self._nonfinite()
+        if bad:
+            r, step = self.recipe, self.state.step
+            raise TrainingError(
+                f"the weights are not finite at step {step} ({', '.join(bad[:3])}; lr "
+                f"{lr_at(max(step - 1, 0), r.train.steps, r.optim):.3g}): {consequence}; "
+                f"{self.folder.kept(self.state.best_step)}. Lower the learning rate (optim.lr, optim.warmup_steps)"
+            )
+
     def save(self) -> Path | None:
+        step = self.state.step
+        self._stop_if_nonfinite(f"checkpoint step_{step:07d} was not written")
         model_sd, optim_sd = self._full_state()  # collective under FSDP: every rank calls it
         if not self.info.is_main:
             return None
-        path = self.out / "checkpoints" / f"step_{self.state.step:07d}.safetensors"
-        save_train_state(
-            path,
-            self.model.cfg,
-            model_sd,
-            optim_sd,
-            self.state,
-            dump_recipe(self.recipe),
-            self.preprocessing,
-            self.train_ds.classes,
-            ema_state=self.ema.shadow if self.ema else None,
-        )
-        for old in list_checkpoints(self.out / "checkpoints")[: -max(self.recipe.log.keep_last, 1)]:
-            old.unlink(missing_ok=True)
+        path = self.out / "checkpoints" / f"step_{step:07d}.safetensors"
+        with self.folder.writing(path, "write the checkpoint", step, self.state.best_step):
+            save_train_state(
+                path,
+                self.model.cfg,
+                model_sd,
+                optim_sd,
+                self.state,
+                dump_recipe(self.recipe),
+                self.preprocessing,
+                self.train_ds.classes,
+                ema_state=self.ema.shadow if self.ema else None,
+            )
+        for old in list_checkpoints(self.out / "checkpoints")[: -self.recipe.log.keep_last]:
+            with self.folder.writing(old, "remove the old checkpoint", step, self.state.best_step):
+                old.unlink(missing_ok=True)
         return path
 
     def _save_best(self) -> None:
@@ -292,24 +371,19 @@ class Trainer:
             "step": str(self.state.step),
             "top1": f"{self.state.best_metric:.6f}",
         }
-        save_weights(model_sd, _unwrap(self.model).cfg, self.out / "best.safetensors", self.preprocessing, extra)
+        path = self.out / "best.safetensors"
+        with self.folder.writing(path, "write the best weights", self.state.step, self.state.best_step):
+            save_weights(model_sd, _unwrap(self.model).cfg, path, self.preprocessing, extra)
 
     def _log(self, record: dict[str, Any]) -> None:
         if not self.info.is_main:
             return
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        with self.folder.writing(self.folder.metrics, "append to the log", self.state.step, self.state.best_step):
+            self.folder.append_metrics(record)
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self._tb.add_scalar(k, v, record["step"])
-
-    def _truncate_metrics(self) -> None:
-        path = self.out / "metrics.jsonl"
-        if not path.is_file():
-            return
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.state.step]
-        path.write_text("".join(ln + "\n" for ln in keep))
 
     def evaluate(self) -> float | None:
         """Top-1 on the evaluation split (of the EMA weights when kept), over all processes."""
@@ -365,12 +439,12 @@ class Trainer:
         if not torch.isfinite(total).item():
             self.optimizer.zero_grad(set_to_none=True)
             if r.train.on_nonfinite == "skip":
+                self._stop_if_nonfinite(f"skipping the step of a non-finite loss at step {step} cannot help")
                 self.state.nonfinite_skipped += 1
                 return None
             raise TrainingError(
-                f"non-finite loss at step {step} (lr {lr_at(step, r.train.steps, r.optim):.3g}); the last good "
-                f"checkpoint in {self.out / 'checkpoints'} is kept. Lower the learning rate, or set "
-                "train.on_nonfinite=skip"
+                f"non-finite loss at step {step} (lr {lr_at(step, r.train.steps, r.optim):.3g}); "
+                f"{self.folder.kept(self.state.best_step)}. Lower the learning rate, or set train.on_nonfinite=skip"
             )
         if r.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.train.grad_clip)
@@ -381,29 +455,45 @@ class Trainer:
         return float(total.item())
 
     def run(self) -> RunResult:
+        """Train to the last step; the run folder is let go when it ends, however it ends."""
+        try:
+            return self._run()
+        finally:
+            self.folder.release()
+
+    def close(self) -> None:
+        """Let the run folder go without running (a Trainer built only to look at)."""
+        self.folder.release()
+
+    def _run(self) -> RunResult:
         r, total = self.recipe, self.recipe.train.steps
         self._open_run()
         self.model.train()
         self.progress.start(total, self.state.step)
         watch, window = Stopwatch(), Window()
         global_batch = (r.train.batch_size // self.info.world_size) * self.info.world_size
-        for index, (images, labels) in self._epochs():
-            loss = self.train_step(images, labels)
-            window.add(loss, global_batch, watch.lap())  # step time includes waiting for data
-            self.state.step, self.state.batch_in_epoch = self.state.step + 1, index + 1
-            step = self.state.step
-            if due(step, r.log.log_every, total):
-                self._log_window(window, self.state.train_seconds + watch.unbanked)
-                window.reset()
-            self.progress.update(1)
-            if due(step, r.log.eval_every, total):
-                with watch.paused():
-                    self._evaluate_and_keep_best(self.state.train_seconds + watch.unbanked)
-            if due(step, r.log.checkpoint_every, total):
-                with watch.paused():
-                    self.state.train_seconds += watch.bank()
-                    self.save()
-        self.progress.close()
+        try:  # a run that stops closes its progress bar before the error is printed
+            for index, (images, labels) in self._epochs():
+                loss = self.train_step(images, labels)
+                window.add(loss, global_batch, watch.lap())  # step time includes waiting for data
+                self.state.step, self.state.batch_in_epoch = self.state.step + 1, index + 1
+                step = self.state.step
+                if due(step, r.log.log_every, total):
+                    self._log_window(window, self.state.train_seconds + watch.unbanked)
+                    window.reset()
+                self.progress.update(1)
+                if due(step, r.log.eval_every, total):
+                    with watch.paused():
+                        self._evaluate_and_keep_best(self.state.train_seconds + watch.unbanked)
+                if due(step, r.log.checkpoint_every, total):
+                    with watch.paused():
+                        self.state.train_seconds += watch.bank()
+                        self.save()
+        finally:
+            self.progress.close()
+        if self.state.nonfinite_skipped:
+            n = self.state.nonfinite_skipped
+            self.progress.message(f"skipped {n} steps whose loss was not finite (train.on_nonfinite=skip)")
         D.barrier(self.info)
         self._close_run()
         return RunResult(
@@ -422,22 +512,28 @@ class Trainer:
         the order (seed, epoch) fixes, starting at the batch the run stopped at."""
         r = self.recipe
         while self.state.step < r.train.steps:
+            start = self.state.batch_in_epoch
             batches = self.train_ds.batches(
                 r.train.batch_size,
                 shuffle=True,
                 seed=r.seed,
                 epoch=self.state.epoch,
-                start_batch=self.state.batch_in_epoch,
+                start_batch=start,
                 rank=self.info.rank,
                 world_size=self.info.world_size,
                 drop_last=True,
                 num_workers=r.data.num_workers,
             )
-            for index, batch in enumerate(batches, start=self.state.batch_in_epoch):
+            yielded = False
+            for index, batch in enumerate(batches, start=start):
+                yielded = True
                 yield index, batch
                 if self.state.step >= r.train.steps:
                     return
             skipped, examples = self.train_ds.skips.reset()
+            if not yielded and start == 0:  # the next epoch would give none either: stop, do not spin
+                why = f"{skipped} images could not be read, e.g. {'; '.join(examples)}" if skipped else "no images"
+                raise DataError(f"{self.train_ds.name}: epoch {self.state.epoch} gave no batch to train on ({why})")
             if skipped:
                 self.progress.message(f"epoch {self.state.epoch}: skipped {skipped} unreadable images, e.g. {examples}")
             self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
@@ -445,16 +541,20 @@ class Trainer:
     def _open_run(self) -> None:
         if not self.info.is_main:
             return
+        step, best = self.state.step, self.state.best_step
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(dump_recipe(self.recipe))
-        self._truncate_metrics()
+        with self.folder.writing(self.out / "config.yaml", "write the recipe", step, best):
+            write_text(self.out / "config.yaml", dump_recipe(self.recipe))
+        with self.folder.writing(self.folder.metrics, "cut the log back to the resumed step", step, best):
+            self.folder.truncate_metrics(step)
         self._tb = _tensorboard(self.out) if self.recipe.log.tensorboard else None
 
     def _close_run(self) -> None:
         if self.info.is_main and self.recipe.log.plot:
             from .curves import plot_curves
 
-            plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+            with self.folder.writing(self.out / "curves.png", "draw the curves", self.state.step, self.state.best_step):
+                plot_curves(self.folder.metrics, self.out / "curves.png")
         if self._tb is not None:
             self._tb.close()
 
@@ -462,16 +562,22 @@ class Trainer:
         step, r = self.state.step, self.recipe
         rec = {
             "step": step,
-            "loss": window.mean_loss,
+            "loss": window.mean_loss,  # null when every step of the window was skipped
             "lr": lr_at(step - 1, r.train.steps, r.optim),
             "epoch": self.state.epoch,
             "img_per_s": window.images_per_s,
             "train_s": train_seconds,
         }
+        if window.skipped:
+            rec["skipped"] = window.skipped  # steps of the window left out for a non-finite loss
         self._log(rec)
-        self.progress.update(0, loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", ips=f"{rec['img_per_s']:.0f}")
+        loss = "skipped" if rec["loss"] is None else f"{rec['loss']:.4f}"
+        self.progress.update(0, loss=loss, lr=f"{rec['lr']:.2e}", ips=f"{rec['img_per_s']:.0f}")
 
     def _evaluate_and_keep_best(self, train_seconds: float) -> None:
+        if self.eval_ds is None:
+            return
+        self._stop_if_nonfinite("they were not evaluated and best.safetensors was not written")
         top1 = self.evaluate()
         if top1 is None:
             return

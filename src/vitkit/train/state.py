@@ -3,7 +3,8 @@
 The file is also a plain vitkit model checkpoint: model tensors under their own names (so
 ``vitkit.load_pretrained`` reads it), and the training state under ``__train__/``: optimiser
 state, EMA weights, random-number-generator state; counters and optimiser hyper-parameters in
-the metadata as JSON. Files are written atomically; a damaged newest file is skipped in favour of
+the metadata as JSON. Files are written atomically, and only with finite weights; a newest file
+that is damaged (or holds non-finite values, written by an older vitkit) is skipped in favour of
 the previous one.
 """
 
@@ -128,9 +129,13 @@ def load_train_state(path: Path) -> LoadedTrainState:
     if "train_state" not in meta:
         raise CheckpointError(f"{path}: a model checkpoint without training state; cannot resume from it")
     try:
-        ts = json.loads(meta["train_state"])
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: damaged training state ({e})") from None
+        return _train_state(path, tensors, meta)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path}: damaged training state ({type(e).__name__}: {e})") from None
+
+
+def _train_state(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> LoadedTrainState:
+    ts = json.loads(meta["train_state"])
     model_state = {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}
     ema = {k[len(PREFIX) + 4 :]: v for k, v in tensors.items() if k.startswith(f"{PREFIX}ema/")} or None
     rng = {k[len(PREFIX) + 4 :]: v for k, v in tensors.items() if k.startswith(f"{PREFIX}rng/")}
@@ -157,11 +162,31 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_loadable(folder: Path) -> LoadedTrainState | None:
-    """The newest checkpoint that reads back; damaged ones are skipped (and reported by the caller)."""
+def nonfinite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors that hold a NaN or an infinity."""
+    named = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not named:
+        return []
+    flags = [torch.isfinite(v).all() for _, v in named]
+    finite = torch.stack([f.to(flags[0].device) for f in flags]).tolist()  # one transfer, not one a tensor
+    return [k for (k, _), ok in zip(named, finite) if not ok]
+
+
+def latest_loadable(folder: Path, skipped: list[str] | None = None) -> LoadedTrainState | None:
+    """The newest checkpoint that reads back with finite weights; the others are skipped, each
+    noted in ``skipped`` as "NAME (why)" for the caller to report."""
     for path in reversed(list_checkpoints(folder)):
         try:
-            return load_train_state(path)
+            loaded = load_train_state(path)
         except CheckpointError:
-            continue
+            why = "damaged"
+        else:
+            bad = nonfinite_names(loaded.model_state) + nonfinite_names(loaded.ema_state or {})
+            optim = loaded.optim_state["state"]
+            bad += nonfinite_names({f"optimizer {fqn}/{k}": v for fqn, st in optim.items() for k, v in st.items()})
+            if not bad:
+                return loaded
+            why = f"non-finite values in {', '.join(bad[:3])}"
+        if skipped is not None:
+            skipped.append(f"{path.name} ({why})")
     return None

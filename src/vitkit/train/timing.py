@@ -44,23 +44,28 @@ class Stopwatch:
 
 
 class Window:
-    """The steps since the last log line: their mean loss and images per second of training time."""
+    """The steps since the last log line: their mean loss, how many were skipped (a non-finite
+    loss), and images per second of training time."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.loss, self.losses, self.images, self.seconds = 0.0, 0, 0, 0.0
+        self.skipped = 0
 
     def add(self, loss: float | None, images: int, seconds: float) -> None:
-        if loss is not None:  # a skipped non-finite step has no loss
+        if loss is not None:
             self.loss, self.losses = self.loss + loss, self.losses + 1
+        else:  # a skipped non-finite step has no loss
+            self.skipped += 1
         self.images += images
         self.seconds += seconds
 
     @property
-    def mean_loss(self) -> float:
-        return self.loss / max(self.losses, 1)
+    def mean_loss(self) -> float | None:
+        """The mean over the steps that had a loss; None when every step was skipped."""
+        return self.loss / self.losses if self.losses else None
 
     @property
     def images_per_s(self) -> float:

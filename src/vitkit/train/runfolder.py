@@ -1,0 +1,174 @@
+"""The run folder of a training run: who holds it, what a killed run left in it, its metrics log.
+
+- One run at a time: the run holds ``OUT/.lock`` (``fcntl.flock``, not blocking) for its life. The
+  operating system drops the lock when the process ends, killed or not, so a lock file left by a
+  dead run never blocks; the file names the holder (pid, host, start time) for the one refused.
+- A run killed while writing leaves the temporaries of :func:`vitkit.files.atomic_write` behind;
+  the next run removes those of the files a run writes.
+- ``metrics.jsonl``: one JSON record a line, appended one whole line at a time. A torn last line
+  (a crash while appending) is dropped when the log is read; a damaged line elsewhere is an error
+  that names the file and the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrainingError
+from ..files import temporary_target, write_text
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: runs go unlocked
+    fcntl = None  # type: ignore[assignment]
+
+METRICS = "metrics.jsonl"
+LOCK = ".lock"
+# What a run writes through atomic_write, in the run folder and in checkpoints/.
+_WRITTEN = re.compile(r"config\.yaml|metrics\.jsonl|best\.safetensors|step_\d+\.safetensors")
+
+
+class RunFolder:
+    """``out`` and what lives in it; :meth:`acquire` before anything reads or writes there."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+        self.checkpoints = self.out / "checkpoints"
+        self.metrics = self.out / METRICS
+        self._fd: int | None = None
+        self._created = False
+
+    # -- the lock ---------------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Hold the folder (made if missing), or stop with one line naming the run that holds it."""
+        self._created = not self.out.exists()
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise TrainingError(f"{self.out}: cannot use as the run folder ({e.strerror or e})") from None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 500).decode(errors="replace").strip() or "a process that has not said which"
+                os.close(fd)
+                raise TrainingError(
+                    f"{self.out} is in use by another run ({holder}); wait for it to end, or use another --out"
+                ) from None
+            except OSError:  # a file system without locks: the run goes unlocked
+                pass
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        with contextlib.suppress(OSError):  # who holds it is for the message of the one refused
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+        self._fd = fd
+
+    def release(self, failed_start: bool = False) -> None:
+        """Let the folder go. ``failed_start``: the run never began, so a folder this run made
+        (holding only the lock file) is removed again."""
+        if self._fd is None:
+            return
+        if failed_start and self._created:
+            with contextlib.suppress(OSError):
+                (self.out / LOCK).unlink()
+                self.out.rmdir()  # only if empty
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+    def __del__(self) -> None:  # a Trainer dropped without running lets the folder go too
+        with contextlib.suppress(Exception):
+            self.release()
+
+    # -- what a killed run left -------------------------------------------------------------------
+    def remove_stale_temporaries(self) -> list[str]:
+        """Remove the temporaries a killed run's atomic writes left here and in checkpoints/ (the
+        folder is held, so no other run is writing them); returns their names."""
+        removed = []
+        for folder in (self.out, self.checkpoints):
+            if not folder.is_dir():
+                continue
+            for p in folder.iterdir():
+                target = temporary_target(p.name)
+                if target and _WRITTEN.fullmatch(target) and p.is_file():
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                    removed.append(p.name)
+        return removed
+
+    # -- what is kept -----------------------------------------------------------------------------
+    def kept(self, best_step: int | None = None) -> str:
+        """What a run that stops now leaves to resume from and to use, in words."""
+        from .state import list_checkpoints
+
+        ckpts = list_checkpoints(self.checkpoints)
+        text = f"{ckpts[-1]} is kept" if ckpts else "no checkpoint was written"
+        if (self.out / "best.safetensors").is_file():
+            text += "; best.safetensors" + (f" (step {best_step})" if best_step is not None else "") + " is kept"
+        return text
+
+    @contextlib.contextmanager
+    def writing(self, path: Path, doing: str, step: int, best_step: int | None = None) -> Iterator[None]:
+        """Turn a failed write (a full disk, a read-only folder) into one line naming the file."""
+        try:
+            yield
+        except OSError as e:
+            reason = e.strerror or str(e) or type(e).__name__
+            raise TrainingError(
+                f"{path}: cannot {doing} ({reason}); the run stops at step {step}, {self.kept(best_step)}"
+            ) from None
+
+    # -- the metrics log --------------------------------------------------------------------------
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """Append one record as one whole line (a single write, flushed)."""
+        line = json.dumps(record) + "\n"
+        with open(self.metrics, "a") as f:
+            f.write(line)
+            f.flush()
+
+    def truncate_metrics(self, step: int) -> None:
+        """Keep the records up to ``step`` (the resumed one), dropping a torn last line; atomically."""
+        if not self.metrics.is_file():
+            return
+        keep = [line for line, rec in read_metrics(self.metrics) if rec["step"] <= step]
+        write_text(self.metrics, "".join(line + "\n" for line in keep))
+
+
+def read_metrics(path: str | Path, strict: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) for each record of a ``metrics.jsonl``. A last line that does not parse (torn by
+    a crash while appending) is dropped; one elsewhere is a :class:`TrainingError` naming the file
+    and line, or, with ``strict`` False, skipped too."""
+    path = Path(path)
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        raise TrainingError(f"{path}: cannot read the metrics log ({e.strerror or e})") from None
+    while lines and not lines[-1].strip("\x00 \t"):
+        lines.pop()  # blank, or zeros a crash left where the last line should be
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+                raise ValueError("not a record with a step")
+        except ValueError as e:
+            if number == len(lines) or not strict:
+                continue
+            raise TrainingError(
+                f"{path}: line {number} is damaged ({e}); remove it (or the file) to resume the run"
+            ) from None
+        out.append((line, rec))
+    return out
+
+
+__all__ = ["LOCK", "METRICS", "RunFolder", "read_metrics"]
