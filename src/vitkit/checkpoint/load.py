@@ -23,7 +23,7 @@ from ..models.registry import build_model, model_config
 from ..preprocessing import Preprocessing
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
 from .native import FORMAT, read_native
-from .official import convert_official, is_official
+from .official import convert_official, is_official, select_arrays
 from .peers import convert_hf, convert_timm, is_hf, is_timm, read_hf_dir
 
 log = logging.getLogger("vitkit")
@@ -75,7 +75,7 @@ def read_any(path: str | Path, num_heads: int | None = None) -> _Loaded:
     hf_cfg = read_hf_dir(p.parent) if p.name in ("model.safetensors", "pytorch_model.bin") else None
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        sd, cfg = convert_official(read_npz(p), p)
+        sd, cfg = convert_official(read_npz(p, select=lambda names: select_arrays(names, p)), p)
         return _Loaded(sd, cfg, "official", Preprocessing.for_config(cfg))
     if suffix == ".safetensors":
         if read_safetensors_metadata(p).get("format") == FORMAT:

@@ -62,6 +62,35 @@ def is_official(keys: set[str]) -> bool:
     return "embedding/kernel" in keys or any(k.startswith("params/embedding/") for k in keys)
 
 
+# Every array name the conversion below maps (after big_vision's ``params/`` prefix is dropped),
+# the scanned blocks of big_vision included. Others are refused from the zip directory, before
+# anything is decompressed (:func:`select_arrays`).
+_ARRAY_NAMES = re.compile(
+    r"embedding/(kernel|bias)|cls|pos_embedding|Transformer/posembed_input/pos_embedding"
+    r"|Transformer/encoder_norm/(scale|bias)|(pre_logits|head)/(kernel|bias)"
+    r"|Transformer/encoderblock(_\d+)?/(LayerNorm_\d+/(scale|bias)"
+    r"|MultiHeadDotProductAttention_\d+/(query|key|value|out)/(kernel|bias)|MlpBlock_\d+/Dense_[01]/(kernel|bias))"
+    r"|conv_root/kernel|gn_root/(scale|bias)"
+    r"|block\d+/unit\d+/(conv[123]/kernel|conv_proj/kernel|gn[123]/(scale|bias)|gn_proj/(scale|bias))"
+)
+
+
+def select_arrays(names: list[str], path: str | Path = "<npz>") -> list[str]:
+    """The names of an official ``.npz`` to read, from its directory alone: big_vision's
+    ``params/`` (its optimiser state is skipped, unread), refusing files that are not a ViT
+    and arrays vitkit would not map, before any of them is decompressed (:func:`vitkit.checkpoint.io.read_npz`)."""
+    keep = [n for n in names if n.startswith("params/")] or list(names)
+    bare = {n: n[len("params/") :] if n.startswith("params/") else n for n in keep}
+    if any(b.startswith("MAPHead_0/") for b in bare.values()):
+        raise CheckpointError(f"{path}: attention-pooling (MAP) heads are not supported; only token and gap")
+    if "embedding/kernel" not in bare.values():
+        raise CheckpointError(f"{path}: no 'embedding/kernel': not an official ViT checkpoint")
+    unknown = sorted(b for b in bare.values() if not _ARRAY_NAMES.fullmatch(b))
+    if unknown:
+        raise CheckpointError(f"{path}: arrays vitkit does not know how to map: {unknown[:10]}")
+    return keep
+
+
 def _strip(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Drop big_vision's ``params/`` prefix and any optimiser state."""
     if any(k.startswith("params/") for k in arrays):
