@@ -5,6 +5,7 @@ outputs, or are refused before anything is written."""
 from __future__ import annotations
 
 import io
+import json
 import time
 import tracemalloc
 import zipfile
@@ -12,9 +13,12 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import vitkit
 from vitkit.checkpoint import CheckpointError, to_official
+from vitkit.cli import main
+from vitkit.export import export_weights
 
 BASE = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3)
 
@@ -46,6 +50,226 @@ def one_line_error(capsys) -> str:
 
 def files_under(folder) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. non-finite weights
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_weights_are_refused(tmp_path, capsys, bad):
+    m = tiny()
+    with torch.no_grad():
+        m.blocks[1].mlp.fc2.weight[3, 5] = bad
+    path = vitkit.save_checkpoint(m, tmp_path / "m.safetensors")
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: tensor 'blocks\.1\.mlp\.fc2\.weight' holds 1 non"):
+        vitkit.load_pretrained(path)
+    assert vitkit.load_pretrained(path, allow_nonfinite=True).blocks[1].mlp.fc2.weight.isfinite().sum() == 64 * 32 - 1
+    image = tmp_path / "x.png"
+    from PIL import Image
+
+    Image.new("RGB", (16, 16), (10, 20, 30)).save(image)
+    assert main(["predict", str(path), str(image)]) == 2
+    assert "non-finite" in one_line_error(capsys)
+    arrays = to_official(tiny().state_dict(), tiny().cfg)
+    arrays["Transformer/encoder_norm/scale"][0] = bad
+    np.savez(tmp_path / "o.npz", **arrays)
+    with pytest.raises(CheckpointError, match=r"o\.npz: tensor 'norm\.weight'"):
+        vitkit.load_pretrained(tmp_path / "o.npz")
+
+
+def test_nonfinite_head_that_is_replaced_does_not_matter(tmp_path):
+    m = tiny()
+    with torch.no_grad():
+        m.head.weight[0, 0] = float("nan")
+    path = vitkit.save_checkpoint(m, tmp_path / "m.safetensors")
+    assert vitkit.load_pretrained(path, num_classes=5).head.weight.abs().sum() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 4 and 5. Hugging Face config.json, and values a file brings in
+
+
+def _hf_folder(tmp_path, config_edit=None, name="hf"):
+    folder = tmp_path / name
+    m = tiny(num_heads=4, act="gelu", ln_eps=1e-12)  # Hugging Face's defaults
+    export_weights(m, folder, "hf")
+    if config_edit is not None:
+        cfg = json.loads((folder / "config.json").read_text())
+        config_edit(cfg)
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return folder, m
+
+
+def test_hf_folder_without_config_json_is_refused(tmp_path, capsys):
+    folder, m = _hf_folder(tmp_path)
+    (folder / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"hf/config\.json: missing; .*number of attention heads"):
+        vitkit.load_pretrained(folder)
+    assert torch.equal(outputs(vitkit.load_pretrained(folder, num_heads=4)), outputs(m))
+    raw = tmp_path / "raw.safetensors"
+    (folder / "model.safetensors").rename(raw)
+    with pytest.raises(CheckpointError, match=r"raw\.safetensors: Hugging Face weights without config\.json"):
+        vitkit.load_pretrained(raw)
+    assert main(["convert", str(raw), str(tmp_path / "o.safetensors")]) == 2
+    assert "pass num_heads" in one_line_error(capsys)
+
+
+def test_hf_config_defaults_are_hugging_faces(tmp_path):
+    """A key Hugging Face leaves out of config.json (its own default) means that default."""
+    folder, m = _hf_folder(tmp_path, lambda c: [c.pop(k) for k in ("hidden_act", "layer_norm_eps", "image_size")])
+    back = vitkit.load_pretrained(folder)
+    assert back.cfg == m.cfg and torch.equal(outputs(back), outputs(m))
+    folder, _ = _hf_folder(tmp_path, lambda c: c.pop("num_attention_heads"), name="h2")
+    with pytest.raises(CheckpointError, match="default of 12 does not divide the width 32"):
+        vitkit.load_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num_attention_heads", "4"),
+        ("num_attention_heads", 0),
+        ("num_attention_heads", -4),
+        ("num_attention_heads", 4.0),
+        ("num_attention_heads", 5),
+        ("num_attention_heads", True),
+        ("layer_norm_eps", "1e-6"),
+        ("layer_norm_eps", -1.0),
+        ("layer_norm_eps", float("nan")),
+        ("hidden_act", 3),
+        ("hidden_act", "relu"),
+        ("image_size", [16]),
+        ("image_size", "16"),
+        ("image_size", 0),
+    ],
+)
+def test_bad_hf_config_values_are_named(tmp_path, key, value):
+    folder, _ = _hf_folder(tmp_path, lambda c: c.__setitem__(key, value))
+    with pytest.raises(CheckpointError) as e:
+        vitkit.load_pretrained(folder)
+    msg = str(e.value)
+    assert "config.json" in msg and (key in msg or "num_heads" in msg or "divisible" in msg), msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"vit"', "{", "[" * 100_000 + "]" * 100_000])
+def test_hf_config_json_that_is_not_an_object(tmp_path, text):
+    folder, _ = _hf_folder(tmp_path)
+    (folder / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=r"config\.json"):
+        vitkit.load_pretrained(folder)
+
+
+def _edit_native(path, edit_config=None, edit_meta=None):
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+    tensors = load_file(path)
+    if edit_config is not None:
+        cfg = json.loads(meta["config"])
+        edit_config(cfg)
+        meta["config"] = json.dumps(cfg)
+    if edit_meta is not None:
+        edit_meta(meta)
+    save_file(tensors, path, metadata=meta)
+
+
+def _set(key, value):
+    return lambda d: d.__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (_set("width", "32"), "config['width']"),
+        (_set("width", 32.0), "config['width']"),
+        (_set("num_heads", 0), "config['num_heads']"),
+        (_set("num_heads", 3), "not divisible by num_heads 3"),
+        (_set("patch_size", 0), "config['patch_size']"),
+        (_set("patch_size", [4]), "config['patch_size']"),
+        (_set("img_size", [16, -16]), "config['img_size'][1]"),
+        (_set("depth", -1), "config['depth']"),
+        (_set("depth", 4000), "4000 blocks"),
+        (_set("width", 10**9), "config['width']"),
+        (_set("mlp_dim", 64.0), "config['mlp_dim']"),
+        (_set("mlp_dim", 65536), "tensor shapes do not match"),
+        (_set("num_classes", -1), "config['num_classes']"),
+        (_set("num_classes", 10**6), "tensor shapes do not match"),
+        (_set("representation_size", "8"), "config['representation_size']"),
+        (_set("drop_rate", 2.0), "config['drop_rate']"),
+        (_set("ln_eps", "x"), "config['ln_eps']"),
+        (_set("ln_eps", 0), "config['ln_eps']"),
+        (_set("act", None), "config['act']"),
+        (_set("pos_embed", ["learned"]), "config['pos_embed']"),
+        (_set("cls_pos_embed", "yes"), "config['cls_pos_embed']"),
+        (_set("resnet_units", [0]), "config['resnet_units'][0]"),
+        (_set("hidden_size", 32), "unknown ViTConfig field(s) ['hidden_size']"),
+    ],
+)
+def test_bad_vitkit_config_values_are_named(tmp_path, edit, named):
+    path = vitkit.save_checkpoint(tiny(), tmp_path / "m.safetensors")
+    _edit_native(path, edit_config=edit)
+    t0 = time.perf_counter()
+    with pytest.raises(CheckpointError) as e:
+        vitkit.load_pretrained(path)
+    assert time.perf_counter() - t0 < 5
+    assert named in str(e.value) and "m.safetensors" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_free_image_size_from_a_file_is_bounded(tmp_path):
+    path = vitkit.save_checkpoint(tiny(pos_embed="sincos2d"), tmp_path / "m.safetensors")
+    _edit_native(path, edit_config=_set("img_size", [4096, 4096]))  # 1024 x 1024 tokens: a 128 MB table
+    with pytest.raises(CheckpointError, match="more than the 65536 tokens"):
+        vitkit.load_pretrained(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (_set("config", "{"), "not valid JSON"),
+        (_set("config", "[]"), "must be a JSON object"),
+        (_set("arch", "cnn"), "arch must be"),
+        (lambda m: m.pop("config"), "no model config"),
+        (_set("preprocessing", '{"mean": [0.5], "std": [0.5], "img_size": [16, 16]}'), "preprocessing['mean']"),
+        (
+            _set("preprocessing", '{"mean": [0.5,0.5,0.5], "std": [0.5,0,0.5], "img_size": [16, 16]}'),
+            "preprocessing['std'][1]",
+        ),
+        (
+            _set("preprocessing", '{"mean": [0,0,0], "std": [1,1,1], "img_size": 16, "interpolation": "x"}'),
+            "preprocessing['interpolation']",
+        ),
+        (_set("preprocessing", "null"), "preprocessing must be a JSON object"),
+    ],
+)
+def test_bad_vitkit_metadata_is_named(tmp_path, edit, named):
+    path = vitkit.save_checkpoint(tiny(), tmp_path / "m.safetensors")
+    _edit_native(path, edit_meta=edit)
+    with pytest.raises(CheckpointError) as e:
+        vitkit.load_pretrained(path)
+    assert named in str(e.value) and "m.safetensors" in str(e.value), str(e.value)
+
+
+def test_tensors_of_the_wrong_rank_are_a_checkpoint_error(tmp_path):
+    sd = tiny().state_dict()
+    sd["patch_embed.proj.weight"] = sd["patch_embed.proj.weight"].flatten()
+    save_file(sd, tmp_path / "t.safetensors")
+    with pytest.raises(CheckpointError, match=r"t\.safetensors: tensors do not form a model vitkit can read"):
+        vitkit.load_pretrained(tmp_path / "t.safetensors", num_heads=2)
+    sd = tiny().state_dict()
+    sd["blocks.99999999.norm1.weight"] = torch.ones(32)  # a depth of 10^8 by its name: refused, not built
+    save_file(sd, tmp_path / "deep.safetensors")
+    with pytest.raises(CheckpointError, match="100000000 blocks"):
+        vitkit.load_pretrained(tmp_path / "deep.safetensors", num_heads=2)
+
+
+def test_heads_the_file_gives_are_not_overridden_by_a_name(tmp_path):
+    m = tiny(width=192, num_heads=6, mlp_dim=768, depth=12, patch_size=16, img_size=32)
+    export_weights(m, tmp_path / "m.npz", "official")
+    with pytest.raises(CheckpointError, match="num_heads 6 in the file vs 3 for vit_ti16"):
+        vitkit.load_pretrained(tmp_path / "m.npz", name="vit_ti16")
 
 
 # ---------------------------------------------------------------------------------------------

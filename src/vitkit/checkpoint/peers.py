@@ -16,6 +16,7 @@ import torch
 from ..errors import CheckpointError
 from ..models.config import VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
+from . import values
 
 _UNSUPPORTED_TIMM = ("fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "attn_pool.", "norm_pre.")
 
@@ -70,8 +71,8 @@ def _count_units(sd: dict[str, torch.Tensor]) -> tuple[int, ...]:
     return tuple(counts[s] for s in sorted(counts))
 
 
-def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
-    """timm ``VisionTransformer`` state dict -> (vitkit state dict, config)."""
+def timm_to_vitkit(sd: dict[str, torch.Tensor], path: Any = "<timm>") -> dict[str, torch.Tensor]:
+    """timm parameter names -> vitkit's (float32), refusing timm features vitkit does not have."""
     bad = sorted(k for k in sd if any(p in k for p in _UNSUPPORTED_TIMM))
     if bad:
         raise CheckpointError(
@@ -82,6 +83,12 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
     for k, v in sd.items():
         k = k.replace("pre_logits.fc.", "pre_logits.")
         out[_timm_backbone_key(k)] = v.float()
+    return out
+
+
+def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
+    """timm ``VisionTransformer`` state dict -> (vitkit state dict, config read off the tensors)."""
+    out = timm_to_vitkit(sd, path)
     w = out["patch_embed.proj.weight"]  # (D, C, ph, pw)
     width, cin, ph, pw = w.shape
     depth = 1 + max(int(m.group(1)) for k in out if (m := re.match(r"blocks\.(\d+)\.", k)))
@@ -159,10 +166,16 @@ def _hf_legacy_name(key: str) -> str:
 
 
 def convert_hf(
-    sd: dict[str, torch.Tensor], hf_config: dict[str, Any] | None = None, path: Any = "<hf>"
+    sd: dict[str, torch.Tensor],
+    hf_config: dict[str, Any] | None = None,
+    path: Any = "<hf>",
+    num_heads: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], ViTConfig, list[str]]:
-    """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes)."""
-    hf_config = hf_config or {}
+    """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes).
+
+    The number of heads is not in the tensors: it comes from ``config.json`` (where a key
+    Hugging Face left out has its default, 12 heads) or from ``num_heads``; without either
+    the weights are refused. The values read from ``config.json`` are checked."""
     sd = {_hf_legacy_name(k): v for k, v in sd.items()}
     p = "vit." if any(k.startswith("vit.") for k in sd) else ""
     notes: list[str] = []
@@ -207,26 +220,63 @@ def convert_hf(
     if unused:
         notes.append(f"ignored tensors not used by image classification: {unused[:6]}")
     width, cin, ph, pw = out["patch_embed.proj.weight"].shape
-    heads = hf_config.get("num_attention_heads") or _heads_for(width)
-    act = hf_config.get("hidden_act", "gelu")
-    if act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
-        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
-    img = _grid_img(out["pos_embed"].shape[1] - 1, (ph, pw), 1, path)
-    cfg = ViTConfig(
-        img_size=img,
-        patch_size=(ph, pw),
-        in_chans=cin,
-        num_classes=out["head.weight"].shape[0] if has_head else 0,
-        width=width,
-        depth=depth,
-        num_heads=heads,
-        mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
-        classifier="token",
-        representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
-        act="gelu" if act == "gelu" else "gelu_tanh",
-        ln_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
-    )
+    where = str(Path(path).parent / "config.json")
+    heads, act, eps, img = _hf_settings(hf_config, out, num_heads, where, path)
+    try:
+        cfg = ViTConfig(
+            img_size=img,
+            patch_size=(ph, pw),
+            in_chans=cin,
+            num_classes=out["head.weight"].shape[0] if has_head else 0,
+            width=width,
+            depth=depth,
+            num_heads=heads,
+            mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
+            classifier="token",
+            representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
+            act="gelu" if act == "gelu" else "gelu_tanh",
+            ln_eps=eps,
+        )
+    except ValueError as e:  # heads that do not divide the width, most likely
+        raise CheckpointError(f"{where if hf_config is not None else path}: {e}") from None
     return out, cfg, notes
+
+
+def _hf_settings(
+    hf_config: dict[str, Any] | None, out: dict[str, torch.Tensor], num_heads: int | None, where: str, path: Any
+) -> tuple[int, str, float, tuple[int, int]]:
+    """Heads, activation, LayerNorm epsilon and image size of a Hugging Face ViT: the values of
+    its ``config.json`` (checked; a key it leaves out has Hugging Face's default), the heads
+    from ``num_heads`` without one, the image size from the grid of position embeddings."""
+    if hf_config is None and num_heads is None:
+        raise CheckpointError(
+            f"{path}: Hugging Face weights without their config.json (looked for {where}): the number of "
+            "attention heads is not in the tensors; put config.json beside them or pass num_heads"
+        )
+    width, _, ph, pw = out["patch_embed.proj.weight"].shape
+    if hf_config is None:
+        heads, hf_config = num_heads, {}
+    elif "num_attention_heads" in hf_config:
+        heads = values.integer(hf_config["num_attention_heads"], where, "num_attention_heads")
+    elif width % 12 == 0:
+        heads = 12  # what Hugging Face reads from a config.json that leaves its default out
+    else:
+        raise CheckpointError(
+            f"{where}: no num_attention_heads, and Hugging Face's default of 12 does not divide the width {width}"
+        )
+    act = hf_config.get("hidden_act", "gelu")
+    if not isinstance(act, str) or act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
+        raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
+    eps = values.number(hf_config.get("layer_norm_eps", 1e-12), where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
+    num_patches = out["pos_embed"].shape[1] - 1
+    img = _grid_img(num_patches, (ph, pw), 1, path) if square_side(num_patches) else None
+    if "image_size" in hf_config:  # a rectangular image size (Hugging Face takes a pair) names the grid
+        h, w = values.size_pair(hf_config["image_size"], where, "image_size")
+        if h % ph == 0 and w % pw == 0 and (h // ph) * (w // pw) == num_patches:
+            img = (h, w)
+    if img is None:
+        img = _grid_img(num_patches, (ph, pw), 1, path)  # the error: not a square, and not the config's
+    return heads, act, eps, img
 
 
 def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
@@ -293,12 +343,11 @@ def hf_config_for(cfg: ViTConfig) -> dict[str, Any]:
 
 
 def read_hf_dir(path: Path) -> dict[str, Any] | None:
+    """The ``config.json`` of a Hugging Face folder (a JSON object), or None without one."""
     cfg = path / "config.json"
-    if cfg.is_file():
-        import json
-
-        try:
-            return json.loads(cfg.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
-    return None
+    if not cfg.is_file():
+        return None
+    d = values.read_json_file(cfg)
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{cfg}: expected a JSON object, got {type(d).__name__}")
+    return d
