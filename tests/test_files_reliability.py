@@ -53,6 +53,171 @@ def files_under(folder) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 1. exporters write what the format holds, and refuse the rest before writing anything
+
+OPTIONS = {
+    "token": {},
+    "gap": {"classifier": "gap"},
+    "sincos2d": {"pos_embed": "sincos2d"},
+    "none": {"pos_embed": "none"},
+    "none_224": {"pos_embed": "none", "img_size": 224, "patch_size": 32},
+    "learned2d": {"pos_embed": "learned2d"},
+    "relative": {"pos_embed": "relative"},
+    "representation": {"representation_size": 8},
+    "representation_no_head": {"representation_size": 8, "num_classes": 0},
+    "no_head": {"num_classes": 0},
+    "cls_pos_embed_false": {"cls_pos_embed": False},
+    "rect_grid": {"img_size": (16, 24)},
+    "rect_patch": {"img_size": (16, 8), "patch_size": (4, 2)},
+    "heads_8": {"num_heads": 8},
+    "heads_1": {"num_heads": 1},
+    "exact_gelu": {"act": "gelu"},
+    "ln_eps_1e-12": {"ln_eps": 1e-12},
+    "hybrid": {"resnet_units": (1, 1), "resnet_width": 32, "patch_size": 1, "img_size": 32},
+    "gray": {"in_chans": 1},
+}
+
+# (format, option) pairs the format cannot hold: refused in one line, nothing written.
+REFUSED = {
+    "official": {
+        "sincos2d",
+        "none",
+        "learned2d",
+        "relative",
+        "rect_grid",
+        "exact_gelu",
+        "ln_eps_1e-12",
+    },
+    "timm": {"sincos2d", "learned2d", "relative"},
+    "hf": {
+        "gap",
+        "sincos2d",
+        "none",
+        "none_224",
+        "learned2d",
+        "relative",
+        "representation",
+        "cls_pos_embed_false",
+        "hybrid",
+    },
+    "vitkit": set(),
+}
+DESTINATIONS = {"vitkit": "m.safetensors", "official": "m.npz", "timm": "m.safetensors", "hf": "m_hf"}
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+@pytest.mark.parametrize("to", ["vitkit", "official", "linen", "timm", "hf"])
+def test_every_format_round_trips_or_refuses(tmp_path, to, option):
+    fmt, layout = ("official", "linen") if to == "linen" else (to, "prelinen")
+    m = tiny(**OPTIONS[option])
+    dst = tmp_path / DESTINATIONS[fmt]
+    if option in REFUSED[fmt]:
+        with pytest.raises(CheckpointError) as e:
+            export_weights(m, dst, fmt, layout=layout)
+        assert "\n" not in str(e.value) and "export to vitkit instead" in str(e.value)
+        assert files_under(tmp_path) == []
+        return
+    export_weights(m, dst, fmt, layout=layout)
+    back = vitkit.load_pretrained(dst)
+    assert back.cfg == m.cfg, f"{option} through {to}: {back.cfg} != {m.cfg}"
+    assert torch.equal(outputs(back), outputs(m))
+    assert back.load_report.notes == [] or fmt == "hf"
+
+
+def test_official_gap_and_cls_positions_are_inferred(tmp_path):
+    """What the official arrays do show: the classifier and whether the class token has a position."""
+    for kw in ({"classifier": "gap", "representation_size": 8}, {"cls_pos_embed": False, "img_size": 4}):
+        m = tiny(**kw)
+        export_weights(m, tmp_path / "m.npz", "official")
+        back = vitkit.load_pretrained(tmp_path / "m.npz")
+        assert back.cfg == m.cfg and torch.equal(outputs(back), outputs(m))
+
+
+def test_timm_file_keeps_the_config_and_stays_a_timm_state_dict(tmp_path):
+    m = tiny(num_heads=8, act="gelu_tanh", img_size=(16, 24), representation_size=8)
+    export_weights(m, tmp_path / "t.safetensors", "timm")
+    tensors = load_file(tmp_path / "t.safetensors")
+    assert "pre_logits.fc.weight" in tensors and "blocks.0.attn.qkv.weight" in tensors
+    bare = tmp_path / "bare.safetensors"  # the same tensors without vitkit's metadata: read as before
+    save_file(tensors, bare)
+    with pytest.raises(CheckpointError, match="do not form a square grid"):
+        vitkit.load_pretrained(bare)
+    back = vitkit.load_pretrained(tmp_path / "t.safetensors")
+    assert back.cfg.num_heads == 8 and back.cfg.img_size == (16, 24) and torch.equal(outputs(back), outputs(m))
+    with pytest.raises(CheckpointError, match="records num_heads=8, but num_heads=2 was given"):
+        vitkit.load_pretrained(tmp_path / "t.safetensors", num_heads=2)
+
+
+def test_preprocessing_the_format_cannot_hold_is_refused(tmp_path):
+    from vitkit.preprocessing import Preprocessing
+
+    m = tiny()
+    m.preprocessing = Preprocessing((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), (16, 16))
+    for fmt, name in (("official", "m.npz"), ("hf", "hf")):
+        with pytest.raises(CheckpointError, match="does not record preprocessing"):
+            export_weights(m, tmp_path / name, fmt)
+    assert files_under(tmp_path) == []
+    export_weights(m, tmp_path / "t.safetensors", "timm")  # kept in the metadata
+    assert vitkit.load_pretrained(tmp_path / "t.safetensors").preprocessing == m.preprocessing
+
+
+def test_bit_resnet_exports_only_to_vitkit(tmp_path):
+    m = vitkit.create_model("bit_r50x1", units=(1, 1), img_size=32, num_classes=3).eval()
+    for fmt, name in (("official", "m.npz"), ("timm", "m.safetensors"), ("hf", "hf")):
+        with pytest.raises(CheckpointError, match="not a ResNetConfig"):
+            export_weights(m, tmp_path / name, fmt)
+    export_weights(m, tmp_path / "m.safetensors", "vitkit")
+    assert torch.equal(outputs(vitkit.load_pretrained(tmp_path / "m.safetensors")), outputs(m))
+
+
+def test_convert_cli_refuses_the_demo_run_to_official(tmp_path, capsys):
+    """``vitkit convert runs/demo demo.npz`` of a sin-cos model: refused, not written."""
+    run = tmp_path / "run"
+    vitkit.save_checkpoint(tiny(pos_embed="sincos2d"), run / "best.safetensors")
+    assert main(["convert", str(run), str(tmp_path / "demo.npz")]) == 2
+    assert "pos_embed='sincos2d'" in one_line_error(capsys)
+    assert not (tmp_path / "demo.npz").exists()
+    assert main(["convert", str(run), str(tmp_path / "t.safetensors"), "--to", "timm"]) == 2
+    assert "pos_embed='sincos2d'" in one_line_error(capsys)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. destination names that do not fit the format
+
+
+@pytest.mark.parametrize(
+    ("name", "to", "expected"),
+    [
+        ("m.pth", None, "m.safetensors"),
+        ("m.bin", None, "m.safetensors"),
+        ("m.pth", "timm", "m.safetensors"),
+        ("m.bin", "vitkit", "m.safetensors"),
+        ("m.safetensors", "official", "m.npz"),
+        ("m.npz", "timm", "m.safetensors"),
+        ("m.onnx", "vitkit", "m.safetensors"),
+        ("m.npz", "onnx", "m.onnx"),
+        ("m.safetensors", "hf", "is a folder"),
+        ("weights", None, "cannot tell the format from the name"),
+    ],
+)
+def test_convert_refuses_names_it_could_not_read_back(tmp_path, capsys, name, to, expected):
+    src = vitkit.save_checkpoint(tiny(), tmp_path / "src" / "m.safetensors")
+    argv = ["convert", str(src), str(tmp_path / name)] + (["--to", to] if to else [])
+    assert main(argv) == 2
+    err = one_line_error(capsys)
+    assert expected.replace("is a folder", "folder") in err and name in err
+    assert files_under(tmp_path) == ["src", "src/m.safetensors"]
+
+
+def test_convert_infers_the_format_from_the_name(tmp_path, capsys):
+    src = vitkit.save_checkpoint(tiny(), tmp_path / "m.safetensors")
+    assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
+    assert main(["convert", str(src), str(tmp_path / "o.SAFETENSORS")]) == 0
+    assert vitkit.load_pretrained(tmp_path / "o.npz").load_report.source == "official"
+    assert vitkit.load_pretrained(tmp_path / "o.SAFETENSORS").load_report.source == "vitkit"
+
+
+# ---------------------------------------------------------------------------------------------
 # 3. non-finite weights
 
 

@@ -131,10 +131,28 @@ _POS_KINDS = {
 }
 
 
-def to_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def check_timm(cfg: Any) -> None:
+    """Refuse a model timm's ``VisionTransformer`` cannot be: a BiT ResNet, or position
+    embeddings other than one learned 1-D table (or none)."""
+    if not isinstance(cfg, ViTConfig):
+        what = type(cfg).__name__
+        raise CheckpointError(f"timm's VisionTransformer holds ViTs, not a {what}; export to vitkit instead")
+    if cfg.pos_embed in ("sincos2d", "learned2d", "relative"):
+        raise CheckpointError(
+            f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
+            "export to vitkit instead"
+        )
+
+
+def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[str, torch.Tensor]:
     """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``).
     timm's ViT has one learned 1-D position table at most: "learned2d" and "relative" tables
-    (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused."""
+    (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused, and with ``cfg`` the fixed
+    "sincos2d" table (not in the state dict) and BiT ResNets too (:func:`check_timm`). What
+    timm's tensors do not show (heads, activation, image size...) :func:`vitkit.export.export_weights`
+    keeps in the file's metadata, for vitkit to read back."""
+    if cfg is not None:
+        check_timm(cfg)
     kind = next((_POS_KINDS[k.rsplit(".", 1)[-1]] for k in sd if k.rsplit(".", 1)[-1] in _POS_KINDS), None)
     if kind is not None:
         raise CheckpointError(
@@ -279,19 +297,44 @@ def _hf_settings(
     return heads, act, eps, img
 
 
-def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
-    (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head)."""
+def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None = None) -> None:
+    """Refuse a model Hugging Face's ``ViTModel`` / ``ViTForImageClassification`` cannot be:
+    only plain class-token ViTs with one learned 1-D position table that the class token shares,
+    and a pre-logits layer only without a head (as ``ViTModel``'s pooler). ``has_head`` and
+    ``has_pre_logits`` default to what ``cfg`` says."""
+    if not isinstance(cfg, ViTConfig):
+        raise CheckpointError(f"Hugging Face ViT holds ViTs, not a {type(cfg).__name__}; export to vitkit instead")
     if cfg.pos_embed != "learned":
         raise CheckpointError(
             f"Hugging Face ViT holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
             "export to vitkit instead"
         )
     if cfg.classifier != "token" or cfg.resnet_units:
-        raise CheckpointError("Hugging Face ViT holds only plain, class-token models with learned position embeddings")
+        what = "a hybrid" if cfg.resnet_units else f"classifier={cfg.classifier!r}"
+        raise CheckpointError(
+            f"Hugging Face ViT holds only plain, class-token models with learned position embeddings, not {what}; "
+            "export to vitkit instead"
+        )
+    if not cfg.cls_pos_embed:
+        raise CheckpointError(
+            "Hugging Face ViT gives the class token a position embedding; this model has cls_pos_embed=False: "
+            "export to vitkit instead"
+        )
+    has_head = bool(cfg.num_classes) if has_head is None else has_head
+    has_pre_logits = bool(cfg.representation_size) if has_pre_logits is None else has_pre_logits
+    if has_head and has_pre_logits:
+        raise CheckpointError(
+            "Hugging Face ViTForImageClassification has no pre-logits layer: drop it or the head "
+            "(num_classes=0 keeps it, as ViTModel's pooler), or export to vitkit instead"
+        )
+
+
+def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
+    (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head);
+    what Hugging Face cannot hold is refused (:func:`check_hf`)."""
     has_head = "head.weight" in sd
-    if has_head and "pre_logits.weight" in sd:
-        raise CheckpointError("Hugging Face ViTForImageClassification has no pre-logits layer; drop it or the head")
+    check_hf(cfg, has_head, "pre_logits.weight" in sd)
     p = "vit." if has_head else ""
     D = cfg.width
     out = {
@@ -332,14 +375,18 @@ def hf_config_for(cfg: ViTConfig) -> dict[str, Any]:
         "intermediate_size": cfg.mlp_dim,
         "hidden_act": "gelu" if cfg.act == "gelu" else "gelu_pytorch_tanh",
         "layer_norm_eps": cfg.ln_eps,
-        "image_size": cfg.img_size[0],
-        "patch_size": cfg.patch_size[0],
+        "image_size": _one_or_pair(cfg.img_size),  # Hugging Face takes (h, w) pairs too
+        "patch_size": _one_or_pair(cfg.patch_size),
         "num_channels": cfg.in_chans,
         "qkv_bias": True,
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "num_labels": max(cfg.num_classes, 1),
-    }
+    } | ({"pooler_output_size": cfg.representation_size} if cfg.representation_size not in (None, cfg.width) else {})
+
+
+def _one_or_pair(size: tuple[int, int]) -> int | list[int]:
+    return size[0] if size[0] == size[1] else list(size)
 
 
 def read_hf_dir(path: Path) -> dict[str, Any] | None:
