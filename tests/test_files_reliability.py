@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 import vitkit
 from vitkit.checkpoint import CheckpointError, to_official
 from vitkit.cli import main
+from vitkit.errors import DataError
 from vitkit.export import export_weights
 
 BASE = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3)
@@ -555,3 +556,91 @@ def test_npy_renamed_npz_is_a_checkpoint_error(tmp_path):
     (tmp_path / "a.npy").rename(tmp_path / "a.npz")
     with pytest.raises(CheckpointError, match=r"a\.npz: not a readable \.npz"):
         vitkit.load_pretrained(tmp_path / "a.npz")
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. images: truncated files and decompression bombs in predict and analyze; eval's skips
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    return vitkit.save_checkpoint(tiny(), tmp_path / "ckpt" / "m.safetensors")
+
+
+def _image_bytes(fmt: str, size=(64, 48)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP"])
+def test_truncated_images_are_one_line(tmp_path, capsys, ckpt, fmt):
+    data = _image_bytes(fmt)
+    for cut in (len(data) // 2, len(data) - 7, 40):
+        p = tmp_path / f"cut_{cut}.{fmt.lower()}"
+        p.write_bytes(data[:cut])
+        rc = main(["predict", str(ckpt), str(p)])
+        if rc == 0:  # some decoders pad a short file: the image is complete as far as Pillow knows
+            capsys.readouterr()
+            continue
+        assert rc == 2
+        err = one_line_error(capsys)
+        assert p.name in err and "not an image Pillow can read" in err
+
+
+def test_decompression_bombs_are_refused(tmp_path, capsys, ckpt, monkeypatch):
+    from PIL import Image
+
+    from vitkit.preprocessing import read_image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    for side, what in ((40, "warning"), (64, "error")):  # 1600 px: over the limit; 4096: over twice it
+        p = tmp_path / f"bomb_{what}.png"
+        p.write_bytes(_image_bytes("PNG", (side, side)))
+        with pytest.raises(DataError, match=f"bomb_{what}.png: refused as a decompression bomb"):
+            read_image(p)
+        assert main(["predict", str(ckpt), str(p)]) == 2
+        assert "decompression bomb" in one_line_error(capsys)
+    assert main(["analyze", str(ckpt), "--images", str(p), "--out", str(tmp_path / "a")]) == 2
+    assert "bomb_error.png: refused as a decompression bomb" in one_line_error(capsys)
+    assert not (tmp_path / "a").exists()
+
+
+def _image_folder(root, classes=("a", "b", "c"), per_class=3, broken=()):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for i, c in enumerate(classes):
+            d = root / split / c
+            d.mkdir(parents=True)
+            for j in range(per_class):
+                Image.new("RGB", (8, 8), (40 * i, 20 * j, 0)).save(d / f"{j}.png")
+    for rel in broken:
+        (root / rel).write_bytes(_image_bytes("PNG")[:60])
+
+
+def test_eval_reports_skipped_images(tmp_path, capsys, ckpt):
+    from vitkit.data import build_dataset
+    from vitkit.eval import evaluate
+
+    root = tmp_path / "data"
+    _image_folder(root, broken=("val/a/1.png", "val/c/2.png"))
+    m = evaluate(vitkit.load_pretrained(ckpt), build_dataset(str(root), "val"), batch_size=4)
+    assert m["num_images"] == 7 and m["skipped"] == 2 and len(m["skipped_examples"]) == 2
+    assert any("1.png" in e for e in m["skipped_examples"])
+    out = tmp_path / "e.json"
+    rc = main(["eval", str(ckpt), "--data", str(root), "--split", "val", "--json", str(out), "--out", str(tmp_path)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "skipped 2 unreadable image(s), not counted" in err
+    assert json.loads(out.read_text())["skipped"] == 2
+
+
+def test_eval_on_only_unreadable_images_says_so(tmp_path, capsys, ckpt):
+    root = tmp_path / "data"
+    _image_folder(root, per_class=1, broken=("val/a/0.png", "val/b/0.png", "val/c/0.png"))
+    assert main(["eval", str(ckpt), "--data", str(root), "--split", "val", "--out", str(tmp_path)]) == 2
+    assert "no images to evaluate (3 could not be read" in one_line_error(capsys)

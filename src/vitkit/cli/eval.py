@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
             model, dataset, args.batch_size, args.device, precision, max_images=args.max_images, progress=update
         )
 
+    if m["skipped"]:
+        examples = "; ".join(m["skipped_examples"][:3])
+        print(f"note: skipped {m['skipped']} unreadable image(s), not counted (e.g. {examples})", file=sys.stderr)
     out = Path(args.out) if args.out else Path(args.ckpt) / "eval" if Path(args.ckpt).is_dir() else Path("eval_out")
     stem = f"confusion_{slug(args.data)}_{slug(args.split)}"
     json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
