@@ -4,8 +4,10 @@ outputs, or are refused before anything is written."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import time
 import tracemalloc
 import zipfile
@@ -644,3 +646,76 @@ def test_eval_on_only_unreadable_images_says_so(tmp_path, capsys, ckpt):
     _image_folder(root, per_class=1, broken=("val/a/0.png", "val/b/0.png", "val/c/0.png"))
     assert main(["eval", str(ckpt), "--data", str(root), "--split", "val", "--out", str(tmp_path)]) == 2
     assert "no images to evaluate (3 could not be read" in one_line_error(capsys)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. full disks and read-only folders: one line naming the path, no partial file
+
+
+def _full_disk(monkeypatch):
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def _read_only(monkeypatch):
+    import tempfile
+
+    import vitkit.files
+
+    def mkstemp(prefix="", suffix="", dir=None):
+        raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, f"{prefix}x{suffix}"))
+
+    monkeypatch.setattr(vitkit.files.tempfile, "mkstemp", mkstemp)
+    assert tempfile.mkstemp is mkstemp
+
+
+@pytest.mark.parametrize("failure", [_full_disk, _read_only])
+@pytest.mark.parametrize("to", ["m.safetensors", "m.npz", "m.onnx", "timm", "hf"])
+def test_convert_to_a_full_or_read_only_disk(tmp_path, capsys, monkeypatch, ckpt, failure, to):
+    out = tmp_path / "out"
+    out.mkdir()
+    dst, extra = {"timm": ("t.safetensors", ["--to", "timm"]), "hf": ("hf", ["--to", "hf"])}.get(to, (to, []))
+    failure(monkeypatch)
+    assert main(["convert", str(ckpt), str(out / dst), *extra]) == 2
+    err = one_line_error(capsys)
+    assert f"{out / dst}" in err and ("No space left" in err or "Permission denied" in err), err
+    assert ".tmp" not in err
+    assert files_under(out) == []
+
+
+@pytest.mark.parametrize("failure", [_full_disk, _read_only])
+def test_reports_to_a_full_or_read_only_disk(tmp_path, capsys, monkeypatch, ckpt, failure):
+    from PIL import Image
+
+    image = tmp_path / "x.png"
+    Image.new("RGB", (16, 16), (10, 20, 30)).save(image)
+    out = tmp_path / "out"
+    out.mkdir()
+    _image_folder(tmp_path / "data", per_class=1)
+    failure(monkeypatch)
+    cases = [
+        (["predict", str(ckpt), str(image), "--json", str(out / "p.json")], out / "p.json"),
+        (["eval", str(ckpt), "--data", str(tmp_path / "data"), "--split", "val", "--out", str(out)], out),
+        (["analyze", str(ckpt), "--images", str(image), "--out", str(out / "a")], out / "a"),
+    ]
+    for argv, named in cases:
+        assert main(argv) == 2
+        err = one_line_error(capsys)
+        assert str(named) in err and ".tmp" not in err, err
+    assert [f for f in files_under(out) if not (out / f).is_dir()] == []
+
+
+def test_writing_names_the_destination():
+    from vitkit.errors import writing
+
+    with pytest.raises(OSError) as e, writing("/x/dst.npz"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert e.value.filename == "/x/dst.npz" and e.value.errno == errno.ENOSPC
+    with pytest.raises(PermissionError) as e, writing("/x/dst.npz"):
+        raise PermissionError(errno.EACCES, "Permission denied", "/x/.dst.npz.abc.tmp")
+    assert e.value.filename == "/x/dst.npz"
+    with pytest.raises(FileNotFoundError) as e, writing("/x/dst.npz"):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
+    assert e.value.filename == "/x"  # an error that names a real path keeps it

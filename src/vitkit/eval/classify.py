@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..data.base import Dataset
-from ..errors import UsageError
+from ..errors import UsageError, writing
 from ..files import atomic_write
 from .features import Precision, model_outputs
 
@@ -188,7 +188,8 @@ def write_confusion_matrix(
     out.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
     payload = {"classes": list(classes), "rows": "true", "columns": "predicted", "matrix": conf.tolist()}
-    atomic_write(json_path, lambda f: f.write(json.dumps(payload, indent=1)), mode="w")
+    with writing(json_path):
+        atomic_write(json_path, lambda f: f.write(json.dumps(payload, indent=1)), mode="w")
 
     try:
         from matplotlib.figure import Figure
@@ -214,5 +215,6 @@ def write_confusion_matrix(
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title or "confusion matrix")
-    atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    with writing(png_path):
+        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
     return json_path, png_path
