@@ -5,12 +5,15 @@ outputs, or are refused before anything is written."""
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import json
 import os
+import struct
 import time
 import tracemalloc
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ from safetensors.torch import load_file, save_file
 import vitkit
 from vitkit.checkpoint import CheckpointError, to_official
 from vitkit.cli import main
-from vitkit.errors import DataError
+from vitkit.errors import DataError, VitkitError
 from vitkit.export import export_weights
 
 BASE = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3)
@@ -719,3 +722,155 @@ def test_writing_names_the_destination():
     with pytest.raises(FileNotFoundError) as e, writing("/x/dst.npz"):
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
     assert e.value.filename == "/x"  # an error that names a real path keeps it
+
+
+# ---------------------------------------------------------------------------------------------
+# fuzzing: random files and mutations of valid ones load or raise a VitkitError, quickly
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ = settings(
+    max_examples=int(os.environ.get("VITKIT_FUZZ_EXAMPLES", "120")),  # more for a deeper run
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+TIME_BOUND_S = 10.0
+OUTCOMES: dict[str, dict[str, int]] = {}
+
+
+def _load_or_vitkit_error(path, kind: str, **kw) -> None:
+    t0 = time.perf_counter()
+    try:
+        vitkit.load_pretrained(path, **kw)
+        outcome = "loaded"
+    except VitkitError as e:
+        assert "\n" not in str(e), str(e)
+        outcome = type(e).__name__
+    assert time.perf_counter() - t0 < TIME_BOUND_S
+    counts = OUTCOMES.setdefault(kind, {})
+    counts[outcome] = counts.get(outcome, 0) + 1
+
+
+@functools.cache
+def valid_files() -> dict[str, bytes | str]:
+    """Valid files of every format to mutate (a function, not a fixture: hypothesis would print it)."""
+    import tempfile
+
+    m = tiny()
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        files: dict[str, bytes | str] = {"vitkit": vitkit.save_checkpoint(m, root / "m.safetensors").read_bytes()}
+        export_weights(m, root / "t.safetensors", "timm")
+        files["timm"] = (root / "t.safetensors").read_bytes()
+        export_weights(m, root / "o.npz", "official")
+        files["npz"] = (root / "o.npz").read_bytes()
+        np.savez_compressed(root / "c.npz", **to_official(m.state_dict(), m.cfg))
+        files["npz_deflated"] = (root / "c.npz").read_bytes()
+        export_weights(m, root / "hf", "hf")
+        files["hf_weights"] = (root / "hf" / "model.safetensors").read_bytes()
+        files["hf_config"] = (root / "hf" / "config.json").read_text()
+    return files
+
+
+SUFFIX = {"vitkit": ".safetensors", "timm": ".safetensors", "npz": ".npz", "npz_deflated": ".npz"}
+flips = st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), min_size=1, max_size=8)
+
+
+def _mutate(data: bytes, edits, cut: int | None) -> bytes:
+    b = bytearray(data)
+    for pos, byte in edits:
+        b[pos % len(b)] = byte
+    return bytes(b[: cut % (len(b) + 1)] if cut is not None else b)
+
+
+@FUZZ
+@given(data=st.binary(max_size=4096), suffix=st.sampled_from([".safetensors", ".npz", ".bin", ".pth"]))
+def test_fuzz_random_bytes(tmp_path_factory, data, suffix):
+    p = tmp_path_factory.mktemp("r") / f"f{suffix}"
+    p.write_bytes(data)
+    _load_or_vitkit_error(p, f"random{suffix}")
+
+
+@FUZZ
+@given(kind=st.sampled_from(sorted(SUFFIX)), edits=flips, cut=st.none() | st.integers(0, 1 << 30))
+def test_fuzz_byte_flips_and_truncation(tmp_path_factory, kind, edits, cut):
+    p = tmp_path_factory.mktemp("m") / f"f{SUFFIX[kind]}"
+    p.write_bytes(_mutate(valid_files()[kind], edits, cut))
+    _load_or_vitkit_error(p, f"flip-{kind}")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=8,
+)
+
+
+def _safetensors_header(data: bytes) -> tuple[dict, bytes]:
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+def _with_header(header: dict, rest: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + rest
+
+
+@FUZZ
+@given(
+    kind=st.sampled_from(["vitkit", "timm"]),
+    pick=st.integers(0, 1 << 20),
+    value=json_values,
+    in_config=st.booleans(),
+)
+def test_fuzz_safetensors_header_json(tmp_path_factory, kind, pick, value, in_config):
+    """Edit one entry of the safetensors header: a tensor's dtype, shape or offsets, or a metadata
+    value, or one field of the vitkit config JSON in the metadata."""
+    header, rest = _safetensors_header(valid_files()[kind])
+    meta = header["__metadata__"]
+    config_key = "config" if kind == "vitkit" else "vitkit_config"
+    if in_config:
+        cfg = json.loads(meta[config_key])
+        keys = sorted(cfg)
+        cfg[keys[pick % len(keys)]] = value
+        meta[config_key] = json.dumps(cfg)
+    else:
+        names = sorted(k for k in header if k != "__metadata__")
+        name = names[pick % len(names)]
+        field = ("dtype", "shape", "data_offsets")[pick % 3]
+        header[name][field] = value
+    p = tmp_path_factory.mktemp("h") / "f.safetensors"
+    p.write_bytes(_with_header(header, rest))
+    _load_or_vitkit_error(p, f"header-{kind}")
+
+
+@FUZZ
+@given(
+    edits=st.dictionaries(
+        st.sampled_from(
+            ["num_attention_heads", "hidden_act", "layer_norm_eps", "image_size", "patch_size", "hidden_size", "x"]
+        ),
+        json_values | st.integers(-3, 70),
+        max_size=3,
+    ),
+    drop=st.sets(st.sampled_from(["num_attention_heads", "hidden_act", "layer_norm_eps", "image_size"])),
+    raw=st.none() | st.text(max_size=64),
+)
+def test_fuzz_hf_config_json(tmp_path_factory, edits, drop, raw):
+    folder = tmp_path_factory.mktemp("hf")
+    (folder / "model.safetensors").write_bytes(valid_files()["hf_weights"])
+    cfg = json.loads(valid_files()["hf_config"])
+    cfg.update(edits)
+    for k in drop:
+        cfg.pop(k, None)
+    (folder / "config.json").write_text(raw if raw is not None else json.dumps(cfg))
+    _load_or_vitkit_error(folder, "hf-config")
+
+
+def test_fuzz_outcomes_are_reported():
+    """Not a check: prints how the fuzzed cases ended (``pytest -s`` shows it)."""
+    for kind, counts in sorted(OUTCOMES.items()):
+        print(f"{kind}: {counts}")
