@@ -3,10 +3,15 @@ size at fault. The command line catches :class:`VitkitError` and prints its mess
 
 Every class also derives from the built-in error a caller would otherwise expect (``ValueError``
 for a bad value, ``RuntimeError`` for a run that cannot go on), so ``except ValueError`` keeps
-working. This module imports nothing, so the command line can load it without torch.
+working. This module imports only the standard library, so the command line can load it without
+torch.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 
 class VitkitError(Exception):
@@ -35,6 +40,25 @@ class TrainingError(VitkitError, RuntimeError):
 
 class ExportError(VitkitError, RuntimeError):
     """An export that failed or whose output does not match the model."""
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Name ``path`` in the ``OSError`` of a failed write: a full disk names no file, and an atomic
+    write fails on its temporary file (``.name.XXXX.tmp``), not the one that was asked for. The
+    command line prints it as ``path: No space left on device``."""
+    try:
+        yield
+    except OSError as e:
+        named = e.filename is not None and not _is_temporary(e.filename)
+        if named or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), os.fspath(path)) from e
+
+
+def _is_temporary(filename: object) -> bool:
+    name = os.path.basename(os.fsdecode(filename)) if isinstance(filename, (str, bytes, os.PathLike)) else ""
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 __all__ = ["CheckpointError", "DataError", "ExportError", "RecipeError", "TrainingError", "UsageError", "VitkitError"]

@@ -102,18 +102,35 @@ def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing
 
 
 def read_image(path: str | Path) -> Image.Image:
-    """Decode one file with Pillow (fully read, so the file is closed); a missing or unreadable
-    file is a :class:`DataError` naming it."""
+    """Decode one file with Pillow (fully read, so the file is closed); a missing, unreadable or
+    truncated file, or one larger than Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``,
+    whose warning is an error here), is a :class:`DataError` naming it."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
-            im.load()
-            return im
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data"...: a readable file reads
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                im.load()
+                return im
     except (FileNotFoundError, IsADirectoryError):
         raise DataError(f"{path}: no such image file") from None
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(f"{path}: refused as a decompression bomb ({_first_line(e)})") from None
+    except UnidentifiedImageError as e:
         raise DataError(f"{path}: not an image Pillow can read ({type(e).__name__})") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # a damaged file: OSError (truncated), SyntaxError, ValueError, struct.error...
+        raise DataError(f"{path}: not an image Pillow can read ({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:160] if lines else type(e).__name__
 
 
 def load_images(paths: Sequence[str | Path], pre: Preprocessing, in_chans: int) -> LoadedImages:

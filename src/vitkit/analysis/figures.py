@@ -33,9 +33,14 @@ def _new_figure(width: float, height: float) -> Any:
 
 
 def _save(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` atomically (a full disk leaves no half picture); a failure names ``path``."""
+    from ..errors import writing
+    from ..files import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    with writing(path):
+        atomic_write(path, lambda f: fig.savefig(f, format=fmt, dpi=_DPI, bbox_inches="tight"))
     return path
 
 

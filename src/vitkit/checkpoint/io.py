@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import struct
+import tokenize
+import warnings
 import zipfile
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,21 +50,112 @@ def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({_one_line(e)})") from None
 
 
-def read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """All arrays of an ``.npz`` file, with pickled object arrays refused."""
+# An .npz is a zip of .npy members. Their sizes are read from the zip directory and each member's
+# header before anything is decompressed: a small file must not unpack into gigabytes.
+NPZ_MAX_RATIO = 32  # uncompressed bytes of the arrays read per byte of file (float weights: about 1)
+NPZ_MIN_BOUND = 64 << 20  # ... but small files may always unpack to this many bytes
+_NPZ_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what numpy writes; others inflate unbounded
+
+
+def read_npz(path: str | Path, select: Callable[[list[str]], list[str]] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, with pickled object arrays refused.
+
+    ``select`` gets the array names (from the zip directory, before anything is decompressed)
+    and returns those to read, or raises :class:`CheckpointError` for names it refuses. The
+    arrays read may unpack to at most ``NPZ_MAX_RATIO`` times the file's size (``NPZ_MIN_BOUND``
+    for small files); each member's ``.npy`` header must agree with the size the zip directory
+    gives it. A damaged or oversized file is a :class:`CheckpointError` naming it.
+    """
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as zf:
+            infos = {info.filename: info for info in zf.infolist()}  # the last of a repeated name, as open() does
+            members = {(n[: -len(".npy")] if n.endswith(".npy") else n): info for n, info in infos.items()}
+            names = list(members) if select is None else select(list(members))
+            _check_npz_sizes(path, size, {n: members[n] for n in names})
+            out = {}
+            for name in names:
+                with zf.open(members[name]) as f:
+                    out[name] = _read_npy_member(path, name, f, members[name].file_size)
+            return out
+    except CheckpointError:
+        raise
+    except _NPZ_ERRORS as e:
         raise CheckpointError(f"{path}: not a readable .npz file ({_one_line(e)})") from None
+
+
+# A damaged zip or .npy raises any of these (zipfile, zlib, numpy's header parser, a short read).
+_NPZ_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    ValueError,
+    OSError,
+    EOFError,
+    KeyError,
+    IndexError,
+    TypeError,
+    OverflowError,
+    NotImplementedError,
+    RuntimeError,
+    SyntaxError,
+    struct.error,
+    tokenize.TokenError,  # numpy parses the .npy header's dict with the tokenizer
+)
+
+
+def _check_npz_sizes(path: Path, size: int, members: dict[str, zipfile.ZipInfo]) -> None:
+    for name, info in members.items():
+        if info.compress_type not in _NPZ_METHODS:
+            raise CheckpointError(
+                f"{path}: array {name!r} is compressed with zip method {info.compress_type}; "
+                "numpy writes only stored or deflated members"
+            )
+    total = sum(info.file_size for info in members.values())
+    bound = max(NPZ_MAX_RATIO * size, NPZ_MIN_BOUND)
+    if total > bound:
+        name, info = max(members.items(), key=lambda kv: kv[1].file_size)
+        raise CheckpointError(
+            f"{path}: array {name!r} would unpack to {_mib(info.file_size)} ({_mib(total)} for all arrays read), "
+            f"more than a {_mib(size)} file may ({_mib(bound)}: {NPZ_MAX_RATIO} times its size, at least "
+            f"{_mib(NPZ_MIN_BOUND)}): refusing to decompress it"
+        )
+
+
+def _read_npy_member(path: Path, name: str, f: Any, stored: int) -> np.ndarray:
+    """One ``.npy`` member, read as ``np.load`` reads it once its header agrees with the zip."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = npy.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, _, dtype = npy.read_array_header_2_0(f)
+    else:
+        raise CheckpointError(f"{path}: array {name!r} has .npy format version {version}; vitkit reads 1.0 and 2.0")
+    if dtype.hasobject:
+        raise CheckpointError(f"{path}: array {name!r} holds Python objects (a pickle); vitkit reads only numbers")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes != stored - f.tell():
+        raise CheckpointError(
+            f"{path}: array {name!r}: its header says {tuple(shape)} {dtype} ({nbytes} bytes) "
+            f"but the archive holds {stored - f.tell()} bytes for it"
+        )
+    f.seek(0)
+    return npy.read_array(f, allow_pickle=False)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def read_torch_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A PyTorch ``.bin``/``.pth`` state dict, through ``weights_only=True`` (no arbitrary code)."""
     path = Path(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a damaged file warns (an odd pickle protocol) before it fails
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad file; all mean the same here
         raise CheckpointError(f"{path}: not a readable PyTorch weights file ({_one_line(e)})") from None
     for key in ("state_dict", "model", "module"):

@@ -16,15 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, UsageError
+from ..errors import CheckpointError, UsageError, VitkitError
 from ..models.config import ResNetConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_embed
 from ..models.registry import build_model, model_config
 from ..preprocessing import Preprocessing
+from . import values
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
-from .native import FORMAT, read_native
-from .official import convert_official, is_official
-from .peers import convert_hf, convert_timm, is_hf, is_timm, read_hf_dir
+from .native import FORMAT, config_from_meta, preprocessing_from_meta, read_native
+from .official import convert_official, is_official, select_arrays
+from .peers import convert_hf, convert_timm, is_hf, is_timm, read_hf_dir, timm_to_vitkit
 
 log = logging.getLogger("vitkit")
 
@@ -48,6 +49,7 @@ class _Loaded:
     source: str
     preprocessing: Preprocessing | None = None
     notes: list[str] = field(default_factory=list)
+    heads_known: bool = False  # the file gives the number of heads (timm tensors alone do not)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -68,36 +70,97 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return p
 
 
+# What reading a file may raise beyond vitkit's own errors when its tensors or values are not what
+# their names promise (a kernel of the wrong rank, a config the constructor refuses...).
+_FILE_ERRORS = (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError, RuntimeError)
+
+# safetensors metadata keys of a timm file written by vitkit: the config and preprocessing that
+# timm's tensors do not show (heads, activation, image size...). timm ignores them.
+TIMM_CONFIG_KEY = "vitkit_config"
+TIMM_PREPROCESSING_KEY = "vitkit_preprocessing"
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # those torch.isfinite takes
+
+
 def read_any(path: str | Path, num_heads: int | None = None) -> _Loaded:
-    """Read a weight file of any supported format into vitkit names and an inferred config."""
-    given = Path(path)
-    p = resolve_checkpoint(given)
-    hf_cfg = read_hf_dir(p.parent) if p.name in ("model.safetensors", "pytorch_model.bin") else None
+    """Read a weight file of any supported format into vitkit names and an inferred config.
+
+    Whatever is wrong with the file is a :class:`CheckpointError` naming it."""
+    p = resolve_checkpoint(Path(path))
+    try:
+        return _read(p, num_heads)
+    except VitkitError:
+        raise
+    except _FILE_ERRORS as e:
+        why = f"{type(e).__name__}: {_line(e)}"
+        raise CheckpointError(f"{p}: tensors do not form a model vitkit can read ({why})") from e
+
+
+def _line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else type(e).__name__
+
+
+def _read(p: Path, num_heads: int | None) -> _Loaded:
+    in_hf_folder = p.name in ("model.safetensors", "pytorch_model.bin")
+
+    def hf_cfg() -> dict[str, Any] | None:
+        return read_hf_dir(p.parent) if in_hf_folder else None
+
     suffix = p.suffix.lower()
+    meta: dict[str, str] = {}
     if suffix == ".npz":
-        sd, cfg = convert_official(read_npz(p), p)
-        return _Loaded(sd, cfg, "official", Preprocessing.for_config(cfg))
+        sd, cfg = convert_official(read_npz(p, select=lambda names: select_arrays(names, p)), p)
+        return _Loaded(sd, cfg, "official", Preprocessing.for_config(cfg), heads_known=True)
     if suffix == ".safetensors":
         if read_safetensors_metadata(p).get("format") == FORMAT:
             sd, cfg, pre, _ = read_native(p)
-            return _Loaded(sd, cfg, "vitkit", pre)
-        tensors, _ = read_safetensors(p)
+            return _Loaded(sd, cfg, "vitkit", pre, heads_known=True)
+        tensors, meta = read_safetensors(p)
     elif suffix in (".bin", ".pth", ".pt"):
         tensors = read_torch_state_dict(p)
     else:
         raise CheckpointError(f"{p}: unknown weight format '{suffix}' (expected .safetensors, .npz, .bin or .pth)")
     keys = set(tensors)
     if is_hf(keys):
-        sd, cfg, notes = convert_hf(tensors, hf_cfg, p)
-        return _Loaded(sd, cfg, "hf", Preprocessing.for_config(cfg), notes)
+        config = hf_cfg()
+        if config is None and num_heads is None:  # a guess of the heads would give other outputs
+            raise CheckpointError(
+                f"{p.parent / 'config.json'}: missing; Hugging Face weights keep their number of attention heads "
+                "there (or pass num_heads)"
+                if in_hf_folder
+                else f"{p}: Hugging Face weights without config.json (vitkit reads the one beside model.safetensors "
+                "or pytorch_model.bin): the number of attention heads is not in the tensors; pass num_heads"
+            )
+        sd, cfg, notes = convert_hf(tensors, config, p, num_heads=num_heads)
+        return _Loaded(sd, cfg, "hf", Preprocessing.for_config(cfg), notes, heads_known=True)
     if is_timm(keys):
-        heads = num_heads or (hf_cfg or {}).get("num_heads")
+        if TIMM_CONFIG_KEY in meta:
+            return _read_timm_with_config(p, tensors, meta, num_heads)
+        heads = num_heads
+        if heads is None and (config := hf_cfg()) is not None and "num_heads" in config:
+            heads = values.integer(config["num_heads"], str(p.parent / "config.json"), "num_heads")
         sd, cfg = convert_timm(tensors, p, heads)
-        return _Loaded(sd, cfg, "timm", Preprocessing.for_config(cfg))
+        return _Loaded(sd, cfg, "timm", Preprocessing.for_config(cfg), heads_known=heads is not None)
     if is_official(keys):
         raise CheckpointError(f"{p}: official JAX weights are read from .npz files")
     sample = sorted(keys)[:5]
     raise CheckpointError(f"{p}: tensors are not a ViT vitkit recognises (first keys: {sample})")
+
+
+def _read_timm_with_config(p: Path, tensors: dict, meta: dict[str, str], num_heads: int | None) -> _Loaded:
+    """A timm file vitkit wrote: the config and preprocessing in its metadata are the model's."""
+    cfg = config_from_meta({"config": meta[TIMM_CONFIG_KEY]}, p)
+    if not isinstance(cfg, ViTConfig):
+        raise CheckpointError(f"{p}: vitkit metadata of a timm file must hold a ViT config")
+    if num_heads is not None and num_heads != cfg.num_heads:
+        raise CheckpointError(f"{p}: the file records num_heads={cfg.num_heads}, but num_heads={num_heads} was given")
+    pre = (
+        preprocessing_from_meta(meta, cfg, p, TIMM_PREPROCESSING_KEY)
+        if TIMM_PREPROCESSING_KEY in meta
+        else Preprocessing.for_config(cfg)
+    )
+    return _Loaded(timm_to_vitkit(tensors, p), cfg, "timm", pre, heads_known=True)
 
 
 def _apply_name(loaded: _Loaded, name: str, path: Path) -> None:
@@ -107,7 +170,7 @@ def _apply_name(loaded: _Loaded, name: str, path: Path) -> None:
     if isinstance(named, ViTConfig):
         diff = {f: (getattr(loaded.cfg, f), getattr(named, f)) for f in _ARCH_FIELDS}
         diff = {f: v for f, v in diff.items() if v[0] != v[1]}
-        if set(diff) == {"num_heads"}:  # heads are not visible in timm tensors: trust the name
+        if set(diff) == {"num_heads"} and not loaded.heads_known:  # not in timm tensors: trust the name
             loaded.cfg = loaded.cfg.replace(num_heads=named.num_heads)
         elif diff:
             detail = ", ".join(f"{f} {a} in the file vs {b} for {name}" for f, (a, b) in diff.items())
@@ -140,11 +203,54 @@ def _resize_positions(sd: dict[str, torch.Tensor], cfg: ViTConfig, grid: tuple[i
     return [f"position embeddings resized {old[0]}x{old[1]} -> {grid[0]}x{grid[1]} ({mode})"]
 
 
+def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite: bool) -> None:
+    """The file's tensors against the model its config describes, before any real model is built:
+    the config may not ask for more blocks than the file has tensors (each costs memory), every
+    tensor has the name and shape of the model's (compared with a model built on the ``meta``
+    device, which allocates nothing), and every value is finite. ``replace_head``: the head is
+    about to be replaced, so its tensors need not be there (nor be finite)."""
+    cfg, sd = loaded.cfg, loaded.state
+    stages = cfg.units if isinstance(cfg, ResNetConfig) else cfg.resnet_units or ()
+    blocks = sum(stages) + (cfg.depth if isinstance(cfg, ViTConfig) else 0)
+    if blocks > len(sd):
+        raise CheckpointError(
+            f"{path}: the config asks for {blocks} blocks and units, but the file holds only {len(sd)} tensors"
+        )
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            own = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
+    except _FILE_ERRORS as e:
+        raise CheckpointError(f"{path}: the file's model config cannot be built ({_line(e)})") from e
+    missing = sorted(k for k in own if k not in sd and not (k.startswith("head.") and replace_head))
+    unexpected = sorted(k for k in sd if k not in own)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: keys do not match the {loaded.source} model: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
+    bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k])}" for k, v in sd.items() if v.shape != own[k]]
+    if bad:
+        raise CheckpointError(f"{path}: tensor shapes do not match the model: {bad[:6]}")
+    for k, v in sd.items():
+        if v.is_complex():
+            raise CheckpointError(f"{path}: tensor {k!r} is complex ({v.dtype}); model weights are real")
+        if allow_nonfinite or (replace_head and k.startswith("head.")) or not v.is_floating_point():
+            continue
+        finite = torch.isfinite(v if v.dtype in _FLOATS else v.float())  # float8 has no isfinite
+        if not bool(finite.all()):
+            count = int((~finite).sum())
+            raise CheckpointError(
+                f"{path}: tensor {k!r} holds {count} non-finite value(s) (NaN or inf) of {v.numel()}: "
+                "the weights are damaged (pass allow_nonfinite=True to load them anyway)"
+            )
+
+
 def load_pretrained(
     path: str | Path,
     name: str | None = None,
     pos_embed_mode: str = "bilinear",
     num_heads: int | None = None,
+    *,
+    allow_nonfinite: bool = False,
     **overrides: Any,
 ) -> nn.Module:
     """Load weights from any supported file into a vitkit model, in eval mode.
@@ -154,19 +260,23 @@ def load_pretrained(
     "bilinear", the official method, or "bicubic"; the 1-D tables of "learned2d" and "relative"
     linearly, in 1-D); a different ``num_classes`` replaces the head
     by a zero-initialised one; others (dropout rates, ``dynamic_img_size``...) are set as given.
+    ``num_heads`` gives the heads where the file does not (timm tensors, Hugging Face weights
+    without config.json). Weights holding NaN or inf are refused unless ``allow_nonfinite``.
     The returned model has ``.load_report`` (a :class:`LoadReport`) and ``.preprocessing``.
+    Whatever is wrong with the file is a :class:`CheckpointError` naming it.
     """
     loaded = read_any(path, num_heads=num_heads)
     p = Path(path)
     if name is not None:
         _apply_name(loaded, name, p)
     cfg = loaded.cfg
+    new_classes = overrides.get("num_classes", cfg.num_classes)
+    new_classes = 0 if new_classes is None else int(new_classes)
+    _check_file(loaded, p, new_classes != cfg.num_classes, allow_nonfinite)
     sd = dict(loaded.state)
     notes = list(loaded.notes)
     if isinstance(cfg, ViTConfig) and "img_size" in overrides:
         notes += _resize_positions(sd, cfg, cfg.replace(img_size=overrides["img_size"]).grid_size, pos_embed_mode)
-    new_classes = overrides.get("num_classes", cfg.num_classes)
-    new_classes = 0 if new_classes is None else int(new_classes)
     if new_classes != cfg.num_classes:
         sd.pop("head.weight", None)
         sd.pop("head.bias", None)

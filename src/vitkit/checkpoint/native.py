@@ -13,6 +13,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..models.config import ResNetConfig, ViTConfig
 from ..preprocessing import Preprocessing
+from . import values
 from .io import read_safetensors, write_safetensors
 
 FORMAT = "vitkit"
@@ -24,13 +25,33 @@ def config_to_meta(cfg: ViTConfig | ResNetConfig) -> dict[str, str]:
     return {"arch": arch, "config": json.dumps(cfg.to_dict(), sort_keys=True)}
 
 
-def config_from_meta(meta: dict[str, str], path: Any = "<file>") -> ViTConfig | ResNetConfig:
+def config_from_meta(meta: dict[str, str], path: Any = "<file>", key: str = "config") -> ViTConfig | ResNetConfig:
+    """The model config in a file's metadata (``key``: JSON of ``cfg.to_dict()``, with ``arch``),
+    every value checked (:func:`vitkit.checkpoint.values.check_config_dict`): a wrong type, an
+    unknown field or an absurd size is a :class:`CheckpointError` naming the file and the key."""
+    where = f"{path}: vitkit metadata"
+    if key not in meta:
+        raise CheckpointError(f"{where} has no model config (no {key!r} entry)")
+    arch = meta.get("arch", "vit")
+    if arch not in ("vit", "resnet_v2"):
+        raise CheckpointError(f"{where}: arch must be 'vit' or 'resnet_v2', got {arch[:40]!r}")
+    d = values.loads(meta[key], where)
+    values.check_config_dict(d, arch, where)
     try:
-        d = json.loads(meta["config"])
-        arch = meta.get("arch", "vit")
-        return ResNetConfig.from_dict(d) if arch == "resnet_v2" else ViTConfig.from_dict(d)
-    except (KeyError, json.JSONDecodeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: vitkit metadata has no valid model config ({e})") from None
+        cfg = ResNetConfig.from_dict(d) if arch == "resnet_v2" else ViTConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{where}: the model config is not valid ({e})") from None
+    values.check_grid(cfg, where)
+    return cfg
+
+
+def preprocessing_from_meta(meta: dict[str, str], cfg: ViTConfig | ResNetConfig, path: Any, key: str) -> Preprocessing:
+    where = f"{path}: vitkit metadata"
+    if key not in meta:
+        raise CheckpointError(f"{where} has no preprocessing (no {key!r} entry)")
+    d = values.loads(meta[key], where)
+    values.check_preprocessing(d, cfg.in_chans, where)
+    return Preprocessing.from_dict(d)
 
 
 def save_checkpoint(
@@ -80,8 +101,4 @@ def read_native(path: str | Path) -> tuple[dict[str, torch.Tensor], ViTConfig | 
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a vitkit checkpoint (no 'format: vitkit' metadata)")
     cfg = config_from_meta(meta, path)
-    try:
-        pre = Preprocessing.from_dict(json.loads(meta["preprocessing"]))
-    except (KeyError, json.JSONDecodeError, TypeError) as e:
-        raise CheckpointError(f"{path}: vitkit metadata has no valid preprocessing ({e})") from None
-    return tensors, cfg, pre, meta
+    return tensors, cfg, preprocessing_from_meta(meta, cfg, path, "preprocessing"), meta

@@ -62,6 +62,35 @@ def is_official(keys: set[str]) -> bool:
     return "embedding/kernel" in keys or any(k.startswith("params/embedding/") for k in keys)
 
 
+# Every array name the conversion below maps (after big_vision's ``params/`` prefix is dropped),
+# the scanned blocks of big_vision included. Others are refused from the zip directory, before
+# anything is decompressed (:func:`select_arrays`).
+_ARRAY_NAMES = re.compile(
+    r"embedding/(kernel|bias)|cls|pos_embedding|Transformer/posembed_input/pos_embedding"
+    r"|Transformer/encoder_norm/(scale|bias)|(pre_logits|head)/(kernel|bias)"
+    r"|Transformer/encoderblock(_\d+)?/(LayerNorm_\d+/(scale|bias)"
+    r"|MultiHeadDotProductAttention_\d+/(query|key|value|out)/(kernel|bias)|MlpBlock_\d+/Dense_[01]/(kernel|bias))"
+    r"|conv_root/kernel|gn_root/(scale|bias)"
+    r"|block\d+/unit\d+/(conv[123]/kernel|conv_proj/kernel|gn[123]/(scale|bias)|gn_proj/(scale|bias))"
+)
+
+
+def select_arrays(names: list[str], path: str | Path = "<npz>") -> list[str]:
+    """The names of an official ``.npz`` to read, from its directory alone: big_vision's
+    ``params/`` (its optimiser state is skipped, unread), refusing files that are not a ViT
+    and arrays vitkit would not map, before any of them is decompressed (:func:`vitkit.checkpoint.io.read_npz`)."""
+    keep = [n for n in names if n.startswith("params/")] or list(names)
+    bare = {n: n[len("params/") :] if n.startswith("params/") else n for n in keep}
+    if any(b.startswith("MAPHead_0/") for b in bare.values()):
+        raise CheckpointError(f"{path}: attention-pooling (MAP) heads are not supported; only token and gap")
+    if "embedding/kernel" not in bare.values():
+        raise CheckpointError(f"{path}: no 'embedding/kernel': not an official ViT checkpoint")
+    unknown = sorted(b for b in bare.values() if not _ARRAY_NAMES.fullmatch(b))
+    if unknown:
+        raise CheckpointError(f"{path}: arrays vitkit does not know how to map: {unknown[:10]}")
+    return keep
+
+
 def _strip(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Drop big_vision's ``params/`` prefix and any optimiser state."""
     if any(k.startswith("params/") for k in arrays):
@@ -239,15 +268,47 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
     return sd, cfg
 
 
+def check_official(cfg: ViTConfig) -> None:
+    """Refuse, in one line, a model whose official ``.npz`` would read back as another model.
+
+    The arrays give the widths, depth, heads (the q/k/v kernels are (D, heads, D/heads)), the
+    classifier (a ``cls`` array or none), the representation layer, the hybrid stem and, from
+    the learned position table, a square image size and whether the class token has a position.
+    They do not give the activation (always tanh-approximated GELU), the LayerNorm epsilon
+    (always 1e-6), a fixed or absent position table, or a grid that is not square.
+    """
+
+    def refuse(why: str) -> None:
+        raise CheckpointError(f"the official .npz format {why}; export to vitkit instead")
+
+    if not isinstance(cfg, ViTConfig):
+        refuse(f"holds ViTs, not a {type(cfg).__name__}")
+    if cfg.pos_embed not in ("learned", "none"):
+        refuse(f"holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}")
+    gh, gw = cfg.grid_size
+    if cfg.pos_embed == "learned" and gh != gw:
+        refuse(
+            f"reads the image size back from a square grid of position embeddings; this model's grid is "
+            f"{gh}x{gw} (img_size {cfg.img_size[0]}x{cfg.img_size[1]})"
+        )
+    if cfg.pos_embed == "none" and tuple(cfg.img_size) != (224, 224):
+        refuse(
+            "does not record the image size of a model without position embeddings (it reads back as "
+            f"224x224, this model's is {cfg.img_size[0]}x{cfg.img_size[1]})"
+        )
+    if cfg.act != "gelu_tanh":
+        refuse(f"does not record the activation (it reads back as act='gelu_tanh'), this model's is act={cfg.act!r}")
+    if cfg.ln_eps != 1e-6:
+        refuse(f"does not record the LayerNorm epsilon (it reads back as 1e-06), this model's is {cfg.ln_eps:g}")
+
+
 def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prelinen") -> dict[str, np.ndarray]:
     """vitkit state dict -> official flat arrays (``layout`` "prelinen" or "linen"); the inverse
-    of :func:`convert_official` for plain ViTs and hybrids. The format has one learned 1-D
-    position table at most: "learned2d" and "relative" models are refused."""
-    if cfg.pos_embed in ("learned2d", "relative"):
-        raise CheckpointError(
-            f"the official .npz format holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
-            "export to vitkit instead"
-        )
+    of :func:`convert_official` for plain ViTs and hybrids. The file holds no config: what
+    :func:`infer_config` would not read back from the arrays is refused (:func:`check_official`)."""
+    check_official(cfg)
+    if layout not in ("prelinen", "linen"):
+        raise CheckpointError(f"official layout must be 'prelinen' or 'linen', got {layout!r}")
     idx = 0 if layout == "prelinen" else 1
     D, H = cfg.width, cfg.num_heads
     out: dict[str, np.ndarray] = {}

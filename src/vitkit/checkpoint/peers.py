@@ -16,6 +16,7 @@ import torch
 from ..errors import CheckpointError
 from ..models.config import VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
+from . import values
 
 _UNSUPPORTED_TIMM = ("fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "attn_pool.", "norm_pre.")
 
@@ -70,8 +71,8 @@ def _count_units(sd: dict[str, torch.Tensor]) -> tuple[int, ...]:
     return tuple(counts[s] for s in sorted(counts))
 
 
-def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
-    """timm ``VisionTransformer`` state dict -> (vitkit state dict, config)."""
+def timm_to_vitkit(sd: dict[str, torch.Tensor], path: Any = "<timm>") -> dict[str, torch.Tensor]:
+    """timm parameter names -> vitkit's (float32), refusing timm features vitkit does not have."""
     bad = sorted(k for k in sd if any(p in k for p in _UNSUPPORTED_TIMM))
     if bad:
         raise CheckpointError(
@@ -82,6 +83,12 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
     for k, v in sd.items():
         k = k.replace("pre_logits.fc.", "pre_logits.")
         out[_timm_backbone_key(k)] = v.float()
+    return out
+
+
+def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
+    """timm ``VisionTransformer`` state dict -> (vitkit state dict, config read off the tensors)."""
+    out = timm_to_vitkit(sd, path)
     w = out["patch_embed.proj.weight"]  # (D, C, ph, pw)
     width, cin, ph, pw = w.shape
     depth = 1 + max(int(m.group(1)) for k in out if (m := re.match(r"blocks\.(\d+)\.", k)))
@@ -124,10 +131,28 @@ _POS_KINDS = {
 }
 
 
-def to_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def check_timm(cfg: Any) -> None:
+    """Refuse a model timm's ``VisionTransformer`` cannot be: a BiT ResNet, or position
+    embeddings other than one learned 1-D table (or none)."""
+    if not isinstance(cfg, ViTConfig):
+        what = type(cfg).__name__
+        raise CheckpointError(f"timm's VisionTransformer holds ViTs, not a {what}; export to vitkit instead")
+    if cfg.pos_embed in ("sincos2d", "learned2d", "relative"):
+        raise CheckpointError(
+            f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
+            "export to vitkit instead"
+        )
+
+
+def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[str, torch.Tensor]:
     """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``).
     timm's ViT has one learned 1-D position table at most: "learned2d" and "relative" tables
-    (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused."""
+    (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused, and with ``cfg`` the fixed
+    "sincos2d" table (not in the state dict) and BiT ResNets too (:func:`check_timm`). What
+    timm's tensors do not show (heads, activation, image size...) :func:`vitkit.export.export_weights`
+    keeps in the file's metadata, for vitkit to read back."""
+    if cfg is not None:
+        check_timm(cfg)
     kind = next((_POS_KINDS[k.rsplit(".", 1)[-1]] for k in sd if k.rsplit(".", 1)[-1] in _POS_KINDS), None)
     if kind is not None:
         raise CheckpointError(
@@ -159,10 +184,16 @@ def _hf_legacy_name(key: str) -> str:
 
 
 def convert_hf(
-    sd: dict[str, torch.Tensor], hf_config: dict[str, Any] | None = None, path: Any = "<hf>"
+    sd: dict[str, torch.Tensor],
+    hf_config: dict[str, Any] | None = None,
+    path: Any = "<hf>",
+    num_heads: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], ViTConfig, list[str]]:
-    """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes)."""
-    hf_config = hf_config or {}
+    """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes).
+
+    The number of heads is not in the tensors: it comes from ``config.json`` (where a key
+    Hugging Face left out has its default, 12 heads) or from ``num_heads``; without either
+    the weights are refused. The values read from ``config.json`` are checked."""
     sd = {_hf_legacy_name(k): v for k, v in sd.items()}
     p = "vit." if any(k.startswith("vit.") for k in sd) else ""
     notes: list[str] = []
@@ -207,41 +238,103 @@ def convert_hf(
     if unused:
         notes.append(f"ignored tensors not used by image classification: {unused[:6]}")
     width, cin, ph, pw = out["patch_embed.proj.weight"].shape
-    heads = hf_config.get("num_attention_heads") or _heads_for(width)
-    act = hf_config.get("hidden_act", "gelu")
-    if act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
-        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
-    img = _grid_img(out["pos_embed"].shape[1] - 1, (ph, pw), 1, path)
-    cfg = ViTConfig(
-        img_size=img,
-        patch_size=(ph, pw),
-        in_chans=cin,
-        num_classes=out["head.weight"].shape[0] if has_head else 0,
-        width=width,
-        depth=depth,
-        num_heads=heads,
-        mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
-        classifier="token",
-        representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
-        act="gelu" if act == "gelu" else "gelu_tanh",
-        ln_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
-    )
+    where = str(Path(path).parent / "config.json")
+    heads, act, eps, img = _hf_settings(hf_config, out, num_heads, where, path)
+    try:
+        cfg = ViTConfig(
+            img_size=img,
+            patch_size=(ph, pw),
+            in_chans=cin,
+            num_classes=out["head.weight"].shape[0] if has_head else 0,
+            width=width,
+            depth=depth,
+            num_heads=heads,
+            mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
+            classifier="token",
+            representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
+            act="gelu" if act == "gelu" else "gelu_tanh",
+            ln_eps=eps,
+        )
+    except ValueError as e:  # heads that do not divide the width, most likely
+        raise CheckpointError(f"{where if hf_config is not None else path}: {e}") from None
     return out, cfg, notes
 
 
-def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
-    (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head)."""
+def _hf_settings(
+    hf_config: dict[str, Any] | None, out: dict[str, torch.Tensor], num_heads: int | None, where: str, path: Any
+) -> tuple[int, str, float, tuple[int, int]]:
+    """Heads, activation, LayerNorm epsilon and image size of a Hugging Face ViT: the values of
+    its ``config.json`` (checked; a key it leaves out has Hugging Face's default), the heads
+    from ``num_heads`` without one, the image size from the grid of position embeddings."""
+    if hf_config is None and num_heads is None:
+        raise CheckpointError(
+            f"{path}: Hugging Face weights without their config.json (looked for {where}): the number of "
+            "attention heads is not in the tensors; put config.json beside them or pass num_heads"
+        )
+    width, _, ph, pw = out["patch_embed.proj.weight"].shape
+    if hf_config is None:
+        heads, hf_config = num_heads, {}
+    elif "num_attention_heads" in hf_config:
+        heads = values.integer(hf_config["num_attention_heads"], where, "num_attention_heads")
+    elif width % 12 == 0:
+        heads = 12  # what Hugging Face reads from a config.json that leaves its default out
+    else:
+        raise CheckpointError(
+            f"{where}: no num_attention_heads, and Hugging Face's default of 12 does not divide the width {width}"
+        )
+    act = hf_config.get("hidden_act", "gelu")
+    if not isinstance(act, str) or act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
+        raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
+    eps = values.number(hf_config.get("layer_norm_eps", 1e-12), where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
+    num_patches = out["pos_embed"].shape[1] - 1
+    img = _grid_img(num_patches, (ph, pw), 1, path) if square_side(num_patches) else None
+    if "image_size" in hf_config:  # a rectangular image size (Hugging Face takes a pair) names the grid
+        h, w = values.size_pair(hf_config["image_size"], where, "image_size")
+        if h % ph == 0 and w % pw == 0 and (h // ph) * (w // pw) == num_patches:
+            img = (h, w)
+    if img is None:
+        img = _grid_img(num_patches, (ph, pw), 1, path)  # the error: not a square, and not the config's
+    return heads, act, eps, img
+
+
+def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None = None) -> None:
+    """Refuse a model Hugging Face's ``ViTModel`` / ``ViTForImageClassification`` cannot be:
+    only plain class-token ViTs with one learned 1-D position table that the class token shares,
+    and a pre-logits layer only without a head (as ``ViTModel``'s pooler). ``has_head`` and
+    ``has_pre_logits`` default to what ``cfg`` says."""
+    if not isinstance(cfg, ViTConfig):
+        raise CheckpointError(f"Hugging Face ViT holds ViTs, not a {type(cfg).__name__}; export to vitkit instead")
     if cfg.pos_embed != "learned":
         raise CheckpointError(
             f"Hugging Face ViT holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
             "export to vitkit instead"
         )
     if cfg.classifier != "token" or cfg.resnet_units:
-        raise CheckpointError("Hugging Face ViT holds only plain, class-token models with learned position embeddings")
+        what = "a hybrid" if cfg.resnet_units else f"classifier={cfg.classifier!r}"
+        raise CheckpointError(
+            f"Hugging Face ViT holds only plain, class-token models with learned position embeddings, not {what}; "
+            "export to vitkit instead"
+        )
+    if not cfg.cls_pos_embed:
+        raise CheckpointError(
+            "Hugging Face ViT gives the class token a position embedding; this model has cls_pos_embed=False: "
+            "export to vitkit instead"
+        )
+    has_head = bool(cfg.num_classes) if has_head is None else has_head
+    has_pre_logits = bool(cfg.representation_size) if has_pre_logits is None else has_pre_logits
+    if has_head and has_pre_logits:
+        raise CheckpointError(
+            "Hugging Face ViTForImageClassification has no pre-logits layer: drop it or the head "
+            "(num_classes=0 keeps it, as ViTModel's pooler), or export to vitkit instead"
+        )
+
+
+def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
+    (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head);
+    what Hugging Face cannot hold is refused (:func:`check_hf`)."""
     has_head = "head.weight" in sd
-    if has_head and "pre_logits.weight" in sd:
-        raise CheckpointError("Hugging Face ViTForImageClassification has no pre-logits layer; drop it or the head")
+    check_hf(cfg, has_head, "pre_logits.weight" in sd)
     p = "vit." if has_head else ""
     D = cfg.width
     out = {
@@ -282,23 +375,26 @@ def hf_config_for(cfg: ViTConfig) -> dict[str, Any]:
         "intermediate_size": cfg.mlp_dim,
         "hidden_act": "gelu" if cfg.act == "gelu" else "gelu_pytorch_tanh",
         "layer_norm_eps": cfg.ln_eps,
-        "image_size": cfg.img_size[0],
-        "patch_size": cfg.patch_size[0],
+        "image_size": _one_or_pair(cfg.img_size),  # Hugging Face takes (h, w) pairs too
+        "patch_size": _one_or_pair(cfg.patch_size),
         "num_channels": cfg.in_chans,
         "qkv_bias": True,
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "num_labels": max(cfg.num_classes, 1),
-    }
+    } | ({"pooler_output_size": cfg.representation_size} if cfg.representation_size not in (None, cfg.width) else {})
+
+
+def _one_or_pair(size: tuple[int, int]) -> int | list[int]:
+    return size[0] if size[0] == size[1] else list(size)
 
 
 def read_hf_dir(path: Path) -> dict[str, Any] | None:
+    """The ``config.json`` of a Hugging Face folder (a JSON object), or None without one."""
     cfg = path / "config.json"
-    if cfg.is_file():
-        import json
-
-        try:
-            return json.loads(cfg.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
-    return None
+    if not cfg.is_file():
+        return None
+    d = values.read_json_file(cfg)
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{cfg}: expected a JSON object, got {type(d).__name__}")
+    return d

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UsageError
+from ..errors import UsageError, writing
 from .common import WEIGHTS_HELP, load_model, parse_size
 
 HELP = "attention rollout, attention distance, embeddings: figures and JSON"
@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     report = analyze(model, images, layers=args.layers, components=args.components)
     extra = {"checkpoint": str(args.ckpt), "source": model.load_report.source}
     extra["preprocessing"] = model.preprocessing.to_dict()
-    json_path = report.write(args.out, extra=extra, sources=sources)
+    with writing(args.out):  # a full disk names the folder
+        json_path = report.write(args.out, extra=extra, sources=sources)
     print(f"analyzed {report.name} ({model.load_report.source}) on {len(images)} image(s): {', '.join(images.names)}")
     for p in [*report.figures, json_path]:
         print(f"  wrote {p}")

@@ -13,7 +13,12 @@ HELP = "convert weights between official .npz, timm, HF and vitkit"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="weights: .npz, .safetensors, .bin, a Hugging Face folder or a vitkit run")
     p.add_argument("dst", help="output: .safetensors (vitkit), .npz (official), .onnx, a folder with --to hf")
-    p.add_argument("--to", choices=["vitkit", "official", "timm", "hf", "onnx"], default=None)
+    p.add_argument(
+        "--to",
+        choices=["vitkit", "official", "timm", "hf", "onnx"],
+        default=None,
+        help="format (default: from dst's suffix); timm writes .safetensors, hf a folder",
+    )
     p.add_argument("--layout", choices=["prelinen", "linen"], default="prelinen", help="official key layout")
     p.add_argument("--name", default=None, help="check the weights against this model name")
     p.add_argument("--img-size", type=parse_size, default=None, help="resize position embeddings")
@@ -22,8 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import load_pretrained
-    from ..export import export_weights
+    from ..export import check_destination, export_weights, format_for
 
+    dst = Path(args.dst)
+    to = args.to or format_for(dst)  # .safetensors vitkit, .npz official, .onnx; other names need --to
+    check_destination(dst, to)  # before the weights are read: a name vitkit could not read back is refused
     overrides = {}
     if args.img_size:
         overrides["img_size"] = args.img_size
@@ -32,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
     model = load_pretrained(args.src, name=args.name, **overrides)
     for note in model.load_report.notes:
         print(f"note: {note}")
-    dst = Path(args.dst)
-    to = args.to or {".npz": "official", ".onnx": "onnx"}.get(dst.suffix, "vitkit")
     check = export_weights(model, dst, to, layout=args.layout)
     if to == "onnx" and check["max_abs_diff"] is not None:
         print(f"onnxruntime {check['onnxruntime']}: logits within {check['max_abs_diff']:.2e} of PyTorch")

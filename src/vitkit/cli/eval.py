@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, writing
 from ..files import slug
 from .common import describe, load_model, model_arguments, pct, progress, size_of
 
@@ -67,12 +67,16 @@ def run(args: argparse.Namespace) -> int:
             model, dataset, args.batch_size, args.device, precision, max_images=args.max_images, progress=update
         )
 
+    if m["skipped"]:
+        examples = "; ".join(m["skipped_examples"][:3])
+        print(f"note: skipped {m['skipped']} unreadable image(s), not counted (e.g. {examples})", file=sys.stderr)
     out = Path(args.out) if args.out else Path(args.ckpt) / "eval" if Path(args.ckpt).is_dir() else Path("eval_out")
     stem = f"confusion_{slug(args.data)}_{slug(args.split)}"
     json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
     try:
         title = f"{args.data} ({args.split}): top-1 {pct(m['top1'])}"
-        write_confusion_matrix(m["confusion"], m["classes"], out, stem=stem, title=title)
+        with writing(out):
+            write_confusion_matrix(m["confusion"], m["classes"], out, stem=stem, title=title)
     except ImportError as e:
         print(f"note: {e}; wrote {json_path} only", file=sys.stderr)
         png_path = None
@@ -86,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         payload.update({k: v for k, v in m.items() if k != "confusion"})
         payload["confusion_json"] = str(json_path)
         payload["confusion_png"] = str(png_path) if png_path else None
-        write_json(args.json, payload)
+        with writing(args.json):
+            write_json(args.json, payload)
     return 0
 
 

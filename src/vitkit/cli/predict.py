@@ -34,8 +34,10 @@ def run(args: argparse.Namespace) -> int:
         for r in preds:
             print(f"  {100 * r['prob']:6.2f}%  {r['class']}")
     if args.json:
+        from ..errors import writing
         from ..files import write_json
 
         results = [{"image": path, "top_k": preds} for path, preds in zip(args.images, predictions)]
-        write_json(args.json, {**describe(model), "predictions": results})
+        with writing(args.json):
+            write_json(args.json, {**describe(model), "predictions": results})
     return 0

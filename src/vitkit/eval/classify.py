@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..data.base import Dataset
-from ..errors import UsageError
+from ..errors import UsageError, writing
 from ..files import atomic_write
 from .features import Precision, model_outputs
 
@@ -126,9 +126,11 @@ def evaluate(
     """Classify ``dataset`` with ``model``'s head and score it.
 
     Returns :func:`classification_metrics` plus ``images_per_s`` and ``seconds`` (the whole loop:
-    reading, transforms and the model). Preprocessing, ``img_size`` and ``max_images`` (a seeded
-    random subset) as in :func:`vitkit.eval.features.model_outputs`. The model must predict the
-    dataset's classes; a model without a head is a ``ValueError`` (use few-shot or a probe).
+    reading, transforms and the model), ``skipped`` (images of a decoding source that could not
+    be read, left out of every number) and ``skipped_examples`` (up to five of them, with why).
+    Preprocessing, ``img_size`` and ``max_images`` (a seeded random subset) as in
+    :func:`vitkit.eval.features.model_outputs`. The model must predict the dataset's classes; a
+    model without a head is a ``ValueError`` (use few-shot or a probe).
 
     Several processes (``rank``, ``world_size`` in ``options``) each score their share;
     ``reduce`` sums :func:`classification_counts` over them (an all-reduce), so every process
@@ -142,17 +144,24 @@ def evaluate(
             f"the model predicts {k_model} classes but {dataset.name} has {dataset.num_classes}; "
             "fine-tune it on this data, or use few-shot or a linear probe"
         )
+    skips = getattr(dataset, "skips", None)
+    before = (skips.skipped, len(skips.examples)) if skips is not None else (0, 0)
     res = model_outputs(
         model, dataset, "logits", batch_size, device, precision, img_size, max_images, 0, progress, **options
     )
     if res.outputs.shape[1] != dataset.num_classes:
         raise UsageError(f"the model gives {res.outputs.shape[1]} logits but {dataset.name} has {dataset.num_classes}")
     counts = classification_counts(res.outputs, res.labels)
+    skipped = skips.skipped - before[0] if skips is not None else 0
+    examples = list(skips.examples[before[1] :]) if skips is not None else []
     if reduce is not None:
         counts = reduce(counts)
+        skipped = int(reduce(torch.tensor([skipped], dtype=torch.int64))[0])
     metrics = metrics_from_counts(counts, dataset.classes)
     metrics["images_per_s"] = res.images_per_s
     metrics["seconds"] = res.seconds
+    metrics["skipped"] = skipped  # images that could not be decoded, left out of the numbers
+    metrics["skipped_examples"] = examples  # a few of them (this process's), with why
     return metrics
 
 
@@ -179,7 +188,8 @@ def write_confusion_matrix(
     out.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
     payload = {"classes": list(classes), "rows": "true", "columns": "predicted", "matrix": conf.tolist()}
-    atomic_write(json_path, lambda f: f.write(json.dumps(payload, indent=1)), mode="w")
+    with writing(json_path):
+        atomic_write(json_path, lambda f: f.write(json.dumps(payload, indent=1)), mode="w")
 
     try:
         from matplotlib.figure import Figure
@@ -205,5 +215,6 @@ def write_confusion_matrix(
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title or "confusion matrix")
-    atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    with writing(png_path):
+        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
     return json_path, png_path

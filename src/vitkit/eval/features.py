@@ -187,7 +187,10 @@ def model_outputs(
         runner.train(was_training)
     seconds = time.perf_counter() - start
     if not outs:
-        raise UsageError(f"{getattr(dataset, 'name', 'dataset')}: no images to evaluate")
+        skips = getattr(dataset, "skips", None)
+        unread = skips.skipped if skips is not None else 0
+        why = f" ({unread} could not be read, e.g. {'; '.join(skips.examples[:3])})" if unread else ""
+        raise UsageError(f"{getattr(dataset, 'name', 'dataset')}: no images to evaluate{why}")
     return ModelOutputs(torch.cat(outs), torch.cat(labels), seconds)
 
 

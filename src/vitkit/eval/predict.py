@@ -28,7 +28,7 @@ def class_names(model: nn.Module) -> list[str]:
         return fallback
     try:
         names = json.loads(read_safetensors_metadata(p).get("classes") or "null")
-    except (CheckpointError, json.JSONDecodeError):
+    except (CheckpointError, json.JSONDecodeError, RecursionError):
         return fallback
     if isinstance(names, list) and len(names) == k and all(isinstance(n, str) for n in names):
         return names
