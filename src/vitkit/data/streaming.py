@@ -135,11 +135,16 @@ class StreamingDataset(Dataset):
         Items that fail to decode are dropped from their batch and added to ``skips``; a batch
         left empty is not yielded.
         """
+        # A DataLoader draws its workers' base seed when an epoch's iterator is made, from the
+        # global RNG unless it has a generator of its own. A run resumed mid-epoch makes that
+        # iterator at another point of the global stream than an uninterrupted one, so every
+        # later dropout mask would differ. Decoding draws nothing random: a private generator.
         loader = DataLoader(
             _Decoder(self.image_size, self.mode, self.resize),
             batch_sampler=_Planned(item_batches),
             num_workers=num_workers,
             collate_fn=_Collate((self.in_chans, *self.image_size)),
+            generator=torch.Generator().manual_seed(0),
         )
         for images, labels, failed in loader:
             for why in failed:
