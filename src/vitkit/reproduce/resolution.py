@@ -66,7 +66,7 @@ class Resolution(Experiment):
             + lead(
                 "fine-tuning at the higher resolution",
                 f["higher"]["test_top1"],
-                "at the same one",
+                "fine-tuning at the same one",
                 f["same"]["test_top1"],
             )
             + ". "
