@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import DataError, UsageError
-from ..train.config import CONFIG_DIR, recipe_from_dict
+from ..train.config import CONFIG_DIR, read_yaml_mapping, recipe_from_dict
 from .names import BUDGETS, EXPERIMENTS
 
 REPRODUCE_DIR = CONFIG_DIR / "reproduce"
@@ -41,15 +39,7 @@ def check_experiments(names: list[str]) -> list[str]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(tree, dict):
-        raise UsageError(f"{path}: expected a mapping")
-    return tree
+    return read_yaml_mapping(path, "reproduction config", UsageError)
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -395,33 +395,37 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def find_recipe(name: str | Path) -> Path:
-    """A recipe path, or the name of one shipped with vitkit (``fmnist_vit`` or ``fmnist_vit.yaml``,
-    also under a sub-folder: ``reproduce/pos_embed``)."""
+    """A recipe path, or the name of one shipped with vitkit (``fmnist_vit`` or ``fmnist_vit.yaml``).
+    ``configs/reproduce/`` holds the experiments of ``vitkit reproduce``, which are not training
+    recipes: they are not listed."""
     p = Path(name)
     if p.is_file():
         return p
     for cand in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
         if cand.is_file():
             return cand
-    shipped = ", ".join(
-        sorted(q.relative_to(CONFIG_DIR).with_suffix("").as_posix() for q in CONFIG_DIR.rglob("*.yaml"))
-    )
+    shipped = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")))
     raise RecipeError(f"recipe {str(name)!r} not found (a YAML path, or one of: {shipped})")
+
+
+def read_yaml_mapping(path: str | Path, what: str, error: type[Exception] = RecipeError) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (an empty file is an empty one); anything else,
+    or a file that cannot be read, is one ``error`` naming the file and ``what`` it should be."""
+    p = Path(path)
+    try:
+        tree = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise error(f"{p}: cannot read the {what} ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise error(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(tree, dict):
+        raise error(f"{p}: a {what} is a mapping of sections")
+    return tree
 
 
 def load_recipe(path: str | Path | None = None, sets: list[tuple[str, Any]] | None = None) -> Recipe:
     """Read a YAML recipe (or the defaults) and apply ``sets`` (dotted keys)."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            tree = yaml.safe_load(p.read_text()) or {}
-        except OSError as e:
-            raise RecipeError(f"{p}: cannot read the recipe ({e.strerror})") from None
-        except yaml.YAMLError as e:
-            raise RecipeError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(tree, dict):
-            raise RecipeError(f"{p}: a recipe is a mapping of sections")
+    tree: dict[str, Any] = read_yaml_mapping(path, "recipe") if path is not None else {}
     for key, value in sets or []:
         _set_path(tree, key, value)
     return _build(Recipe, tree, "")
