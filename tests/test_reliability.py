@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import vitkit
+from _recipes import changed
 from vitkit.checkpoint.io import read_safetensors, write_safetensors
 from vitkit.cli import main
 from vitkit.errors import DataError, RecipeError, TrainingError
@@ -59,14 +60,7 @@ TINY = {
 
 def tiny(**changes) -> Recipe:
     """The tiny recipe with ``section__key=value`` changes (``model__overrides__width``...)."""
-    tree = json.loads(json.dumps(TINY))
-    for dotted, value in changes.items():
-        node = tree
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return recipe_from_dict(tree)
+    return recipe_from_dict(changed(TINY, **changes))
 
 
 def write_tiny(path: Path, **changes) -> Path:

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 import vitkit
+from _recipes import changed
 from vitkit.train import RecipeError, TrainingError, load_recipe, lr_at, parse_set, train
 from vitkit.train.config import OptimSection
 from vitkit.train.state import list_checkpoints, load_train_state
@@ -34,13 +35,7 @@ TINY = {
 
 
 def write_recipe(tmp_path: Path, **changes) -> Path:
-    tree = json.loads(json.dumps(TINY))
-    for dotted, value in changes.items():
-        node = tree
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    tree = changed(TINY, **changes)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
