@@ -878,3 +878,22 @@ def test_fuzz_outcomes_are_reported():
     """Not a check: prints how the fuzzed cases ended (``pytest -s`` shows it)."""
     for kind, counts in sorted(OUTCOMES.items()):
         print(f"{kind}: {counts}")
+
+
+def test_atomic_write_names_the_target_and_leaves_no_temporary(tmp_path, monkeypatch):
+    import errno as errno_
+
+    from vitkit.files import atomic_write
+
+    target = tmp_path / "out" / "weights.safetensors"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+
+    def full(fd: int) -> None:
+        raise OSError(errno_.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as info:
+        atomic_write(target, lambda f: f.write(b"new"))
+    assert info.value.filename == str(target) and info.value.errno == errno_.ENOSPC
+    assert target.read_bytes() == b"old" and sorted(p.name for p in target.parent.iterdir()) == [target.name]

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .errors import writing
+
 _TMP_SUFFIX = ".tmp"
 
 
@@ -20,21 +22,23 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb
 
     A crash or a failed write leaves any previous file at ``path`` untouched. The temporary is
     ``.NAME.XXXXXXXX.tmp``; a process killed while writing leaves it behind
-    (:func:`temporary_target` recognises it).
+    (:func:`temporary_target` recognises it). A failed write is an ``OSError`` that names
+    ``path``, not the temporary (:func:`vitkit.errors.writing`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     try:  # make the rename itself durable
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
