@@ -22,7 +22,7 @@ from .base import Dataset
 MINIVAL = "minival"
 
 
-def _count(value: float, total: int, what: str) -> int:
+def image_count(value: float, total: int, what: str) -> int:
     """An image count: an integer is a count, a number in (0, 1) a fraction of ``total``."""
     if value != value or value < 0:  # NaN or negative
         raise DataError(f"data.{what} must be a count or a fraction in (0, 1], got {value}")
@@ -82,7 +82,7 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
     labels = _labels(train)
     k = train.num_classes
     orders = class_orders(labels, k, seed)
-    n_val = _count(minival, len(train), "minival")
+    n_val = image_count(minival, len(train), "minival")
     val_quota = balanced_quota([len(o) for o in orders], n_val) if n_val else [0] * k
     if n_val and min(val_quota) == 0:
         raise DataError(f"{train.name}: data.minival of {n_val} images leaves some of its {k} classes without one")
@@ -92,7 +92,7 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
         return train.subset(torch.cat([o[:q] for o, q in zip(orders, val_quota)]), name=f"{train.name}:minival")
     rest = [o[q:] for o, q in zip(orders, val_quota)]
     n_rest = sum(len(r) for r in rest)
-    n_sub = n_rest if subset is None else _count(subset, n_rest, "subset")
+    n_sub = n_rest if subset is None else image_count(subset, n_rest, "subset")
     if n_sub > n_rest:
         raise DataError(
             f"{train.name}: data.subset of {n_sub} images is larger than the {n_rest} training images "
@@ -107,4 +107,4 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
     return train.subset(keep, name=f"{train.name}[{n_sub}]")
 
 
-__all__ = ["MINIVAL", "balanced_quota", "carve", "class_orders"]
+__all__ = ["MINIVAL", "balanced_quota", "carve", "class_orders", "image_count"]

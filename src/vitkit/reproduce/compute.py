@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .experiments import Experiment, Section, pct, shots_label
+from .experiments import Experiment, Section, mean_std, pct, shots_label
 from .spec import RunSpec
 
 
@@ -64,7 +64,7 @@ class Compute(Experiment):
         fam = numbers["families"]
         parts = []
         for metric, name in (("test_top1", "test top-1"), ("fewshot", shots)):
-            points = [(e["train_flops"], _mean(e[metric]), e["title"]) for es in fam.values() for e in es]
+            points = [(e["train_flops"], mean_std(e[metric])[0], e["title"]) for es in fam.values() for e in es]
             family_of = {e["title"]: f for f, es in fam.items() for e in es}
             front = pareto_front(points)
             families = sorted({family_of[t] for t in front})
@@ -78,17 +78,13 @@ class Compute(Experiment):
         )
 
 
-def _mean(v: list[float]) -> float:
-    return sum(v) / len(v)
-
-
 def compute_to_reach(entries: list[dict[str, Any]], target: float, metric: str = "test_top1") -> float | None:
     """The training FLOPs at which a family first reaches ``target`` accuracy, interpolated
     log-linearly between its models (ordered by compute); None if none of them reaches it."""
     import itertools
     import math
 
-    pts = sorted((e["train_flops"], _mean(e[metric])) for e in entries)
+    pts = sorted((e["train_flops"], mean_std(e[metric])[0]) for e in entries)
     if pts[0][1] >= target:
         return pts[0][0]
     for (c0, a0), (c1, a1) in itertools.pairwise(pts):
@@ -100,13 +96,13 @@ def compute_to_reach(entries: list[dict[str, Any]], target: float, metric: str =
 
 def _compute_ratio(vit: list[dict[str, Any]], cnn: list[dict[str, Any]]) -> str:
     """How much compute the ViTs need for the best ResNet's test top-1, against what it took."""
-    best = max(cnn, key=lambda e: _mean(e["test_top1"]))
-    need = compute_to_reach(vit, _mean(best["test_top1"]))
+    best = max(cnn, key=lambda e: mean_std(e["test_top1"])[0])
+    need = compute_to_reach(vit, mean_std(best["test_top1"])[0])
     if need is None:
-        return f"no ViT reaches the best ResNet's test top-1 ({100 * _mean(best['test_top1']):.2f}%)"
+        return f"no ViT reaches the best ResNet's test top-1 ({100 * mean_std(best['test_top1'])[0]:.2f}%)"
     ratio = best["train_flops"] / need
     more_less = f"{ratio:.1f}x less" if ratio >= 1 else f"{1 / ratio:.1f}x more"
     return (
-        f"the ViTs reach the best ResNet's test top-1 ({100 * _mean(best['test_top1']):.2f}%) with {more_less} "
+        f"the ViTs reach the best ResNet's test top-1 ({100 * mean_std(best['test_top1'])[0]:.2f}%) with {more_less} "
         "training compute than it took (the paper: 2-4x less)"
     )

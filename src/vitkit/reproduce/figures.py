@@ -5,17 +5,19 @@ Error bars are the standard deviation over seeds."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
 from ..analysis.figures import _new_figure, _save
+from .experiments import mean_std
 
 _METRICS = (("test_top1", "test top-1 (%)"), ("fewshot", "{shots} accuracy on the transfer task (%)"))
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
-    return 100 * statistics.fmean(values), 100 * (statistics.stdev(values) if len(values) > 1 else 0.0)
+    """Mean and spread over seeds, in percent."""
+    m, s = mean_std(values)
+    return 100 * m, 100 * s
 
 
 def _plain_log_ticks(ax: Any, ticks: list[int] | None) -> None:

@@ -182,17 +182,10 @@ def train_and_score(spec: RunSpec, run_dir: Path, init_from: str | None, setting
 
 def _train_seconds(run_dir: Path) -> float | None:
     """Training time of the whole run, over every call that resumed it (the last ``train_s`` logged)."""
-    seconds = None
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        try:
-            seconds = float(json.loads(line).get("train_s", seconds))
-        except (ValueError, TypeError, AttributeError):
-            continue
-    return seconds
+    from ..train.runfolder import read_metrics
+
+    logged = [rec["train_s"] for _, rec in read_metrics(run_dir / "metrics.jsonl", strict=False) if "train_s" in rec]
+    return float(logged[-1]) if logged else None
 
 
 def read_result(path: Path) -> dict[str, Any] | None:

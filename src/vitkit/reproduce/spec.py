@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.carve import image_count
 from ..errors import DataError, UsageError
 from ..train.config import CONFIG_DIR, read_yaml_mapping, recipe_from_dict
 from .names import BUDGETS, EXPERIMENTS
@@ -193,7 +194,7 @@ class Suite:
 
     def subset_size(self, size: float) -> int:
         """A subset as an image count: a fraction of the pool, or a count that must fit it."""
-        n = round(size * self.num_pool) if 0 < size <= 1 else int(size)
+        n = image_count(size, self.num_pool, "subset")
         if n > self.num_pool:
             raise DataError(
                 f"{self.data}: a subset of {n} images is larger than the {self.num_pool} training images "
