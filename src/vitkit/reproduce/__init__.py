@@ -51,10 +51,7 @@ def data_info(data: str) -> DataInfo:
 def _unique(specs: list[RunSpec]) -> list[RunSpec]:
     out: dict[str, RunSpec] = {}
     for s in specs:
-        if s.key in out:
-            out[s.key].experiments |= s.experiments
-        else:
-            out[s.key] = s
+        out.setdefault(s.key, s)  # runs that experiments share are trained once
     return list(out.values())
 
 

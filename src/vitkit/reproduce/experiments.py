@@ -85,20 +85,21 @@ class Experiment:
     def spec(self, model: str, seed: int, label: str, **recipe: Any) -> RunSpec:
         """A run of ``model`` (a role of common.yaml) with the suite's recipe and ``recipe``'s extras."""
         tree = self.suite.recipe(model, seed, experiment=self.cfg, **recipe)
-        return RunSpec(label=label, model=model, recipe=tree, experiments={self.name})
+        return RunSpec(label=label, model=model, recipe=tree)
 
     def base_spec(self, model: str, seed: int) -> RunSpec:
         """``model`` trained on the whole split with the common recipe alone: the run that the
         experiments share (the data-scaling study's largest size, the learned 1-D and class-token
         baselines)."""
         tree = self.suite.recipe(model, seed)
-        return RunSpec(label=f"{model}, all images, seed {seed}", model=model, recipe=tree, experiments={self.name})
+        return RunSpec(label=f"{model}, all images, seed {seed}", model=model, recipe=tree)
 
     def default_of(self, model: str, option: str) -> Any:
         section = self.suite.model_section(model)
         return getattr(model_config(section["name"], **section["overrides"]), option)
 
-    def fewshot(self, results: list[dict[str, Any]]) -> list[float]:
+    @staticmethod
+    def fewshot(results: list[dict[str, Any]]) -> list[float]:
         return [r["fewshot"]["mean"] for r in results]
 
     @staticmethod

@@ -16,7 +16,7 @@ import copy
 import difflib
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,6 @@ class RunSpec:
     model: str  # the model's role in common.yaml ("vit-tiny")
     recipe: dict[str, Any]
     after: str | None = None  # key of the run whose weights this one starts from
-    experiments: set[str] = field(default_factory=set)
 
     @property
     def key(self) -> str:
