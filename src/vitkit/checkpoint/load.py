@@ -273,10 +273,15 @@ def load_pretrained(
     new_classes = overrides.get("num_classes", cfg.num_classes)
     new_classes = 0 if new_classes is None else int(new_classes)
     _check_file(loaded, p, new_classes != cfg.num_classes, allow_nonfinite)
+    try:  # what the caller asks for is checked before any tensor is touched
+        target = cfg.replace(**overrides)
+    except ValueError as e:
+        raise CheckpointError(f"{p}: {e}") from None
+    values.check_grid(target, f"{p}")
     sd = dict(loaded.state)
     notes = list(loaded.notes)
     if isinstance(cfg, ViTConfig) and "img_size" in overrides:
-        notes += _resize_positions(sd, cfg, cfg.replace(img_size=overrides["img_size"]).grid_size, pos_embed_mode)
+        notes += _resize_positions(sd, cfg, target.grid_size, pos_embed_mode)
     if new_classes != cfg.num_classes:
         sd.pop("head.weight", None)
         sd.pop("head.bias", None)
@@ -284,10 +289,7 @@ def load_pretrained(
             f"head replaced: {cfg.num_classes} -> {new_classes} classes"
             + (" (zero-initialised)" if new_classes else " (removed)")
         )
-    try:
-        cfg = cfg.replace(**overrides)
-    except ValueError as e:
-        raise CheckpointError(f"{p}: {e}") from None
+    cfg = target
     model = build_model(cfg)
     own = model.state_dict()
     missing = sorted(

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..models.config import ViTConfig, token_grid_problem
 
 # Bounds on sizes read from a file: far above any real model, far below what exhausts memory.
 MAX_DIM = 1 << 16  # width, MLP size, representation size, image side, channels
 MAX_CLASSES = 1 << 22
 MAX_DEPTH = 1 << 12  # blocks, and ResNet units per stage
-MAX_TOKENS = 1 << 16  # patches of the token grid a file's config may ask for
-MAX_RELATIVE_TOKENS = 1 << 12  # "relative" keeps a (tokens x tokens) index per block
 MAX_JSON_BYTES = 16 << 20  # a config.json (ImageNet-21k label names are about 1 MB)
 
 
@@ -135,18 +134,10 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
 
 
 def check_grid(cfg: Any, where: str) -> None:
-    """A config read from a file may not ask for more tokens than :data:`MAX_TOKENS` (a fixed
-    sin-cos table or no table leave the image size free of the tensors)."""
-    grid_for = getattr(cfg, "grid_for", None)
-    if grid_for is None:
-        return
-    gh, gw = cfg.grid_size
-    limit = MAX_RELATIVE_TOKENS if cfg.pos_embed == "relative" else MAX_TOKENS
-    if gh * gw > limit:
-        raise CheckpointError(
-            f"{where}: img_size {cfg.img_size[0]}x{cfg.img_size[1]} makes a {gh}x{gw} token grid, more than the "
-            f"{limit} tokens vitkit accepts from a file (pos_embed={cfg.pos_embed!r})"
-        )
+    """A config read from a file, or an image size a caller asks for, may not need more tokens
+    than the models' bound (:func:`vitkit.models.config.token_grid_problem`)."""
+    if isinstance(cfg, ViTConfig) and (problem := token_grid_problem(cfg)):
+        raise CheckpointError(f"{where}: {problem}")
 
 
 def check_preprocessing(d: Any, in_chans: int, where: str) -> None:

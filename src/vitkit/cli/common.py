@@ -4,6 +4,7 @@ a progress bar, and number formatting. Nothing here imports torch at module leve
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,14 +14,74 @@ WEIGHTS_HELP = "weights: vitkit .safetensors, a run folder, official .npz, timm 
 
 
 def parse_size(text: str) -> int | tuple[int, int]:
-    """``224`` or ``384x512`` (height x width)."""
+    """``224`` or ``384x512`` (height x width), each side positive."""
     try:
         if "x" in text.lower():
             h, w = text.lower().split("x")
-            return (int(h), int(w))
-        return int(text)
+            size: int | tuple[int, int] = (int(h), int(w))
+        else:
+            size = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}") from None
+    if min(size if isinstance(size, tuple) else (size,)) < 1:
+        raise argparse.ArgumentTypeError(f"sides must be positive, got {text!r}")
+    return size
+
+
+def count(minimum: int = 1) -> Callable[[str], int]:
+    """An argument type: a whole number of at least ``minimum``. argparse names the flag in the
+    one-line error, so every numeric option is checked where it is read, not deep in a command."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def real(minimum: float = float("-inf"), above: float | None = None) -> Callable[[str], float]:
+    """An argument type: a finite number, at least ``minimum`` (or greater than ``above``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if above is not None and value <= above:
+            raise argparse.ArgumentTypeError(f"must be greater than {above:g}, got {value:g}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {value:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def parse_device(text: str) -> str:
+    """An argument type: ``cpu``, ``cuda`` or ``cuda:N`` that this torch can run on (checked when
+    the command line is read, not when the first tensor moves)."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: this torch build or machine has no CUDA device; use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: there are {torch.cuda.device_count()} CUDA devices")
+    elif device.type != "cpu":
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
 
 
 def note(text: str) -> None:
@@ -80,8 +141,8 @@ def model_arguments(p: argparse.ArgumentParser, data: bool = True) -> None:
     if data:
         p.add_argument("--data", required=True, help="dataset: fashion-mnist, mnist, synthetic, a folder...")
     p.add_argument("--img-size", type=parse_size, default=None, help="evaluate at this size, N or HxW")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1...")
+    p.add_argument("--batch-size", type=count(1), default=256)
+    p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,5 +153,5 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
 def split_arguments(p: argparse.ArgumentParser, max_train: int | None, max_train_help: str) -> None:
     p.add_argument("--train-split", default="train")
     p.add_argument("--test-split", default="test")
-    p.add_argument("--max-train", type=int, default=max_train, help=max_train_help)
-    p.add_argument("--max-test", type=int, default=None, help="a random subset of the test split (default: all)")
+    p.add_argument("--max-train", type=count(1), default=max_train, help=max_train_help)
+    p.add_argument("--max-test", type=count(1), default=None, help="a random subset of the test split (default: all)")

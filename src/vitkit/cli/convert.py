@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import parse_size
+from .common import count, parse_size
 
 HELP = "convert weights between official .npz, timm, HF and vitkit"
 
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", choices=["prelinen", "linen"], default="prelinen", help="official key layout")
     p.add_argument("--name", default=None, help="check the weights against this model name")
     p.add_argument("--img-size", type=parse_size, default=None, help="resize position embeddings")
-    p.add_argument("--num-classes", type=int, default=None, help="replace the head")
+    p.add_argument("--num-classes", type=count(0), default=None, help="replace the head")
 
 
 def run(args: argparse.Namespace) -> int:

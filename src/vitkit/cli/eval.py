@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError, writing
+from ..errors import writing
 from ..files import slug
-from .common import describe, load_model, model_arguments, pct, progress, size_of
+from .common import count, describe, load_model, model_arguments, pct, progress, size_of
 
 HELP = "top-1/top-5, per-class accuracy and confusion matrix of a classifier"
 MAX_CLASS_ROWS = 50  # longer per-class tables print only the weakest classes
@@ -21,11 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32", help=text)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
-    p.add_argument("--calib", type=int, default=512, help="int8: images that calibrate static scales (0: dynamic)")
+    p.add_argument("--calib", type=count(0), default=512, help="int8: images that calibrate static scales (0: dynamic)")
     p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
     p.add_argument("--split", default="test")
-    p.add_argument("--max-images", type=int, default=None, help="a random subset of the split")
+    p.add_argument("--max-images", type=count(1), default=None, help="a random subset of the split")
     p.add_argument("--out", default=None, help="folder for the confusion matrix (default: RUN/eval or ./eval_out)")
 
 
@@ -35,8 +35,6 @@ def _served(model: Any, args: argparse.Namespace) -> Any:
     from ..eval import served_model
     from ..inference import onednn_int8_available
 
-    if args.calib < 0:
-        raise UsageError(f"--calib must be 0 (dynamic int8) or a number of images, got {args.calib}")
     static = args.precision == "int8" and args.calib > 0 and onednn_int8_available()
     calib = args.calib if static else 0
     served, used = served_model(model, args.precision, args.data, args.calib_split, calib, args.batch_size, args.device)

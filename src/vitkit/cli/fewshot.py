@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UsageError
-from .common import describe, load_model, model_arguments, num, progress, run_options, split_arguments
+from .common import count, describe, load_model, model_arguments, num, progress, real, run_options, split_arguments
 
 HELP = "few-shot linear accuracy (closed-form least squares, as the paper)"
 
@@ -17,9 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     split_arguments(
         p, None, "a random subset of the train split (default: all; in-memory data embeds only the sampled images)"
     )
-    p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25])
-    p.add_argument("--seeds", type=int, default=3, help="number of random samples per shot count")
-    p.add_argument("--l2", type=float, default=1024.0, help="ridge regulariser (big_vision's default 2**10)")
+    p.add_argument("--shots", type=count(1), nargs="+", default=[1, 5, 10, 25])
+    p.add_argument("--seeds", type=count(1), default=3, help="number of random samples per shot count")
+    p.add_argument("--l2", type=real(0), default=1024.0, help="ridge regulariser (big_vision's default 2**10)")
     p.add_argument("--l2-grid", action="store_true", help="report a grid of l2 values 1 ... 2**20")
 
 
@@ -27,8 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from ..data import build_dataset
     from ..eval import DEFAULT_L2_GRID, evaluate_fewshot
 
-    if min(args.shots) < 1 or args.seeds < 1:
-        raise UsageError("--shots and --seeds must be positive")
     model = load_model(args.ckpt, args.img_size)
     train = build_dataset(args.data, args.train_split)
     test = build_dataset(args.data, args.test_split)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .common import count
 from .train import recipe_arguments, train_from_args
 
 HELP = "fine-tune pretrained weights with the paper's SGD recipe"
@@ -12,7 +13,7 @@ HELP = "fine-tune pretrained weights with the paper's SGD recipe"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="init_from", required=True, help="weights: .npz, timm/HF files, vitkit file or run")
-    p.add_argument("--img-size", type=int, help="fine-tuning resolution (position embeddings are resized)")
+    p.add_argument("--img-size", type=count(1), help="fine-tuning resolution (position embeddings are resized)")
     recipe_arguments(p, "finetune_sgd")
 
 

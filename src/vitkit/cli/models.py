@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import parse_size
+from .common import count, parse_size
 
 HELP = "list models with parameters and GFLOPs"
 
@@ -12,7 +12,7 @@ HELP = "list models with parameters and GFLOPs"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*", help="model names (default: all registered)")
     p.add_argument("--img-size", type=parse_size, default=None, help="input size, N or HxW")
-    p.add_argument("--num-classes", type=int, default=None)
+    p.add_argument("--num-classes", type=count(0), default=None)
     p.add_argument("--json", help="also write the table to this JSON file")
 
 

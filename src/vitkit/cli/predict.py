@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import WEIGHTS_HELP, describe, load_model
+from .common import WEIGHTS_HELP, count, describe, load_model, parse_device
 
 HELP = "top-k classes of image files"
 
@@ -12,8 +12,8 @@ HELP = "top-k classes of image files"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ckpt", help=WEIGHTS_HELP)
     p.add_argument("images", nargs="+", help="image files (anything Pillow reads)")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--top-k", type=count(1), default=5)
+    p.add_argument("--device", type=parse_device, default="cpu")
     p.add_argument("--json", help="also write the predictions to this JSON file")
 
 
@@ -22,8 +22,6 @@ def run(args: argparse.Namespace) -> int:
     from ..eval import predict
     from ..preprocessing import load_images
 
-    if args.top_k < 1:
-        raise UsageError("--top-k must be positive")
     model = load_model(args.ckpt)
     if not model.cfg.num_classes:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")

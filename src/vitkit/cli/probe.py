@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
-from .common import describe, load_model, model_arguments, pct, progress, run_options, split_arguments
+from .common import count, describe, load_model, model_arguments, pct, progress, real, run_options, split_arguments
 
 HELP = "linear-probe (logistic regression) and k-NN accuracy of frozen features"
 
@@ -15,12 +15,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     split_arguments(p, 10000, "a random subset of the train split (default: 10000)")
-    p.add_argument("--weight-decay", type=float, nargs="+", default=[1e-4], help="one value, or several to choose from")
+    p.add_argument(
+        "--weight-decay", type=real(0), nargs="+", default=[1e-4], help="one value, or several to choose from"
+    )
     p.add_argument("--wd-grid", action="store_true", help="choose the weight decay from 1e-6 ... 1e-2")
-    p.add_argument("--max-iter", type=int, default=500, help="L-BFGS iterations")
-    p.add_argument("--knn-k", type=int, default=20)
+    p.add_argument("--max-iter", type=count(1), default=500, help="L-BFGS iterations")
+    p.add_argument("--knn-k", type=count(1), default=20)
     p.add_argument("--knn-weighting", choices=["distance", "majority"], default="distance")
-    p.add_argument("--temperature", type=float, default=0.07, help="kNN vote temperature (DINO)")
+    p.add_argument("--temperature", type=real(above=0), default=0.07, help="kNN vote temperature (DINO)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from ..reproduce.names import BUDGETS, EXPERIMENTS
+from .common import count
 
 HELP = "rerun the paper's experiments (data scaling, compute, position embeddings, ...) and write a report"
 
@@ -26,9 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="smoke: under 2 minutes; desktop: the whole suite in under 2 hours on 2 CPU cores; full: for a GPU",
     )
     p.add_argument(
-        "--seeds", type=int, help="seeds of the experiments that compare across seeds (default: the budget's)"
+        "--seeds", type=count(1), help="seeds of the experiments that compare across seeds (default: the budget's)"
     )
-    p.add_argument("--jobs", type=int, default=1, help="training runs at once, each with its share of the CPU cores")
+    p.add_argument(
+        "--jobs", type=count(1), default=1, help="training runs at once, each with its share of the CPU cores"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,6 +21,11 @@ from ..files import atomic_write
 from .features import Precision, model_outputs
 
 
+class NonFiniteOutputs(UsageError):
+    """The model gave NaN or infinite logits (finite weights whose activations overflow): no
+    metric of them means anything, so :func:`evaluate` says so instead of scoring argmax(NaN)."""
+
+
 def topk_hits(scores: torch.Tensor, labels: torch.Tensor, k: int) -> int:
     """How many rows have their label among the ``k`` highest scores.
 
@@ -154,9 +159,15 @@ def evaluate(
     counts = classification_counts(res.outputs, res.labels)
     skipped = skips.skipped - before[0] if skips is not None else 0
     examples = list(skips.examples[before[1] :]) if skips is not None else []
-    if reduce is not None:
+    nonfinite = int((~torch.isfinite(res.outputs).all(dim=1)).sum())
+    if reduce is not None:  # every process reduces the same tensors, so all of them raise or none
         counts = reduce(counts)
-        skipped = int(reduce(torch.tensor([skipped], dtype=torch.int64))[0])
+        skipped, nonfinite = (int(v) for v in reduce(torch.tensor([skipped, nonfinite], dtype=torch.int64)))
+    if nonfinite:  # finite weights can still overflow; the argmax of NaN logits is no prediction
+        raise NonFiniteOutputs(
+            f"the model's logits are not finite for {nonfinite} of the {int(counts[:-2].sum())} images scored "
+            "(its activations overflow); no metrics are reported"
+        )
     metrics = metrics_from_counts(counts, dataset.classes)
     metrics["images_per_s"] = res.images_per_s
     metrics["seconds"] = res.seconds

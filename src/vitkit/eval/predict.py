@@ -58,9 +58,16 @@ def predict(
     was_training = model.training
     model.eval().to(dev)
     try:
-        probs = torch.cat([model(x[None].to(dev)).float().softmax(dim=1).cpu() for x in images])  # (B, K)
+        logits = torch.cat([model(x[None].to(dev)).float().cpu() for x in images])  # (B, K)
     finally:
         model.train(was_training)
+    bad = (~torch.isfinite(logits).all(dim=1)).nonzero().flatten().tolist()
+    if bad:  # finite weights can still overflow; a softmax of inf is NaN, not a probability
+        raise UsageError(
+            f"the model's outputs are not finite for image {', '.join(str(i + 1) for i in bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''} of {len(logits)} (its activations overflow); no prediction is made"
+        )
+    probs = logits.softmax(dim=1)
     top = probs.topk(min(top_k, k_model), dim=1)
     return [
         [{"class": names[i], "index": int(i), "prob": float(p)} for p, i in zip(vals.tolist(), idx.tolist())]

@@ -37,6 +37,24 @@ RESNET_UNITS: dict[int, tuple[int, ...]] = {
 }
 
 
+MAX_TOKENS = 1 << 16  # patches of the token grid vitkit builds a model for
+MAX_RELATIVE_TOKENS = 1 << 12  # "relative" keeps a (tokens x tokens) index per block
+
+
+def token_grid_problem(cfg: ViTConfig) -> str | None:
+    """Why a config's token grid is too large to build, or None. A sin-cos table or no table
+    leaves the image size free of any tensor a file holds, so without a bound a typo in a size
+    (or a hostile file) asks for a table of tens of gigabytes."""
+    gh, gw = cfg.grid_size
+    limit = MAX_RELATIVE_TOKENS if cfg.pos_embed == "relative" else MAX_TOKENS
+    if gh * gw <= limit:
+        return None
+    return (
+        f"img_size {cfg.img_size[0]}x{cfg.img_size[1]} makes a {gh}x{gw} token grid, more than the "
+        f"{limit} tokens vitkit builds (pos_embed={cfg.pos_embed!r})"
+    )
+
+
 def to_2tuple(value: int | tuple[int, int] | list[int], what: str = "size") -> tuple[int, int]:
     """``7 -> (7, 7)``; ``(h, w)`` unchanged; anything else is a clear ``ValueError``."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -105,6 +123,8 @@ class ViTConfig:
         for name in ("width", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be 0 (no head) or positive, got {self.num_classes}")
         for name in ("img_size", "patch_size"):
             if min(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -171,6 +191,8 @@ class ResNetConfig:
         object.__setattr__(self, "units", tuple(int(u) for u in self.units))
         if self.num_classes is None:
             object.__setattr__(self, "num_classes", 0)
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be 0 (no head) or positive, got {self.num_classes}")
         if not self.units or min(self.units) < 1 or self.width_factor < 1 or self.in_chans < 1:
             raise ValueError(
                 f"units (per stage), width_factor and in_chans must be positive, got {list(self.units)}, "

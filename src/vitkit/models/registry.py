@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .config import RESNET_UNITS, VIT_SIZES, ResNetConfig, ViTConfig
+from .config import RESNET_UNITS, VIT_SIZES, ResNetConfig, ViTConfig, token_grid_problem
 from .resnet import ResNetV2
 from .vit import VisionTransformer
 
@@ -90,6 +90,8 @@ def build_model(cfg: ViTConfig | ResNetConfig) -> nn.Module:
     """Instantiate a config."""
     if isinstance(cfg, ResNetConfig):
         return ResNetV2(cfg)
+    if problem := token_grid_problem(cfg):
+        raise ValueError(problem)
     return VisionTransformer(cfg)
 
 

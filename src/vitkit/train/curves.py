@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..files import atomic_write
 from .runfolder import read_metrics
 
 
@@ -38,6 +39,8 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
     if top1:
         b.set_title(f"last {top1[-1]:.2f}%, best {max(top1):.2f}%")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:  # through a temporary: a run killed while drawing leaves the previous picture whole
+        atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)
     return out

@@ -26,6 +26,7 @@ from ..data import Dataset, TransformConfig, build_dataset, step_generator, trai
 from ..data.transforms import match_channels
 from ..errors import DataError, RecipeError, TrainingError, VitkitError
 from ..eval import evaluate
+from ..eval.classify import NonFiniteOutputs
 from ..eval.features import autocast
 from ..files import write_text
 from ..models.init import mimetic_init_
@@ -385,12 +386,23 @@ class Trainer:
                 if k != "step" and isinstance(v, (int, float)):
                     self._tb.add_scalar(k, v, record["step"])
 
+    @contextlib.contextmanager
+    def _overflow_stops(self) -> Iterator[None]:
+        """Finite weights whose logits overflow stop the run as non-finite weights do, saying what is kept."""
+        try:
+            yield
+        except NonFiniteOutputs as e:
+            raise TrainingError(
+                f"evaluation at step {self.state.step}: {e}; {self.folder.kept(self.state.best_step)}. "
+                "Lower the learning rate (optim.lr, optim.warmup_steps)"
+            ) from None
+
     def evaluate(self) -> float | None:
         """Top-1 on the evaluation split (of the EMA weights when kept), over all processes."""
         if self.eval_ds is None:
             return None
         r = self.recipe
-        with self.ema.applied(self.model) if self.ema else contextlib.nullcontext():
+        with self.ema.applied(self.model) if self.ema else contextlib.nullcontext(), self._overflow_stops():
             metrics = evaluate(
                 _unwrap(self.model),
                 self.eval_ds,
