@@ -44,7 +44,7 @@ def numeric_options() -> list[tuple[str, str, argparse.Action]]:
 def test_every_numeric_option_has_a_checked_type():
     """A bare ``type=int`` lets 0, -1 or 10**12 through to the command; every option uses one of
     the checked types (or is a recipe key, checked by the recipe)."""
-    checked = {"count", "number", "parse_size", "parse_device"}
+    checked = {"count", "index", "number", "parse_size", "parse_device"}
     bare = [
         f"{cmd} {a.option_strings[-1]}"
         for cmd, p in subparsers().items()
@@ -119,7 +119,7 @@ def test_any_value_of_any_option_parses_within_bounds_or_is_refused_by_argparse(
         if isinstance(v, tuple):
             assert min(v) >= 1
         elif isinstance(v, int):
-            assert v >= 0 and (action.type.__name__ != "count" or v == int(text))
+            assert (v >= 0 or action.type.__name__ == "index") and v == int(text)
         elif isinstance(v, float):
             assert math.isfinite(v) and v >= 0
         else:
@@ -149,7 +149,7 @@ def files(tmp_path, monkeypatch):
         ("probe w.safetensors --data synthetic --temperature 0", "argument --temperature: must be greater than 0"),
         ("probe w.safetensors --data synthetic --max-iter 0", "argument --max-iter: must be at least 1"),
         ("analyze w.safetensors --out o --components 0", "argument --components: must be at least 1"),
-        ("analyze w.safetensors --out o --layers -1", "argument --layers: must be at least 0"),
+        ("analyze w.safetensors --out o --layers x", "argument --layers: expected a whole number"),
         ("convert w.safetensors o.safetensors --num-classes -1", "argument --num-classes: must be at least 0"),
         ("bench --model vit_ti16 --batch 0", "argument --batch: must be at least 1"),
         ("bench --model vit_ti16 --iters 0", "argument --iters: must be at least 1"),
@@ -175,6 +175,7 @@ def test_a_bad_option_is_one_line_when_the_command_line_is_read(files, capsys, a
         ("models vit_ti16 --img-size 100000", "more than the 65536 tokens vitkit builds"),
         ("bench --model vit_ti16 --img-size 20000", "more than the 65536 tokens vitkit builds"),
         ("analyze w.safetensors --images img.png --out o --layers 9", "layer 9: the model has 2 layers"),
+        ("analyze w.safetensors --images img.png --out o --layers -3", "layer -3: the model has 2 layers"),
     ],
 )
 def test_a_value_that_does_not_fit_the_model_is_one_line(files, capsys, argv, message):

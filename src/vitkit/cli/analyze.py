@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError, writing
-from .common import WEIGHTS_HELP, count, load_model, parse_size
+from .common import WEIGHTS_HELP, count, index, load_model, parse_size
 
 HELP = "attention rollout, attention distance, embeddings: figures and JSON"
 
@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for the PNG figures and analysis.json")
     p.add_argument("--img-size", type=parse_size, default=None, help="resolution, N or HxW (resizes positions)")
     p.add_argument(
-        "--layers", type=count(0), nargs="+", default=None, help="layers (0-based) of the per-head attention maps"
+        "--layers", type=index, nargs="+", default=None, help="layers (0-based) of the per-head attention maps"
     )
     p.add_argument("--components", type=count(1), default=28, help="principal components of the filters to keep")
 

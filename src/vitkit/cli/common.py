@@ -45,6 +45,17 @@ def count(minimum: int = 1) -> Callable[[str], int]:
     return parse
 
 
+def index(text: str) -> int:
+    """An argument type: a position in a sequence, negative counting from the end (``-1``: the
+    last layer); the command checks it against the model."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number (negative counts from the end), got {text!r}"
+        ) from None
+
+
 def real(minimum: float = float("-inf"), above: float | None = None) -> Callable[[str], float]:
     """An argument type: a finite number, at least ``minimum`` (or greater than ``above``)."""
 

@@ -20,6 +20,7 @@ from .cifar import download_cifar, load_cifar
 from .digits import load_digits_dataset
 from .folder import ImageFolder
 from .idx import load_idx_dataset
+from .options import option_problem
 from .plan import BatchPlan, epoch_order
 from .shards import ShardDataset, expand_braces, shard_paths
 from .streaming import StreamingDataset, decode_image
@@ -81,7 +82,27 @@ def build_dataset(
     return _source(spec, split, options)
 
 
+def source_kind(spec: str) -> str | None:
+    """Which source a ``--data`` value names: a key of :data:`SOURCES`, "folder", "shards", or
+    None when it names none (yet: a folder that does not exist)."""
+    key = ALIASES.get(spec.lower(), spec.lower())
+    if key in SOURCES:
+        return key
+    if os.path.isdir(spec):
+        return "folder"
+    return "shards" if ".tar" in spec else None
+
+
+def check_options(spec: str, options: dict[str, Any]) -> None:
+    """A :class:`DataError` naming the first option the source of ``spec`` does not take, or takes
+    another kind of value for (:mod:`vitkit.data.options`)."""
+    kind = source_kind(spec)
+    if kind is not None and (bad := option_problem(kind, options)):
+        raise DataError(f"{spec}: option {bad[0]} {bad[1]}")
+
+
 def _source(spec: str, split: str, options: dict[str, Any]) -> Dataset:
+    check_options(spec, options)
     key = ALIASES.get(spec.lower(), spec.lower())
     if key in SOURCES:
         return SOURCES[key](split, **options)
@@ -122,6 +143,7 @@ __all__ = [
     "TransformConfig",
     "build_dataset",
     "carve",
+    "check_options",
     "decode_image",
     "download_cifar",
     "epoch_order",
@@ -131,6 +153,7 @@ __all__ = [
     "load_digits_dataset",
     "load_idx_dataset",
     "shard_paths",
+    "source_kind",
     "step_generator",
     "synthetic_dataset",
     "train_transform",

@@ -295,6 +295,8 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     section = cls(**kwargs)
     if isinstance(section, ModelSection):
         check_model_section(section, where)
+    if isinstance(section, DataSection):
+        check_data_section(section, where)
     optim = section if isinstance(section, OptimSection) else None
     if optim is not None and optim.nesterov and optim.name.lower() == "sgd" and optim.momentum == 0:
         raise RecipeError(f"{where}.nesterov needs {where}.momentum above 0, got 0")
@@ -365,9 +367,24 @@ def check_model_section(m: ModelSection, where: str = "model") -> None:
     except ValueError as e:
         raise RecipeError(f"{where}.name: {e}") from None
     try:
-        model_config(m.name, **m.overrides)
+        cfg = model_config(m.name, **m.overrides)
     except (ValueError, TypeError) as e:
         raise RecipeError(f"{where}.overrides: {e}") from None
+    from ..models.config import ViTConfig, token_grid_problem
+
+    if isinstance(cfg, ViTConfig) and (problem := token_grid_problem(cfg)):
+        raise RecipeError(f"{where}.overrides: {problem}")
+
+
+def check_data_section(d: DataSection, where: str = "data") -> None:
+    """The options the named source takes, each of the kind it takes (:mod:`vitkit.data.options`);
+    a folder that does not exist yet is checked when it is read."""
+    from ..data import source_kind
+    from ..data.options import option_problem
+
+    kind = source_kind(d.name)
+    if kind is not None and (bad := option_problem(kind, d.options)):
+        raise RecipeError(f"{where}.options.{bad[0]} {bad[1]}")
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
