@@ -199,7 +199,7 @@ def test_distilled_model_averages_its_two_heads_in_eval_and_returns_both_in_trai
 def _timm_deit_state_dict(depth: int = 2, width: int = 32, classes: int = 4, grid: int = 4) -> dict:
     """A state dict in the layout of timm's ``deit_*_distilled_patch16_224`` (patch 16), by hand."""
     g = torch.Generator().manual_seed(1)
-    r = lambda *shape: torch.randn(*shape, generator=g) * 0.2  # noqa: E731
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.2
     sd = {
         "cls_token": r(1, 1, width),
         "dist_token": r(1, 1, width),

@@ -267,8 +267,8 @@ class Trainer:
         r = self.recipe
         if r.train.distill == "none":
             return None
-        cfg = self.model.cfg
-        return Teacher(r.train.teacher, cfg.num_classes, cfg.in_chans, self.preprocessing, self.device, r.train.precision)
+        cfg, t = self.model.cfg, r.train
+        return Teacher(t.teacher, cfg.num_classes, cfg.in_chans, self.preprocessing, self.device, t.precision)
 
     def _check_resume_recipe(self) -> None:
         saved = self.out / "config.yaml"
@@ -487,7 +487,7 @@ class Trainer:
         cls, dist = out if isinstance(out, tuple) else (out, out)
         label_loss = loss_fn(cls, y, t.loss, t.label_smoothing)
         teacher = self.teacher(x)
-        hard = lambda logits, labels: loss_fn(logits, labels, t.loss, 0.0)  # noqa: E731
+        hard = lambda logits, labels: loss_fn(logits, labels, t.loss, 0.0)
         return distillation_loss(label_loss, dist, teacher, t.distill, t.distill_alpha, t.distill_temperature, hard)
 
     def run(self) -> RunResult:
