@@ -196,6 +196,35 @@ def test_distilled_model_averages_its_two_heads_in_eval_and_returns_both_in_trai
         tiny(distill_token=True, classifier="gap")
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"pos_embed": "learned2d"}, {"pos_embed": "sincos2d"}, {"pos_embed": "relative"}, {"cls_pos_embed": False}],
+    ids=["learned", "learned2d", "sincos2d", "relative", "no-cls-pos"],
+)
+def test_distillation_token_works_with_every_position_embedding(extra):
+    model = randomise(tiny(distill_token=True, **extra)).train()
+    model.set_distilled_training(True)
+    x = torch.randn(2, 3, 16, 16)
+    cls, dist = model(x)
+    (cls.sum() + dist.sum()).backward()
+    assert model.dist_token.grad.abs().sum() > 0 and model.head_dist.weight.grad.abs().sum() > 0
+    if extra.get("pos_embed") != "relative":
+        seen = []
+        model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+        model.set_patch_drop(0.5)
+        with torch.no_grad():
+            model(x)
+        assert seen == [2 + 8]  # both prefix tokens kept, half of the 16 patches
+        if extra.get("pos_embed") in (None, "learned"):
+            model.set_patch_drop(0.0)
+            model.set_img_size(24)  # the prefix rows (two, none without cls_pos_embed) kept, the grid's resized
+            assert model.pos_embed.shape == (1, (2 if extra.get("cls_pos_embed", True) else 0) + 36, 32)
+            assert model.eval()(torch.randn(1, 3, 24, 24)).shape == (1, 5)
+    model.reset_classifier(0)
+    assert model.head is None and model.head_dist is None
+    assert model.eval()(torch.randn(1, 3, *model.cfg.img_size)).shape == (1, 32)
+
+
 def _timm_deit_state_dict(depth: int = 2, width: int = 32, classes: int = 4, grid: int = 4) -> dict:
     """A state dict in the layout of timm's ``deit_*_distilled_patch16_224`` (patch 16), by hand."""
     g = torch.Generator().manual_seed(1)
