@@ -190,6 +190,12 @@ def test_distilled_model_averages_its_two_heads_in_eval_and_returns_both_in_trai
         cls, dist = model(x)
         torch.testing.assert_close(cls, model.head(tokens[:, 0]))
         torch.testing.assert_close(dist, model.head_dist(tokens[:, 1]))
+    from vitkit.models.flops import vit_flops
+
+    D, M, K, L, N = 32, 64, 5, 3, 17  # N: 16 patches and the class token
+    per_token = 2 * D * 3 * D + 2 * D * D + 2 * 2 * D * M  # qkv, proj and the MLP of one more token
+    attention = 2 * 2 * ((N + 1) ** 2 - N**2) * D  # q k^T and the weighted sum over one more key
+    assert vit_flops(model.cfg) - vit_flops(tiny().cfg) == L * (per_token + attention) + 2 * D * K
     with pytest.raises(ValueError, match="distilled training needs a distillation token"):
         tiny().set_distilled_training(True)
     with pytest.raises(ValueError, match="distill_token .* needs classifier='token'"):
