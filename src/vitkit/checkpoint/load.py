@@ -79,6 +79,9 @@ _FILE_ERRORS = (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, 
 TIMM_CONFIG_KEY = "vitkit_config"
 TIMM_PREPROCESSING_KEY = "vitkit_preprocessing"
 
+# The classifier heads a new class count replaces: the head, and DeiT's distillation head.
+_HEADS = ("head.", "head_dist.")
+
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # those torch.isfinite takes
 
 
@@ -221,7 +224,7 @@ def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite
             own = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
     except _FILE_ERRORS as e:
         raise CheckpointError(f"{path}: the file's model config cannot be built ({_line(e)})") from e
-    missing = sorted(k for k in own if k not in sd and not (k.startswith("head.") and replace_head))
+    missing = sorted(k for k in own if k not in sd and not (k.startswith(_HEADS) and replace_head))
     unexpected = sorted(k for k in sd if k not in own)
     if missing or unexpected:
         raise CheckpointError(
@@ -233,7 +236,7 @@ def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite
     for k, v in sd.items():
         if v.is_complex():
             raise CheckpointError(f"{path}: tensor {k!r} is complex ({v.dtype}); model weights are real")
-        if allow_nonfinite or (replace_head and k.startswith("head.")) or not v.is_floating_point():
+        if allow_nonfinite or (replace_head and k.startswith(_HEADS)) or not v.is_floating_point():
             continue
         finite = torch.isfinite(v if v.dtype in _FLOATS else v.float())  # float8 has no isfinite
         if not bool(finite.all()):
@@ -283,8 +286,8 @@ def load_pretrained(
     if isinstance(cfg, ViTConfig) and "img_size" in overrides:
         notes += _resize_positions(sd, cfg, target.grid_size, pos_embed_mode)
     if new_classes != cfg.num_classes:
-        sd.pop("head.weight", None)
-        sd.pop("head.bias", None)
+        for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
+            sd.pop(key, None)
         notes.append(
             f"head replaced: {cfg.num_classes} -> {new_classes} classes"
             + (" (zero-initialised)" if new_classes else " (removed)")
@@ -293,7 +296,7 @@ def load_pretrained(
     model = build_model(cfg)
     own = model.state_dict()
     missing = sorted(
-        k for k in own if k not in sd and not (k.startswith("head.") and new_classes != loaded.cfg.num_classes)
+        k for k in own if k not in sd and not (k.startswith(_HEADS) and new_classes != loaded.cfg.num_classes)
     )
     unexpected = sorted(k for k in sd if k not in own)
     if missing or unexpected:

@@ -296,6 +296,8 @@ def check_official(cfg: ViTConfig) -> None:
             "does not record the image size of a model without position embeddings (it reads back as "
             f"224x224, this model's is {cfg.img_size[0]}x{cfg.img_size[1]})"
         )
+    if cfg.distill_token:
+        refuse("has no distillation token (DeiT's, distill_token=True)")
     if cfg.act != "gelu_tanh":
         refuse(f"does not record the activation (it reads back as act='gelu_tanh'), this model's is act={cfg.act!r}")
     if cfg.ln_eps != 1e-6:

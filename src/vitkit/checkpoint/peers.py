@@ -98,7 +98,8 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
         units = _count_units(out)
     stride = hybrid_stem_stride(units)
     classifier = "token" if "cls_token" in out else "gap"
-    prefix = 1 if classifier == "token" else 0
+    distill = "dist_token" in out  # DeiT's distilled models: a second prefix token and head_dist
+    prefix = (1 if classifier == "token" else 0) + (1 if distill else 0)
     img = (224, 224)
     if "pos_embed" in out:
         img = _grid_img(out["pos_embed"].shape[1] - prefix, (ph, pw), stride, path)
@@ -118,6 +119,7 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
         ln_eps=1e-6,
         resnet_units=units,
         resnet_width=out["patch_embed.backbone.conv_root.weight"].shape[0] if units else 64,
+        distill_token=distill,
     )
     return out, cfg
 
@@ -145,7 +147,8 @@ def check_timm(cfg: Any) -> None:
 
 
 def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[str, torch.Tensor]:
-    """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``).
+    """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``; a
+    distillation token and head keep their names, those of timm's ``VisionTransformerDistilled``).
     timm's ViT has one learned 1-D position table at most: "learned2d" and "relative" tables
     (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused, and with ``cfg`` the fixed
     "sincos2d" table (not in the state dict) and BiT ResNets too (:func:`check_timm`). What
@@ -308,6 +311,11 @@ def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None
         raise CheckpointError(
             f"Hugging Face ViT holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
             "export to vitkit instead"
+        )
+    if cfg.distill_token:
+        raise CheckpointError(
+            "Hugging Face ViT has no distillation token (DeiT's distilled models are another model type there); "
+            "export to vitkit or timm instead"
         )
     if cfg.classifier != "token" or cfg.resnet_units:
         what = "a hybrid" if cfg.resnet_units else f"classifier={cfg.classifier!r}"

@@ -122,6 +122,7 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
             "resnet_units": lambda v, k: v is None or units(v, where, key(k)),
             "resnet_width": lambda v, k: integer(v, where, key(k), 32, MAX_DIM),
             "dynamic_img_size": lambda v, k: flag(v, where, key(k)),
+            "distill_token": lambda v, k: flag(v, where, key(k)),
         }
     else:
         checks |= {

@@ -101,6 +101,7 @@ class ViTConfig:
     resnet_units: tuple[int, ...] | None = None
     resnet_width: int = 64  # width of the ResNet stem (64 * width factor)
     dynamic_img_size: bool = False  # resize position embeddings at run time for other input sizes
+    distill_token: bool = False  # DeiT: a second prefix token, after the class token, with its own head
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
@@ -132,6 +133,12 @@ class ViTConfig:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.resnet_units is not None and self.resnet_width % 32:
             raise ValueError(f"resnet_width must be a multiple of 32 (GroupNorm's 32 groups), got {self.resnet_width}")
+        if self.distill_token and (self.classifier != "token" or self.representation_size):
+            raise ValueError(
+                "distill_token (DeiT) needs classifier='token' and no representation_size: the class and "
+                f"distillation tokens feed the two linear heads, got classifier={self.classifier!r}, "
+                f"representation_size={self.representation_size}"
+            )
         check_divisible(self.img_size, self.total_stride, what="img_size")
 
     @property
@@ -156,7 +163,9 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.classifier == "token" else 0
+        """Tokens before the patches: the class token (classifier "token"), then DeiT's
+        distillation token (``distill_token``)."""
+        return (1 if self.classifier == "token" else 0) + (1 if self.distill_token else 0)
 
     @property
     def pos_prefix_rows(self) -> int:

@@ -58,7 +58,7 @@ def vit_flops(cfg: ViTConfig, img_size: tuple[int, int] | None = None) -> int:
     if cfg.representation_size:
         flops += 2 * D * cfg.representation_size
         feat = cfg.representation_size
-    flops += 2 * feat * cfg.num_classes
+    flops += 2 * feat * cfg.num_classes * (2 if cfg.distill_token else 1)  # DeiT: a second head
     return flops
 
 

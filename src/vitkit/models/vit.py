@@ -6,6 +6,10 @@ Section 3.1, equations 1-4:
     z_l  = MLP(LN(z'_l)) + z'_l                                 (block, MLP half)
     y    = LN(z_L^0)                                            (encoder norm, class token)
 followed by the optional tanh "pre-logits" layer and a zero-initialised linear head.
+
+DeiT's distillation token (Touvron et al., ICML 2021; ``distill_token``) is a second prefix token
+after the class token, with its own position and its own linear head ``head_dist``, trained
+against a teacher's predictions; at evaluation the model returns the mean of the two heads' logits.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import ATTENTION_IMPLS, attend
 from .config import ViTConfig, check_divisible
@@ -61,18 +66,18 @@ def sincos_pos_table(grid: tuple[int, int], width: int, prefix_rows: int) -> tor
 
 
 def add_tokens_and_positions(
-    patches: torch.Tensor, cls_token: torch.Tensor | None, pos: torch.Tensor | None, cls_pos_embed: bool
+    patches: torch.Tensor, prefix: torch.Tensor | None, pos: torch.Tensor | None, cls_pos_embed: bool
 ) -> torch.Tensor:
-    """z0 of eq. 1 from the patch tokens (B, N, D): the class token (if any) put first and E_pos
-    (if any) added, to every token or, with ``cls_pos_embed`` False (big_vision), to the patches
-    before the class token joins them."""
+    """z0 of eq. 1 from the patch tokens (B, N, D): the prefix tokens (1, P, D) (the class token,
+    then DeiT's distillation token; None for none) put first and E_pos (if any) added, to every
+    token or, with ``cls_pos_embed`` False (big_vision), to the patches before the prefix joins them."""
     x = patches
-    if cls_token is not None:
-        cls = cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+    if prefix is not None:
+        tokens = prefix.expand(x.shape[0], -1, -1)  # (B, P, D)
         if pos is not None and not cls_pos_embed:
             x = x + pos
             pos = None
-        x = torch.cat([cls, x], dim=1)  # (B, 1+N, D)
+        x = torch.cat([tokens, x], dim=1)  # (B, P+N, D)
     if pos is not None:
         x = x + pos
     return x
@@ -240,6 +245,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distill_token else None
         (gh, gw), prefix_rows = cfg.grid_size, cfg.pos_prefix_rows
         self.pos_embed_row = self.pos_embed_col = self.pos_embed_prefix = None
         if cfg.pos_embed == "learned":
@@ -254,6 +260,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             self.pos_embed_prefix = nn.Parameter(torch.empty(1, prefix_rows, D)) if prefix_rows else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.patch_drop_rate = 0.0  # training only; see set_patch_drop
+        self.grad_checkpointing = False  # see set_grad_checkpointing
+        self.distilled_training = False  # see set_distilled_training
 
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList([Block(cfg, dpr[i]) for i in range(cfg.depth)])
@@ -262,10 +270,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else None
+        self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes and cfg.distill_token else None
         self.reset_parameters()
 
     # -- initialisation (as the official code: xavier-uniform dense layers, lecun-normal patch
-    #    kernel, N(0, 0.02) position embeddings, zero class token and head) ---------------------
+    #    kernel, N(0, 0.02) position embeddings, zero class token and head; DeiT's distillation
+    #    token truncated N(0, 0.02) as DeiT's, so that it starts apart from the class token) -----
     def reset_parameters(self) -> None:
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -290,11 +300,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
                 nn.init.normal_(blk.attn.rel_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
         if self.pre_logits is not None:
             nn.init.zeros_(self.pre_logits.bias)
-        if self.head is not None:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if head is not None:
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
         if self.patch_embed.backbone is not None:
             self.patch_embed.backbone.reset_parameters()
 
@@ -341,10 +354,18 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         x = self.patch_embed(x)  # (B, D, gh, gw)
         grid = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)  # (B, gh*gw, D), raster order
-        x = add_tokens_and_positions(x, self.cls_token, self.pos_embed_table(grid), self.cfg.cls_pos_embed)
+        x = add_tokens_and_positions(x, self.prefix_tokens(), self.pos_embed_table(grid), self.cfg.cls_pos_embed)
         if self.training and self.patch_drop_rate > 0:
             x = self._drop_patches(x)
         return self.pos_drop(x)
+
+    def prefix_tokens(self) -> torch.Tensor | None:
+        """The learned tokens put before the patches, (1, P, D): the class token, then the
+        distillation token; None for a GAP model."""
+        tokens = [t for t in (self.cls_token, self.dist_token) if t is not None]
+        if not tokens:
+            return None
+        return tokens[0] if len(tokens) == 1 else torch.cat(tokens, dim=1)  # (1, P, D)
 
     def _drop_patches(self, x: torch.Tensor) -> torch.Tensor:
         """Keep a random subset of the patch tokens of each image (prefix tokens always kept).
@@ -363,10 +384,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     # -- encoder ------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images -> the normed token sequence LN(z_L), (B, N(+1), D)."""
+        """Images -> the normed token sequence LN(z_L), (B, P+N, D). With gradient checkpointing on
+        (:meth:`set_grad_checkpointing`) and gradients wanted, each block keeps only its input and
+        runs again in the backward pass."""
         x = self.embed(x)
+        recompute = self.grad_checkpointing and torch.is_grad_enabled()
         for blk in self.blocks:
-            x = blk(x)
+            # preserve_rng_state (the default) replays the forward's dropout and drop-path masks
+            x = checkpoint(blk, x, use_reentrant=False) if recompute else blk(x)
         return self.norm(x)
 
     def forward_intermediates(
@@ -404,8 +429,17 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             return tokens[:, 0]  # (B, D)
         return tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Normed tokens -> logits, or the pre-logits representation when ``pre_logits``."""
+    def forward_head(
+        self, tokens: torch.Tensor, pre_logits: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Normed tokens -> logits, or the pre-logits representation when ``pre_logits``.
+
+        With a distillation token: the mean of the class head on the class token and ``head_dist``
+        on the distillation token (DeiT's prediction), the mean of the two tokens as pre-logits,
+        and in distilled training (:meth:`set_distilled_training`, training mode) the pair
+        (class logits, distillation logits) the two losses need."""
+        if self.dist_token is not None:
+            return self._distilled_head(tokens, pre_logits)
         x = self.pool(tokens)
         if self.pre_logits is not None:
             x = torch.tanh(self.pre_logits(x))
@@ -413,8 +447,33 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             return x
         return self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _distilled_head(
+        self, tokens: torch.Tensor, pre_logits: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        cls, dist = tokens[:, 0], tokens[:, 1]  # (B, D) each
+        if pre_logits or self.head is None:
+            return (cls + dist) / 2
+        cls, dist = self.head(cls), self.head_dist(dist)  # (B, K) each
+        if self.distilled_training and self.training:
+            return cls, dist
+        return (cls + dist) / 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return self.forward_head(self.forward_features(x))
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each encoder block in the backward pass instead of keeping its activations
+        (``torch.utils.checkpoint``): training memory falls to about one block's activations
+        plus each block's input, for about one more forward pass of compute. The random masks of
+        dropout and drop-path are replayed, so the loss and the gradients are those of the plain path."""
+        self.grad_checkpointing = bool(enable)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """With a distillation token: in training mode, return (class logits, distillation logits)
+        instead of their mean, for a loss against labels and one against a teacher (DeiT)."""
+        if enable and self.dist_token is None:
+            raise ValueError("distilled training needs a distillation token: create the model with distill_token=True")
+        self.distilled_training = bool(enable)
 
     def set_attention_impl(self, impl: str) -> None:
         """Choose the attention path of every block: "auto" (default), "sdpa", "math" or

@@ -91,6 +91,7 @@ ON_NONFINITE = ("stop", "skip")
 CROPS = ("inception", "pad", "none")
 INITS = ("default", "mimetic")
 POS_EMBED_MODES = ("bilinear", "bicubic")
+DISTILL = ("none", "hard", "soft")
 
 
 @dataclass
@@ -132,7 +133,10 @@ class OptimSection:
     eps: float = checked(1e-8, ">= 0")
     momentum: float = checked(0.9, "[0, 1)")
     nesterov: bool = False
-    weight_decay: float = checked(0.1, ">= 0")  # decoupled (AdamW); on weight matrices only
+    # decoupled (AdamW); on weight matrices and kernels only: never on biases, norm scales, position
+    # embeddings, relative-position tables, class or distillation tokens (optim.decays)
+    weight_decay: float = checked(0.1, ">= 0")
+    layer_decay: float = checked(1.0, "(0, 1]")  # layer-wise lr decay (BEiT): layer l gets lr * decay^(L+1-l)
     schedule: str = checked("cosine", choices=SCHEDULES)
     warmup_steps: int = checked(0, ">= 0")
     min_lr: float = checked(0.0, ">= 0")
@@ -155,6 +159,11 @@ class TrainSection:
     patch_drop: float = checked(0.0, "[0, 1)")  # fraction of patch tokens dropped per training image
     patch_drop_until: float = checked(1.0, "[0, 1]")  # ... during this fraction of the steps; all tokens after
     attention: str = checked("auto", choices=ATTENTION_IMPLS)  # Attention's docstring says which runs where
+    grad_checkpointing: bool = False  # recompute each encoder block in the backward pass (less memory)
+    teacher: str | None = None  # DeiT distillation: a checkpoint load_pretrained reads (CNN or ViT)
+    distill: str = checked("none", choices=DISTILL)  # hard: CE to the teacher's argmax; soft: KL at the temperature
+    distill_alpha: float = checked(0.5, "[0, 1]")  # loss = (1 - alpha) * label loss + alpha * teacher loss
+    distill_temperature: float = checked(1.0, "> 0")  # soft only; the KL is scaled by T^2
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
@@ -297,10 +306,20 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         check_model_section(section, where)
     if isinstance(section, DataSection):
         check_data_section(section, where)
+    if isinstance(section, TrainSection):
+        check_distillation(section, where)
     optim = section if isinstance(section, OptimSection) else None
     if optim is not None and optim.nesterov and optim.name.lower() == "sgd" and optim.momentum == 0:
         raise RecipeError(f"{where}.nesterov needs {where}.momentum above 0, got 0")
     return section
+
+
+def check_distillation(t: TrainSection, where: str = "train") -> None:
+    """A teacher and a kind of distillation come together: one without the other is a mistake."""
+    if t.distill != "none" and not t.teacher:
+        raise RecipeError(f"{where}.distill={t.distill} needs a teacher: set {where}.teacher to a checkpoint")
+    if t.teacher and t.distill == "none":
+        raise RecipeError(f"{where}.teacher is set but {where}.distill is none: set {where}.distill to hard or soft")
 
 
 # Model overrides (fields of ViTConfig and ResNetConfig) whose nonsense values the model would take
@@ -317,7 +336,7 @@ MODEL_OVERRIDES: dict[str, tuple[str, Check]] = {
     "ln_eps": ("number", Check("> 0")),
     "resnet_units": ("ints?", Check(">= 1")),
     "units": ("ints", Check(">= 1")),
-    **{k: ("bool", Check()) for k in ("cls_pos_embed", "dynamic_img_size")},
+    **{k: ("bool", Check()) for k in ("cls_pos_embed", "dynamic_img_size", "distill_token")},
 }
 
 

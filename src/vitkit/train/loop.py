@@ -34,6 +34,7 @@ from ..models.registry import create_model
 from ..preprocessing import Preprocessing
 from . import dist as D
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
+from .distill import Teacher, distillation_loss
 from .optim import build_optimizer, lr_at, set_lr
 from .process import configure_process
 from .runfolder import RunFolder
@@ -148,6 +149,16 @@ def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
         raise RecipeError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
 
 
+def _set_model_modes(r: Recipe, model: nn.Module) -> None:
+    """Gradient checkpointing of the encoder blocks, and a distilled model's two outputs."""
+    if r.train.grad_checkpointing:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise RecipeError(f"train.grad_checkpointing needs a ViT; {r.model.name} has no encoder blocks")
+        model.set_grad_checkpointing(True)
+    if r.train.distill != "none" and getattr(model, "dist_token", None) is not None:
+        model.set_distilled_training(True)
+
+
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
     """The recipe's augmentation at the model's resolution and value range."""
     return TransformConfig(
@@ -201,8 +212,10 @@ class Trainer:
         if hasattr(self.model, "set_attention_impl"):
             self.model.set_attention_impl(r.train.attention)
         _check_patch_drop(r, self.model)
+        _set_model_modes(r, self.model)
         self.preprocessing = Preprocessing.for_config(self.model.cfg)
         self.tcfg = _transform_config(r, self.preprocessing)
+        self.teacher = self._build_teacher()
         if r.train.fsdp and r.train.ema_decay:
             raise RecipeError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
         # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
@@ -246,9 +259,17 @@ class Trainer:
         bias = r.train.head_bias_init
         if bias is None and r.train.loss == "sigmoid":
             bias = -math.log(model.num_classes)
-        if bias is not None and getattr(model, "head", None) is not None:
-            nn.init.constant_(model.head.bias, bias)
+        for head in (getattr(model, "head", None), getattr(model, "head_dist", None)):
+            if bias is not None and head is not None:
+                nn.init.constant_(head.bias, bias)
         return model
+
+    def _build_teacher(self) -> Teacher | None:
+        r = self.recipe
+        if r.train.distill == "none":
+            return None
+        cfg, t = self.model.cfg, r.train
+        return Teacher(t.teacher, cfg.num_classes, cfg.in_chans, self.preprocessing, self.device, t.precision)
 
     def _check_resume_recipe(self) -> None:
         saved = self.out / "config.yaml"
@@ -443,7 +464,7 @@ class Trainer:
             with ctx:
                 with autocast(self.device, r.train.precision):
                     logits = self.forward(x)
-                loss = loss_fn(logits, y, r.train.loss, r.train.label_smoothing) / len(micro)
+                loss = self._loss(x, logits, y) / len(micro)
                 loss.backward()
             total += loss.detach()
         D.all_reduce_sum(total, self.info)  # the mean over processes is the loss of the global batch
@@ -465,6 +486,21 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model)
         return float(total.item())
+
+    def _loss(
+        self, x: torch.Tensor, out: torch.Tensor | tuple[torch.Tensor, torch.Tensor], y: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of a micro-batch: against the labels, and with a teacher DeiT's objective, the
+        teacher seeing the same augmented images ``x`` (a model without a distillation head is
+        distilled through its one head)."""
+        t = self.recipe.train
+        if self.teacher is None:
+            return loss_fn(out, y, t.loss, t.label_smoothing)
+        cls, dist = out if isinstance(out, tuple) else (out, out)
+        label_loss = loss_fn(cls, y, t.loss, t.label_smoothing)
+        teacher = self.teacher(x)
+        hard = lambda logits, labels: loss_fn(logits, labels, t.loss, 0.0)
+        return distillation_loss(label_loss, dist, teacher, t.distill, t.distill_alpha, t.distill_temperature, hard)
 
     def run(self) -> RunResult:
         """Train to the last step; the run folder is let go when it ends, however it ends."""

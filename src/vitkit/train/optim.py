@@ -8,38 +8,85 @@ global norm 1 in both (done by the loop).
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
 
+from ..errors import RecipeError
 from .config import OptimSection
 
-# Parameters that never get weight decay: biases, norm scales, embeddings of positions/class.
-# Names match as substrings: "pos_embed" covers learned2d's pos_embed_row, _col and _prefix;
-# "rel_embed" is every block's relative-position table (blocks.{i}.attn.rel_embed).
-_NO_DECAY_NAMES = ("pos_embed", "cls_token", "rel_embed")
+# Parameters that get no weight decay besides every tensor of at most one dimension (biases, the
+# scales of LayerNorm and GroupNorm): position embeddings and the learned prefix tokens. Names
+# match as substrings: "pos_embed" covers learned2d's pos_embed_row, _col and _prefix; "rel_embed"
+# is every block's relative-position table (blocks.{i}.attn.rel_embed).
+_NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "rel_embed")
+
+# What comes before the encoder blocks: BEiT's layer 0 (a hybrid's ResNet stem is in patch_embed).
+_EMBEDDING_NAMES = ("patch_embed.", "cls_token", "dist_token", "pos_embed")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Whether weight decay applies to a parameter: to weight matrices and convolution kernels
+    only. Not to biases and norm scales (decaying them towards 0 only fights the normalisation),
+    nor to position embeddings, relative-position tables, class or distillation tokens, which are
+    embeddings rather than weights (as big_vision, timm and DeiT do)."""
+    return param.ndim > 1 and not any(n in name for n in _NO_DECAY_NAMES)
+
+
+def layer_id(name: str, depth: int) -> int:
+    """The layer of a ViT parameter for layer-wise learning-rate decay, by BEiT's rule (Bao et
+    al., 2022; timm's ``param_groups_layer_decay``): 0 for what feeds the encoder (the patch
+    embedding, with a hybrid's ResNet stem, the class and distillation tokens, the position
+    embeddings), ``i + 1`` for block ``i``, ``depth + 1`` for what follows it (the final norm, the
+    pre-logits layer, the heads)."""
+    if name.startswith(_EMBEDDING_NAMES):
+        return 0
+    m = re.match(r"blocks\.(\d+)\.", name)
+    return int(m.group(1)) + 1 if m else depth + 1
+
+
+def layer_scales(depth: int, decay: float) -> list[float]:
+    """The learning-rate factor of each layer 0 .. depth + 1: ``decay ** (depth + 1 - layer)``, so
+    that the heads train at the full rate and each layer below at ``decay`` times the one above."""
+    return [decay ** (depth + 1 - i) for i in range(depth + 2)]
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """The optimiser's parameter groups: with weight decay or without (:func:`decays`), and with
+    ``layer_decay`` below 1 one pair per layer (:func:`layer_id`), each with its ``lr_scale``
+    (:func:`set_lr` multiplies the schedule's rate by it)."""
+    if layer_decay == 1.0:
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (decay if decays(name, p) else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": weight_decay}]
+        if no_decay:
+            groups.append({"params": no_decay, "weight_decay": 0.0})
+        return groups
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise RecipeError(
+            f"optim.layer_decay needs a ViT's encoder blocks; {type(model).__name__} has none (set it to 1)"
+        )
+    depth = len(blocks)
+    scales = layer_scales(depth, layer_decay)
+    by_key: dict[tuple[int, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if p.ndim <= 1 or any(n in name for n in _NO_DECAY_NAMES):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+        if p.requires_grad:
+            by_key.setdefault((layer_id(name, depth), decays(name, p)), []).append(p)
+    return [
+        {"params": params, "weight_decay": weight_decay if wd else 0.0, "lr_scale": scales[layer]}
+        for (layer, wd), params in sorted(by_key.items(), key=lambda kv: (kv[0][0], not kv[0][1]))
+    ]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection, fused: bool = False) -> torch.optim.Optimizer:
     """The recipe's optimiser over ``model``'s trainable parameters. ``fused`` (CUDA parameters
     only) runs Adam's update as one kernel per group instead of several per tensor."""
     name = cfg.name.lower()
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     if name in ("adamw", "adam"):
         # The paper's Adam with "weight decay": we apply it decoupled, as big_vision does.
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
@@ -66,5 +113,6 @@ def lr_at(step: int, total: int, cfg: OptimSection) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's rate ``lr`` times each group's ``lr_scale`` (layer-wise decay; 1 without)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
