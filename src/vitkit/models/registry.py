@@ -16,7 +16,8 @@ from .vit import VisionTransformer
 # Hybrids: name -> (ResNet units, ViT size, patch size over the ResNet's map), as the official
 # configs (vit_jax/configs/models.py) give them. The R50 of the paper keeps 3 stages with 3, 4, 9
 # units (stride 16); R26 and R50 with 4 stages have stride 32; AugReg's R+Ti/16 has the ResNet root
-# alone, no stage (stride 4), under 8x8 patches (config.hybrid_stem_stride).
+# alone, no stage (stride 4), under 8x8 patches (config.hybrid_stem_stride): 32 px per token, the
+# "/16" of its name notwithstanding (its config's comment counts the root as 2x; its code makes 4x).
 HYBRIDS: dict[str, tuple[tuple[int, ...], str, int]] = {
     "r_vit_ti16": ((), "Ti", 8),
     "r50_vit_b16": ((3, 4, 9), "B", 1),
