@@ -452,3 +452,24 @@ def test_map_model_contract(tmp_path):
         mapped = vitkit.create_model("vit_s16", classifier="map")
     D, N, M = 384, 196, 1536
     assert model_flops(mapped) - model_flops(gap) == 2 * D * D * 2 + 2 * N * D * 2 * D + 4 * N * D + 4 * D * M
+
+
+def test_map_head_matches_timm_where_timm_imports(tmp_path):
+    timm = pytest.importorskip("timm", reason="timm is not installed (it needs torchvision)", exc_type=ImportError)
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    peer = timm.create_model(
+        "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
+        num_classes=5, class_token=False, global_pool="map",
+    ).eval()  # fmt: skip
+    with torch.no_grad():  # zero-initialised parts (head, latent's neighbours) get values too
+        for p in peer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, tmp_path / "timm_map.safetensors")
+    ours = vitkit.load_pretrained(tmp_path / "timm_map.safetensors", num_heads=4)
+    assert ours.cfg.classifier == "map" and ours.cfg.act == "gelu"
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), peer(x), atol=1e-5, rtol=0)
+    assert set(to_timm(ours.state_dict(), ours.cfg)) == set(peer.state_dict())
