@@ -84,7 +84,7 @@ def _prefix(names: list[str] | set[str]) -> str:
     return next((p for p in _PREFIXES if f"{p}embedding/kernel" in names), "")
 
 
-# Every array name the conversion below maps (after big_vision's ``params/`` prefix is dropped),
+# Every array name the conversion below maps (after the prefix of a training state is dropped),
 # the scanned blocks of big_vision included. Others are refused from the zip directory, before
 # anything is decompressed (:func:`select_arrays`).
 _ARRAY_NAMES = re.compile(
