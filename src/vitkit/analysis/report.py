@@ -56,6 +56,8 @@ def model_name(cfg: Any) -> str:
     )
     if cfg.resnet_units:
         body = f"R{3 * sum(cfg.resnet_units) + 2}+{body}"  # bottleneck ResNet depth: 3 convs a unit + stem + head
+    elif cfg.resnet_units is not None:
+        body = f"R+{body}"  # the ResNet root alone (R+ViT-Ti/16)
     return body
 
 

@@ -254,6 +254,8 @@ def load_pretrained(
     num_heads: int | None = None,
     *,
     allow_nonfinite: bool = False,
+    features_only: bool = False,
+    out_indices: int | list[int] | None = None,
     **overrides: Any,
 ) -> nn.Module:
     """Load weights from any supported file into a vitkit model, in eval mode.
@@ -266,8 +268,12 @@ def load_pretrained(
     ``num_heads`` gives the heads where the file does not (timm tensors, Hugging Face weights
     without config.json). Weights holding NaN or inf are refused unless ``allow_nonfinite``.
     The returned model has ``.load_report`` (a :class:`LoadReport`) and ``.preprocessing``.
+    ``features_only`` (with ``out_indices``) returns it wrapped as
+    ``create_model(..., features_only=True)`` does: a list of NCHW feature maps and ``feature_info``.
     Whatever is wrong with the file is a :class:`CheckpointError` naming it.
     """
+    if out_indices is not None and not features_only:
+        raise UsageError("out_indices picks the maps of a features_only=True model; pass features_only=True too")
     loaded = read_any(path, num_heads=num_heads)
     p = Path(path)
     if name is not None:
@@ -314,4 +320,10 @@ def load_pretrained(
     model.load_report = LoadReport(str(p), loaded.source, notes)
     for note in notes:
         log.info("%s: %s", p, note)
+    if features_only:
+        from ..models.features import features_model
+
+        wrapped = features_model(model.eval(), out_indices)
+        wrapped.preprocessing, wrapped.load_report = model.preprocessing, model.load_report
+        return wrapped.eval()
     return model.eval()

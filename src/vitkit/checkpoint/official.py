@@ -6,7 +6,13 @@ Accepted layouts:
 - the Linen / big_vision numbering (``LayerNorm_0``, ``MultiHeadDotProductAttention_0``,
   ``LayerNorm_1``, ``MlpBlock_0``), and big_vision's scanned blocks (``Transformer/encoderblock/``
   with a leading layer axis) and top-level ``pos_embedding`` without a class-token row;
-- hybrids (``conv_root``, ``gn_root``, ``block{s}/unit{u}/...``).
+- hybrids (``conv_root``, ``gn_root``, ``block{s}/unit{u}/...``), the ResNet root alone too (no
+  ``block*`` arrays: AugReg's R+Ti/16);
+- big_vision's attention-pooling head (``MAPHead_0/...``, or inlined at the top level as during
+  ViT-G's development) as ``classifier="map"``;
+- the prefixes of whole training states: big_vision's ``params/`` (``params/img/`` for the image
+  tower of LiT and SigLIP) and old flax optimisers' ``opt/target/``; the position embedding in
+  the encoder (``Transformer/pos_embedding``, big_vision before 2022).
 
 Layout conversion (flax -> torch): conv kernels HWIO -> OIHW, dense kernels (in, out) -> (out, in),
 attention q/k/v kernels (D, heads, D/heads) -> (D, D) rows fused into one qkv weight.
@@ -58,31 +64,48 @@ _TOP_LAYERS = (
 )
 
 
+# Prefixes under which a whole training state keeps the ViT's parameters (the rest, optimiser
+# state or a text tower, is skipped unread): LiT/SigLIP image towers, big_vision, old flax optimisers.
+_PREFIXES = ("params/img/", "params/", "opt/target/")
+
+# MAP head arrays by their name inside ``MAPHead_0/`` (also found inlined at the top level).
+_MAP_NAMES = (
+    r"probe|LayerNorm_0/(scale|bias)|MultiHeadDotProductAttention_0/(query|key|value|out)/(kernel|bias)"
+    r"|MlpBlock_0/Dense_[01]/(kernel|bias)"
+)
+
+
 def is_official(keys: set[str]) -> bool:
-    return "embedding/kernel" in keys or any(k.startswith("params/embedding/") for k in keys)
+    return any(f"{p}embedding/kernel" in keys for p in ("", *_PREFIXES))
 
 
-# Every array name the conversion below maps (after big_vision's ``params/`` prefix is dropped),
+def _prefix(names: list[str] | set[str]) -> str:
+    """The prefix of the ViT's parameters among ``names`` ("" for the released files)."""
+    return next((p for p in _PREFIXES if f"{p}embedding/kernel" in names), "")
+
+
+# Every array name the conversion below maps (after the prefix of a training state is dropped),
 # the scanned blocks of big_vision included. Others are refused from the zip directory, before
 # anything is decompressed (:func:`select_arrays`).
 _ARRAY_NAMES = re.compile(
-    r"embedding/(kernel|bias)|cls|pos_embedding|Transformer/posembed_input/pos_embedding"
+    r"embedding/(kernel|bias)|cls|pos_embedding|Transformer/(posembed_input/)?pos_embedding"
     r"|Transformer/encoder_norm/(scale|bias)|(pre_logits|head)/(kernel|bias)"
     r"|Transformer/encoderblock(_\d+)?/(LayerNorm_\d+/(scale|bias)"
     r"|MultiHeadDotProductAttention_\d+/(query|key|value|out)/(kernel|bias)|MlpBlock_\d+/Dense_[01]/(kernel|bias))"
     r"|conv_root/kernel|gn_root/(scale|bias)"
     r"|block\d+/unit\d+/(conv[123]/kernel|conv_proj/kernel|gn[123]/(scale|bias)|gn_proj/(scale|bias))"
+    rf"|(MAPHead_0/)?({_MAP_NAMES})"
 )
 
 
 def select_arrays(names: list[str], path: str | Path = "<npz>") -> list[str]:
-    """The names of an official ``.npz`` to read, from its directory alone: big_vision's
-    ``params/`` (its optimiser state is skipped, unread), refusing files that are not a ViT
-    and arrays vitkit would not map, before any of them is decompressed (:func:`vitkit.checkpoint.io.read_npz`)."""
-    keep = [n for n in names if n.startswith("params/")] or list(names)
-    bare = {n: n[len("params/") :] if n.startswith("params/") else n for n in keep}
-    if any(b.startswith("MAPHead_0/") for b in bare.values()):
-        raise CheckpointError(f"{path}: attention-pooling (MAP) heads are not supported; only token and gap")
+    """The names of an official ``.npz`` to read, from its directory alone: those under the
+    prefix of the ViT's parameters (:data:`_PREFIXES`; optimiser state and other towers are
+    skipped, unread), refusing files that are not a ViT and arrays vitkit would not map, before
+    any of them is decompressed (:func:`vitkit.checkpoint.io.read_npz`)."""
+    prefix = _prefix(names)
+    keep = [n for n in names if n.startswith(prefix)]
+    bare = {n: n[len(prefix) :] for n in keep}
     if "embedding/kernel" not in bare.values():
         raise CheckpointError(f"{path}: no 'embedding/kernel': not an official ViT checkpoint")
     unknown = sorted(b for b in bare.values() if not _ARRAY_NAMES.fullmatch(b))
@@ -92,10 +115,14 @@ def select_arrays(names: list[str], path: str | Path = "<npz>") -> list[str]:
 
 
 def _strip(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Drop big_vision's ``params/`` prefix and any optimiser state."""
-    if any(k.startswith("params/") for k in arrays):
-        return {k[len("params/") :]: v for k, v in arrays.items() if k.startswith("params/")}
-    return dict(arrays)
+    """Drop the prefix of a training state (:data:`_PREFIXES`) and what is not under it; move a
+    MAP head inlined at the top level (big_vision's ``fix_old_checkpoints``) under ``MAPHead_0/``."""
+    prefix = _prefix(set(arrays))
+    out = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+    if "probe" in out:
+        inlined = re.compile(_MAP_NAMES)
+        out = {(f"MAPHead_0/{k}" if inlined.fullmatch(k) else k): v for k, v in out.items()}
+    return out
 
 
 def _unscan(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -119,8 +146,6 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
     """Read the architecture off the arrays: width, patch, depth, heads, MLP size, classifier,
     representation layer, hybrid stages and width, image size (square unless posemb says else)."""
     a = arrays
-    if "MAPHead_0/probe" in a or any(k.startswith("MAPHead_0/") for k in a):
-        raise CheckpointError(f"{path}: attention-pooling (MAP) heads are not supported; only token and gap")
     try:
         kernel = a["embedding/kernel"]  # (ph, pw, C, D)
     except KeyError:
@@ -139,7 +164,7 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
 
     resnet_units = None
     resnet_width = 64
-    if "conv_root/kernel" in a:
+    if "conv_root/kernel" in a:  # a hybrid; without block* arrays, the ResNet root alone (units ())
         resnet_width = a["conv_root/kernel"].shape[-1]
         units = []
         for s in range(1, 10):
@@ -151,6 +176,11 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
         cin = a["conv_root/kernel"].shape[2]
 
     classifier = "token" if "cls" in a else "gap"
+    if "MAPHead_0/probe" in a:
+        if "cls" in a:
+            raise CheckpointError(f"{path}: both a class token and a MAP head; vitkit pools with one of them")
+        classifier = "map"
+        _check_map_head(a, heads, mlp_dim, path)
     prefix = 1 if classifier == "token" else 0
     pos_key = _posemb_key(a)
     pos_embed = "learned" if pos_key else "none"
@@ -189,8 +219,20 @@ def infer_config(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> V
     )
 
 
+def _check_map_head(a: dict[str, np.ndarray], heads: int, mlp_dim: int, path: str | Path) -> None:
+    """vitkit's MAP head has the encoder's heads and MLP size, as big_vision's; refuse others."""
+    m = "MAPHead_0/"
+    got_heads = a[f"{m}MultiHeadDotProductAttention_0/query/kernel"].shape[1]
+    got_mlp = a[f"{m}MlpBlock_0/Dense_0/kernel"].shape[1]
+    if (got_heads, got_mlp) != (heads, mlp_dim):
+        raise CheckpointError(
+            f"{path}: the MAP head has {got_heads} heads and MLP size {got_mlp}, the encoder {heads} and "
+            f"{mlp_dim}; vitkit's MAP head uses the encoder's"
+        )
+
+
 def _posemb_key(a: dict[str, np.ndarray]) -> str | None:
-    for k in ("Transformer/posembed_input/pos_embedding", "pos_embedding"):
+    for k in ("Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding", "pos_embedding"):
         if k in a:
             return k
     return None
@@ -223,10 +265,10 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
         if bias:
             sd[f"{dst}.bias"] = _t(take(f"{src}/bias"))
 
-    def qkv(dst: str, src: str) -> None:
-        qkv_w = [take(f"{src}/{p}/kernel").reshape(D, D).T for p in ("query", "key", "value")]  # (D, H, hd) -> (D, D)
-        qkv_b = [take(f"{src}/{p}/bias").reshape(D) for p in ("query", "key", "value")]
-        sd[f"{dst}.weight"] = _t(np.concatenate(qkv_w, axis=0))  # (3D, D)
+    def qkv(dst: str, src: str, parts: tuple[str, ...] = ("query", "key", "value")) -> None:
+        qkv_w = [take(f"{src}/{p}/kernel").reshape(D, D).T for p in parts]  # (D, H, hd) -> (D, D)
+        qkv_b = [take(f"{src}/{p}/bias").reshape(D) for p in parts]
+        sd[f"{dst}.weight"] = _t(np.concatenate(qkv_w, axis=0))  # (len(parts) D, D)
         sd[f"{dst}.bias"] = _t(np.concatenate(qkv_b))
 
     def proj(dst: str, src: str) -> None:
@@ -262,6 +304,15 @@ def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") 
     for kind, dst, src, optional in _TOP_LAYERS:
         if not optional or f"{src}/kernel" in a:
             convert[kind](dst, src)
+    if cfg.classifier == "map":
+        m = "MAPHead_0/MultiHeadDotProductAttention_0"
+        sd["attn_pool.latent"] = _t(take("MAPHead_0/probe"))
+        qkv("attn_pool.q", m, parts=("query",))
+        qkv("attn_pool.kv", m, parts=("key", "value"))
+        proj("attn_pool.proj", f"{m}/out")
+        norm("attn_pool.norm", "MAPHead_0/LayerNorm_0")
+        dense("attn_pool.mlp.fc1", "MAPHead_0/MlpBlock_0/Dense_0")
+        dense("attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0/Dense_1")
     unused = sorted(set(a) - used)
     if unused:
         raise CheckpointError(f"{path}: arrays vitkit does not know how to map: {unused[:10]}")
@@ -272,7 +323,7 @@ def check_official(cfg: ViTConfig) -> None:
     """Refuse, in one line, a model whose official ``.npz`` would read back as another model.
 
     The arrays give the widths, depth, heads (the q/k/v kernels are (D, heads, D/heads)), the
-    classifier (a ``cls`` array or none), the representation layer, the hybrid stem and, from
+    classifier (a ``cls`` array, a ``MAPHead_0`` or neither), the representation layer, the hybrid stem and, from
     the learned position table, a square image size and whether the class token has a position.
     They do not give the activation (always tanh-approximated GELU), the LayerNorm epsilon
     (always 1e-6), a fixed or absent position table, or a grid that is not square.
@@ -329,9 +380,9 @@ def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prel
     def conv(dst: str, src: str) -> None:
         out[f"{dst}/kernel"] = n(sd[f"{src}.weight"]).transpose(2, 3, 1, 0)  # OIHW -> HWIO
 
-    def qkv(dst: str, src: str) -> None:
-        w, b = n(sd[f"{src}.weight"]), n(sd[f"{src}.bias"])  # (3D, D), (3D,)
-        for j, p in enumerate(("query", "key", "value")):
+    def qkv(dst: str, src: str, parts: tuple[str, ...] = ("query", "key", "value")) -> None:
+        w, b = n(sd[f"{src}.weight"]), n(sd[f"{src}.bias"])  # (len(parts) D, D), (len(parts) D,)
+        for j, p in enumerate(parts):
             out[f"{dst}/{p}/kernel"] = w[j * D : (j + 1) * D].T.reshape(D, H, D // H)
             out[f"{dst}/{p}/bias"] = b[j * D : (j + 1) * D].reshape(H, D // H)
 
@@ -365,4 +416,13 @@ def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prel
     for kind, src, dst, optional in _TOP_LAYERS:
         if not optional or f"{src}.weight" in sd:
             convert[kind](dst, src)
+    if cfg.classifier == "map":  # big_vision's MAPHead names
+        m = "MAPHead_0/MultiHeadDotProductAttention_0"
+        out["MAPHead_0/probe"] = n(sd["attn_pool.latent"])
+        qkv(m, "attn_pool.q", parts=("query",))
+        qkv(m, "attn_pool.kv", parts=("key", "value"))
+        proj(f"{m}/out", "attn_pool.proj")
+        norm("MAPHead_0/LayerNorm_0", "attn_pool.norm")
+        dense("MAPHead_0/MlpBlock_0/Dense_0", "attn_pool.mlp.fc1")
+        dense("MAPHead_0/MlpBlock_0/Dense_1", "attn_pool.mlp.fc2")
     return {k: np.ascontiguousarray(v) for k, v in out.items()}

@@ -18,7 +18,10 @@ from ..models.config import VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
 from . import values
 
-_UNSUPPORTED_TIMM = ("fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "attn_pool.", "norm_pre.")
+_UNSUPPORTED_TIMM = (
+    "fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "norm_pre.",
+    "attn_pool.pos_embed", "attn_pool.q_norm", "attn_pool.k_norm",
+)  # fmt: skip
 
 
 def is_timm(keys: set[str]) -> bool:
@@ -49,14 +52,32 @@ def _grid_img(num_pos: int, patch: tuple[int, int], stride: int, path: Any) -> t
 
 
 def _timm_backbone_key(k: str) -> str:
-    k = k.replace("patch_embed.backbone.stem.conv.", "patch_embed.backbone.conv_root.")
-    k = k.replace("patch_embed.backbone.stem.norm.", "patch_embed.backbone.gn_root.")
+    """timm's hybrid backbone names -> vitkit's. A ResNet with stages is timm's ``ResNetV2``
+    (``stem.conv``, ``stages.{s}.blocks.{u}.norm{n}``, ``downsample``); the root alone is its bare
+    stem (``patch_embed.backbone.conv`` / ``.norm``: ``create_resnetv2_stem``)."""
+    k = re.sub(r"^patch_embed\.backbone\.(stem\.)?conv\.", "patch_embed.backbone.conv_root.", k)
+    k = re.sub(r"^patch_embed\.backbone\.(stem\.)?norm\.", "patch_embed.backbone.gn_root.", k)
     m = re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.(.*)", k)
     if m:
         s, u, rest = m.groups()
         rest = re.sub(r"^norm(\d)\.", r"gn\1.", rest)
         rest = rest.replace("downsample.conv.", "conv_proj.").replace("downsample.norm.", "gn_proj.")
         k = f"patch_embed.backbone.stages.{s}.{u}.{rest}"
+    return k
+
+
+def _vitkit_backbone_key(k: str, stem_only: bool) -> str:
+    """The inverse of :func:`_timm_backbone_key`."""
+    root = "patch_embed.backbone." if stem_only else "patch_embed.backbone.stem."
+    k = k.replace("patch_embed.backbone.conv_root.", f"{root}conv.").replace(
+        "patch_embed.backbone.gn_root.", f"{root}norm."
+    )
+    m = re.match(r"patch_embed\.backbone\.stages\.(\d+)\.(\d+)\.(.*)", k)
+    if m:
+        s, u, rest = m.groups()
+        rest = re.sub(r"^gn(\d)\.", r"norm\1.", rest)
+        rest = rest.replace("conv_proj.", "downsample.conv.").replace("gn_proj.", "downsample.norm.")
+        k = f"patch_embed.backbone.stages.{s}.blocks.{u}.{rest}"
     return k
 
 
@@ -89,6 +110,13 @@ def timm_to_vitkit(sd: dict[str, torch.Tensor], path: Any = "<timm>") -> dict[st
 def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
     """timm ``VisionTransformer`` state dict -> (vitkit state dict, config read off the tensors)."""
     out = timm_to_vitkit(sd, path)
+    latents = out["attn_pool.latent"].shape[1] if "attn_pool.latent" in out else 1
+    if latents != 1:
+        raise CheckpointError(f"{path}: timm attention pooling with {latents} latent tokens; vitkit's MAP head has one")
+    if "attn_pool.latent" in out and "cls_token" in out:
+        raise CheckpointError(
+            f"{path}: a class token and attention pooling (global_pool='map'); vitkit pools with one of them"
+        )
     w = out["patch_embed.proj.weight"]  # (D, C, ph, pw)
     width, cin, ph, pw = w.shape
     depth = 1 + max(int(m.group(1)) for k in out if (m := re.match(r"blocks\.(\d+)\.", k)))
@@ -97,7 +125,7 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
         cin = out["patch_embed.backbone.conv_root.weight"].shape[1]
         units = _count_units(out)
     stride = hybrid_stem_stride(units)
-    classifier = "token" if "cls_token" in out else "gap"
+    classifier = "token" if "cls_token" in out else "map" if "attn_pool.latent" in out else "gap"
     distill = "dist_token" in out  # DeiT's distilled models: a second prefix token and head_dist
     prefix = (1 if classifier == "token" else 0) + (1 if distill else 0)
     img = (224, 224)
@@ -147,8 +175,10 @@ def check_timm(cfg: Any) -> None:
 
 
 def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[str, torch.Tensor]:
-    """vitkit plain-ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``; a
-    distillation token and head keep their names, those of timm's ``VisionTransformerDistilled``).
+    """vitkit ViT state dict -> timm names (the pre-logits layer as ``pre_logits.fc``, a hybrid's
+    ResNet as timm's ``ResNetV2`` or, the root alone, its bare stem; a MAP head keeps its names,
+    timm's ``attn_pool``; a distillation token and head keep theirs, those of timm's
+    ``VisionTransformerDistilled``).
     timm's ViT has one learned 1-D position table at most: "learned2d" and "relative" tables
     (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused, and with ``cfg`` the fixed
     "sincos2d" table (not in the state dict) and BiT ResNets too (:func:`check_timm`). What
@@ -156,13 +186,15 @@ def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[s
     keeps in the file's metadata, for vitkit to read back."""
     if cfg is not None:
         check_timm(cfg)
+    hybrid = any(k.startswith("patch_embed.backbone.") for k in sd)
+    stem_only = hybrid and not any(k.startswith("patch_embed.backbone.stages.") for k in sd)
     kind = next((_POS_KINDS[k.rsplit(".", 1)[-1]] for k in sd if k.rsplit(".", 1)[-1] in _POS_KINDS), None)
     if kind is not None:
         raise CheckpointError(
             f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={kind!r}; "
             "export to vitkit instead"
         )
-    return {k.replace("pre_logits.", "pre_logits.fc."): v for k, v in sd.items()}
+    return {_vitkit_backbone_key(k.replace("pre_logits.", "pre_logits.fc."), stem_only): v for k, v in sd.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,8 +349,8 @@ def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None
             "Hugging Face ViT has no distillation token (DeiT's distilled models are another model type there); "
             "export to vitkit or timm instead"
         )
-    if cfg.classifier != "token" or cfg.resnet_units:
-        what = "a hybrid" if cfg.resnet_units else f"classifier={cfg.classifier!r}"
+    if cfg.classifier != "token" or cfg.resnet_units is not None:
+        what = "a hybrid" if cfg.resnet_units is not None else f"classifier={cfg.classifier!r}"
         raise CheckpointError(
             f"Hugging Face ViT holds only plain, class-token models with learned position embeddings, not {what}; "
             "export to vitkit instead"

@@ -78,9 +78,10 @@ def flag(value: Any, where: str, key: str) -> bool:
     return value
 
 
-def units(value: Any, where: str, key: str) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 8:
-        raise _bad(where, key, "a list of 1 to 8 unit counts", value)
+def units(value: Any, where: str, key: str, min_stages: int = 1) -> tuple[int, ...]:
+    """Units per stage; ``min_stages=0`` admits ``[]`` (a hybrid's ResNet root alone)."""
+    if not isinstance(value, (list, tuple)) or not min_stages <= len(value) <= 8:
+        raise _bad(where, key, f"a list of {min_stages} to 8 unit counts", value)
     return tuple(integer(u, where, f"{key}[{i}]", 1, MAX_DEPTH) for i, u in enumerate(value))
 
 
@@ -88,7 +89,7 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
     """The fields of a vitkit model config read from a file (``ViTConfig.to_dict()`` or
     ``ResNetConfig.to_dict()``): known names, JSON types and sane ranges. Choices the config
     itself checks (divisibility, GroupNorm widths...) are left to it."""
-    from ..models.config import POS_EMBEDS, ResNetConfig, ViTConfig
+    from ..models.config import POOLINGS, POS_EMBEDS, ResNetConfig, ViTConfig
 
     if not isinstance(d, dict):
         raise CheckpointError(f"{where}: the model config must be a JSON object, got {type(d).__name__}")
@@ -110,7 +111,7 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
             "depth": lambda v, k: integer(v, where, key(k), 1, MAX_DEPTH),
             "num_heads": lambda v, k: integer(v, where, key(k)),
             "mlp_dim": lambda v, k: integer(v, where, key(k)),
-            "classifier": lambda v, k: choice(v, where, key(k), ("token", "gap")),
+            "classifier": lambda v, k: choice(v, where, key(k), POOLINGS),
             "representation_size": lambda v, k: v is None or integer(v, where, key(k)),
             "pos_embed": lambda v, k: choice(v, where, key(k), POS_EMBEDS),
             "cls_pos_embed": lambda v, k: flag(v, where, key(k)),
@@ -119,7 +120,7 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
             "drop_path_rate": lambda v, k: number(v, where, key(k), 0.0, 1.0),
             "act": lambda v, k: choice(v, where, key(k), ("gelu_tanh", "gelu")),
             "ln_eps": lambda v, k: number(v, where, key(k), 0.0, 1.0, lo_open=True),
-            "resnet_units": lambda v, k: v is None or units(v, where, key(k)),
+            "resnet_units": lambda v, k: v is None or units(v, where, key(k), min_stages=0),
             "resnet_width": lambda v, k: integer(v, where, key(k), 32, MAX_DIM),
             "dynamic_img_size": lambda v, k: flag(v, where, key(k)),
             "distill_token": lambda v, k: flag(v, where, key(k)),

@@ -1,6 +1,7 @@
 """vitkit models: ViT, R+ViT hybrids and BiT ResNets."""
 
 from .config import ResNetConfig, ViTConfig
+from .features import FeatureInfo, ResNetFeatures, ViTFeatures, features_model
 from .flops import count_params, model_flops
 from .posembed import (
     learned_2d_pos_table,
@@ -15,14 +16,18 @@ from .resnet import ResNetV2
 from .vit import VisionTransformer
 
 __all__ = [
+    "FeatureInfo",
     "ResNetConfig",
+    "ResNetFeatures",
     "ResNetV2",
     "ViTConfig",
+    "ViTFeatures",
     "VisionTransformer",
     "build_model",
     "canonical_name",
     "count_params",
     "create_model",
+    "features_model",
     "learned_2d_pos_table",
     "list_models",
     "model_config",

@@ -10,7 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Pooling = Literal["token", "gap"]
+# token: the class token (section 3.1); gap: the mean of the patch tokens; map: a learned probe
+# attending over the patch tokens (big_vision's MAPHead, timm's global_pool="map"; heads.MAPHead).
+Pooling = Literal["token", "gap", "map"]
+POOLINGS: tuple[str, ...] = ("token", "gap", "map")
 # learned: one 1-D table (section 3.1); learned2d: a row and a column table, each D/2 wide, and
 # relative: a learned bias per query-key offset inside attention (appendix D.4, Table 8);
 # sincos2d: fixed 2-D sine-cosine (big_vision); none.
@@ -65,12 +68,20 @@ def to_2tuple(value: int | tuple[int, int] | list[int], what: str = "size") -> t
 
 
 def hybrid_stem_stride(resnet_units: tuple[int, ...] | None) -> int:
-    """Downsampling of a hybrid's ResNet stem with these units per stage (1 without a stem): the
-    root's stride-2 convolution and stride-2 max-pool, then stride 2 at the first unit of every
-    stage after the first (:class:`vitkit.models.resnet.HybridStem`)."""
+    """Downsampling of a hybrid's ResNet stem with these units per stage (1 without a stem).
+
+    The root alone (7x7 convolution of stride 2, then a 3x3 max-pool of stride 2) divides by
+    2 * 2 = 4. Stage 1 keeps the resolution; every later stage halves it at its first unit. So
+    with S stages the stride is ``4 * 2**(S - 1)``: R50+ViT-B/16 (3, 4, 9) 16, R26+ViT-S/32 and
+    R50+ViT-L/32 (four stages) 32. With no stage at all (``()``, the official config's empty
+    ``resnet.num_layers``: AugReg's R+Ti/16) the root's 4 is the whole CNN stride, and the patch
+    embedding covers the rest: 8x8 patches over the stride-4 map, 32 input pixels per token.
+    """
     if resnet_units is None:
         return 1
-    return 4 * 2 ** (len(resnet_units) - 1)
+    root = 2 * 2  # conv_root stride 2, max-pool stride 2
+    later_stages = max(len(resnet_units) - 1, 0)  # stage 1 has stride 1
+    return root * 2**later_stages
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,8 @@ class ViTConfig:
     """Everything that defines a Vision Transformer (paper section 3.1) or a hybrid.
 
     ``resnet_units`` set makes a hybrid: the patches come from a BiT ResNet feature map of stride
-    :attr:`stem_stride` and ``patch_size`` is taken over that map (usually 1).
+    :attr:`stem_stride` and ``patch_size`` is taken over that map (usually 1; 8 for the stem-only
+    ``resnet_units=()`` of R+ViT-Ti/16).
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -106,12 +118,14 @@ class ViTConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
         object.__setattr__(self, "patch_size", to_2tuple(self.patch_size, "patch_size"))
-        if self.resnet_units is not None:
+        if self.resnet_units is not None:  # () is a hybrid too: the ResNet root alone, no stage
             object.__setattr__(self, "resnet_units", tuple(int(u) for u in self.resnet_units))
+            if any(u < 1 for u in self.resnet_units):
+                raise ValueError(f"resnet_units must be positive unit counts per stage, got {list(self.resnet_units)}")
         if self.num_classes is None:
             object.__setattr__(self, "num_classes", 0)
-        if self.classifier not in ("token", "gap"):
-            raise ValueError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
+        if self.classifier not in POOLINGS:
+            raise ValueError(f"classifier must be 'token', 'gap' or 'map', got {self.classifier!r}")
         if self.pos_embed not in POS_EMBEDS:
             choices = ", ".join(repr(c) for c in POS_EMBEDS[:-1]) + f" or {POS_EMBEDS[-1]!r}"
             raise ValueError(f"pos_embed must be {choices}, got {self.pos_embed!r}")

@@ -1,7 +1,7 @@
 """Analytic forward cost of a model, for ``vitkit models`` and the benchmarks.
 
 Counted: 2 x multiply-adds of every matrix multiply and convolution (patch embedding, q/k/v,
-the two attention products Q K^T and A V, output projection, MLP, pre-logits, head, ResNet
+the two attention products Q K^T and A V, output projection, MLP, a MAP head's, pre-logits, head, ResNet
 convolutions; with relative positions, the query against the offset table Q R^T). Not counted:
 normalisation, activations, softmax, pooling, additions, gathers (a few percent at most). This
 is the convention of the peers' published figures (ViT-B/16 at 224 px: 35.13 GFLOPs).
@@ -54,6 +54,8 @@ def vit_flops(cfg: ViTConfig, img_size: tuple[int, int] | None = None) -> int:
     if cfg.pos_embed == "relative":  # q @ R^T: 2 N hd num_offsets per head, heads x hd = D
         per_block += 2 * N * D * relative_num_offsets(gh * gw, cfg.num_prefix_tokens)
     flops += cfg.depth * per_block
+    if cfg.classifier == "map":  # one probe query: q, k and v projections, its two products, out, MLP
+        flops += 2 * D * D + 2 * N * D * 2 * D + 2 * 2 * N * D + 2 * D * D + 2 * 2 * D * M
     feat = D
     if cfg.representation_size:
         flops += 2 * D * cfg.representation_size

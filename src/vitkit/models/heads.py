@@ -1,8 +1,12 @@
-"""The classification head every vitkit model shares: replaceable, zero-initialised (section 3.2)."""
+"""Heads: the replaceable, zero-initialised classifier every vitkit model shares (section 3.2), and
+the attention-pooling (MAP) head of big_vision, an alternative to the class token and to GAP."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+from .attention import attend
 
 
 class ReplaceableHead:
@@ -26,3 +30,58 @@ class ReplaceableHead:
         nn.init.zeros_(head.weight)
         nn.init.constant_(head.bias, bias_init)
         return head
+
+
+class MAPHead(nn.Module):
+    """Multi-head attention pooling (``classifier="map"``): one learned probe token attends over
+    the encoder's normed tokens, then a pre-norm MLP residual. (B, N, D) -> (B, D)::
+
+        y = MHA(query=probe, keys=values=tokens)     # one output token
+        y = y + MLP(LN(y))
+
+    big_vision's ``MAPHead`` (``pool_type="map"``; SigLIP, ViT-G) and timm's
+    ``AttentionPoolLatent`` (``global_pool="map"``) compute this. The names are timm's:
+    ``latent`` (the probe, (1, 1, D)), ``q`` (D -> D), ``kv`` (D -> 2D, keys then values),
+    ``proj``, ``norm``, ``mlp.fc1`` / ``mlp.fc2``; big_vision's ``MAPHead_0/probe``,
+    ``MultiHeadDotProductAttention_0/{query,key,value,out}``, ``LayerNorm_0`` and
+    ``MlpBlock_0/Dense_{0,1}`` map onto them (:mod:`vitkit.checkpoint.official`). Both use the
+    encoder's number of heads and MLP size; ``mlp`` is the encoder's kind of MLP
+    (:class:`vitkit.models.vit.Mlp`), so the activation is the encoder's too.
+    """
+
+    impl: str = "auto"  # the attention path (vitkit.models.attention), as the blocks'
+
+    def __init__(self, dim: int, num_heads: int, mlp: nn.Module, ln_eps: float = 1e-6) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=ln_eps)
+        self.mlp = mlp
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Probe N(0, 1/D) (timm's scale), xavier-uniform dense layers, zero biases."""
+        nn.init.normal_(self.latent, std=self.latent.shape[-1] ** -0.5)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.ones_(self.norm.weight)
+        nn.init.zeros_(self.norm.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, N, D = tokens.shape
+        H, hd = self.num_heads, self.head_dim
+        q = self.q(self.latent).reshape(1, 1, H, hd).transpose(1, 2).expand(B, -1, -1, -1)  # (B, H, 1, hd)
+        kv = self.kv(tokens).reshape(B, N, 2, H, hd).permute(2, 0, 3, 1, 4)  # (2, B, H, N, hd)
+        k, v = kv.unbind(0)
+        out, _ = attend(
+            q, k, v, scale=hd**-0.5, dropout_p=0.0, training=self.training, impl=self.impl, need_weights=False
+        )  # (B, H, 1, hd)
+        y = self.proj(out.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
+        y = y + self.mlp(self.norm(y))
+        return y[:, 0]  # (B, D)

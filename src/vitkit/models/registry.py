@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -12,11 +13,16 @@ from .config import RESNET_UNITS, VIT_SIZES, ResNetConfig, ViTConfig, token_grid
 from .resnet import ResNetV2
 from .vit import VisionTransformer
 
-# Hybrids: name -> (ResNet units, ViT size). The R50 of the paper keeps 3 stages with 3, 4, 9 units.
-HYBRIDS: dict[str, tuple[tuple[int, ...], str]] = {
-    "r50_vit_b16": ((3, 4, 9), "B"),
-    "r50_vit_l32": ((3, 4, 6, 3), "L"),
-    "r26_vit_s32": ((2, 2, 2, 2), "S"),
+# Hybrids: name -> (ResNet units, ViT size, patch size over the ResNet's map), as the official
+# configs (vit_jax/configs/models.py) give them. The R50 of the paper keeps 3 stages with 3, 4, 9
+# units (stride 16); R26 and R50 with 4 stages have stride 32; AugReg's R+Ti/16 has the ResNet root
+# alone, no stage (stride 4), under 8x8 patches (config.hybrid_stem_stride): 32 px per token, the
+# "/16" of its name notwithstanding (its config's comment counts the root as 2x; its code makes 4x).
+HYBRIDS: dict[str, tuple[tuple[int, ...], str, int]] = {
+    "r_vit_ti16": ((), "Ti", 8),
+    "r50_vit_b16": ((3, 4, 9), "B", 1),
+    "r50_vit_l32": ((3, 4, 6, 3), "L", 1),
+    "r26_vit_s32": ((2, 2, 2, 2), "S", 1),
 }
 
 LISTED = [
@@ -29,6 +35,7 @@ LISTED = [
     "vit_l16",
     "vit_l32",
     "vit_h14",
+    "r_vit_ti16",
     "r50_vit_b16",
     "r50_vit_l32",
     "r26_vit_s32",
@@ -50,11 +57,12 @@ def list_models() -> list[str]:
 
 def canonical_name(name: str) -> str:
     """Paper spellings to vitkit names: "ViT-B/16" -> "vit_b16", "R50+ViT-B/16" -> "r50_vit_b16",
-    "BiT-M-R50x1" -> "bit_r50x1"."""
+    "R+ViT-Ti/16" -> "r_vit_ti16", "BiT-M-R50x1" -> "bit_r50x1"; and the official file names'
+    ("ViT-B_16", AugReg's "R26_S_32", "R_Ti_16")."""
     s = name.strip().lower().replace(" ", "")
-    m = re.fullmatch(r"(?:r(\d+)\+)?(?:vit-?)?(ti|s|m|b|l|h)/(\d+)", s)
+    m = re.fullmatch(r"(?:r(\d*)[+_])?(?:vit-?)?(ti|s|m|b|l|h)[/_](\d+)", s)
     if m:
-        prefix = f"r{m.group(1)}_" if m.group(1) else ""
+        prefix = "" if m.group(1) is None else f"r{m.group(1)}_"
         return f"{prefix}vit_{m.group(2)}{m.group(3)}"
     m = re.fullmatch(r"bit(?:-[sml])?[-_]?r(\d+)x(\d+)", s)
     if m:
@@ -66,10 +74,16 @@ def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
     """The config of a named model with ``overrides`` applied; unknown names suggest close ones."""
     key = canonical_name(name)
     if key in HYBRIDS:
-        units, size = HYBRIDS[key]
+        units, size, patch = HYBRIDS[key]
         width, depth, heads, mlp = VIT_SIZES[size]
         base = ViTConfig(
-            patch_size=1, width=width, depth=depth, num_heads=heads, mlp_dim=mlp, resnet_units=units, resnet_width=64
+            patch_size=patch,
+            width=width,
+            depth=depth,
+            num_heads=heads,
+            mlp_dim=mlp,
+            resnet_units=units,
+            resnet_width=64,
         )
         return base.replace(**overrides)
     m = re.fullmatch(r"vit_(ti|s|m|b|l|h)(\d+)", key)
@@ -95,12 +109,25 @@ def build_model(cfg: ViTConfig | ResNetConfig) -> nn.Module:
     return VisionTransformer(cfg)
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str, *, features_only: bool = False, out_indices: int | Sequence[int] | None = None, **overrides: Any
+) -> nn.Module:
     """Build a named model with random weights.
 
     ``overrides`` are :class:`ViTConfig` fields (``img_size``, ``patch_size``, ``in_chans``,
-    ``num_classes``, ``classifier``, ``representation_size``, ``pos_embed``, ``drop_rate``,
-    ``attn_drop_rate``, ``drop_path_rate``, ``act``, ``ln_eps``, sizes...) or, for BiT ResNets,
-    :class:`ResNetConfig` fields.
+    ``num_classes``, ``classifier`` ("token", "gap" or "map"), ``representation_size``,
+    ``pos_embed``, ``drop_rate``, ``attn_drop_rate``, ``drop_path_rate``, ``act``, ``ln_eps``,
+    sizes...) or, for BiT ResNets, :class:`ResNetConfig` fields.
+
+    ``features_only=True`` returns a model whose forward gives a list of NCHW feature maps, with
+    ``feature_info`` (channels and reduction of each), for detection and segmentation necks:
+    ``out_indices`` picks the ViT blocks (default: the last 3) or the ResNet's root and stages
+    (default: all) (:mod:`.features`).
     """
-    return build_model(model_config(name, **overrides))
+    if not features_only:
+        if out_indices is not None:
+            raise ValueError("out_indices picks the maps of a features_only=True model; pass features_only=True too")
+        return build_model(model_config(name, **overrides))
+    from .features import features_model
+
+    return features_model(build_model(model_config(name, **overrides)), out_indices)

@@ -118,7 +118,9 @@ class HybridUnit(nn.Module):
 
 class HybridStem(nn.Module):
     """Root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) and the ResNet stages; output stride
-    :func:`~vitkit.models.config.hybrid_stem_stride` of ``units``."""
+    :func:`~vitkit.models.config.hybrid_stem_stride` of ``units``. ``units=()`` is the root alone
+    (stride 4, ``width`` channels out), as the official code builds it for an empty
+    ``resnet.num_layers``."""
 
     def __init__(self, units: tuple[int, ...], width: int = 64, in_chans: int = 3) -> None:
         super().__init__()
@@ -204,12 +206,21 @@ class ResNetV2(ReplaceableHead, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> the final feature map after GN-ReLU, (B, C, H/32, W/32)."""
+        return self.forward_stages(x)[-1]
+
+    def forward_stages(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Images -> the root convolution's map (B, 64w, H/2, W/2) and each stage's output, the
+        resolution halved at every stage after the first (H/4 ... H/32 for four stages); the last
+        after the final GN-ReLU (pre-activation units leave their outputs un-normalised)."""
         self._check_input(x)
         x = self.conv_root(x)  # (B, 64w, H/2, W/2)
+        maps = [x]
         x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)  # (B, 64w, H/4, W/4)
         for stage in self.stages:
             x = stage(x)
-        return F.relu(self.norm(x))
+            maps.append(x)
+        maps[-1] = F.relu(self.norm(x))
+        return maps
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = features.mean(dim=(2, 3))  # (B, C)

@@ -5,7 +5,9 @@ Section 3.1, equations 1-4:
     z'_l = MSA(LN(z_{l-1})) + z_{l-1}                           (block, attention half)
     z_l  = MLP(LN(z'_l)) + z'_l                                 (block, MLP half)
     y    = LN(z_L^0)                                            (encoder norm, class token)
-followed by the optional tanh "pre-logits" layer and a zero-initialised linear head.
+followed by the optional tanh "pre-logits" layer and a zero-initialised linear head. The pooled
+token is the class token (eq. 4), the mean of the patch tokens ("gap") or big_vision's attention
+pooling ("map", :class:`.heads.MAPHead`).
 
 DeiT's distillation token (Touvron et al., ICML 2021; ``distill_token``) is a second prefix token
 after the class token, with its own position and its own linear head ``head_dist``, trained
@@ -23,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import ATTENTION_IMPLS, attend
 from .config import ViTConfig, check_divisible
-from .heads import ReplaceableHead
+from .heads import MAPHead, ReplaceableHead
 from .posembed import (
     learned_2d_pos_table,
     relative_num_offsets,
@@ -45,7 +47,8 @@ class PatchEmbed(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.patch_size = cfg.patch_size
-        self.backbone = HybridStem(cfg.resnet_units, cfg.resnet_width, cfg.in_chans) if cfg.resnet_units else None
+        hybrid = cfg.resnet_units is not None  # () too: the ResNet root alone (R+ViT-Ti/16)
+        self.backbone = HybridStem(cfg.resnet_units, cfg.resnet_width, cfg.in_chans) if hybrid else None
         in_chans = self.backbone.out_chans if self.backbone is not None else cfg.in_chans
         self.proj = nn.Conv2d(in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
 
@@ -267,6 +270,9 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         self.blocks = nn.ModuleList([Block(cfg, dpr[i]) for i in range(cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
 
+        self.attn_pool = None
+        if cfg.classifier == "map":
+            self.attn_pool = MAPHead(D, cfg.num_heads, Mlp(D, cfg.mlp_dim, cfg.act), cfg.ln_eps)
         self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else None
@@ -310,6 +316,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
                 nn.init.zeros_(head.bias)
         if self.patch_embed.backbone is not None:
             self.patch_embed.backbone.reset_parameters()
+        if self.attn_pool is not None:
+            self.attn_pool.reset_parameters()
 
     # -- tokens and positions (eq. 1) ---------------------------------------------------------
     def _check_input(self, x: torch.Tensor) -> None:
@@ -399,19 +407,32 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         x: torch.Tensor,
         indices: list[int] | None = None,
         return_attention: bool = False,
+        output_fmt: str = "NLC",
+        norm: bool = False,
     ) -> dict[str, Any]:
         """Run the encoder and keep what was asked for.
 
         Returns a dict with ``"tokens"``: the residual stream after each block in ``indices``
-        (all blocks by default), ``"attention"``: the (B, heads, N, N) softmax weights of those
-        blocks when ``return_attention`` (computed by the explicit path), ``"embedded"``: z0,
-        and ``"normed"``: LN(z_L).
+        (all blocks by default; negative indices count from the last), ``"attention"``: the
+        (B, heads, N, N) softmax weights of those blocks when ``return_attention`` (computed by
+        the explicit path), ``"embedded"``: z0, and ``"normed"``: LN(z_L).
+
+        ``output_fmt="NCHW"`` gives dense feature maps instead, as a detection or segmentation
+        neck takes them: each of ``"tokens"`` is the patch tokens alone laid out on their grid,
+        (B, D, H / s, W / s) for an input of H x W pixels and ``s = cfg.total_stride`` (a
+        hybrid's CNN stride included), and ``"prefix_tokens"`` holds the class token's (B, 1, D)
+        of each (empty for "gap" and "map"). ``norm`` applies the encoder's final LayerNorm to
+        each kept block's tokens (timm's ``norm=True``).
         """
+        if output_fmt not in ("NLC", "NCHW"):
+            raise ValueError(f"output_fmt must be 'NLC' or 'NCHW', got {output_fmt!r}")
+        if output_fmt == "NCHW" and self.training and self.patch_drop_rate > 0:
+            raise ValueError("output_fmt='NCHW' needs every patch token: turn patch dropout off (set_patch_drop(0))")
         depth = len(self.blocks)
         wanted = set(range(depth) if indices is None else (i % depth for i in indices))
         out: dict[str, Any] = {"tokens": [], "attention": [] if return_attention else None}
-        x = self.embed(x)
-        out["embedded"] = x
+        gh, gw = self.cfg.grid_for((x.shape[-2], x.shape[-1]))
+        out["embedded"] = x = self.embed(x)
         for i, blk in enumerate(self.blocks):
             if return_attention and i in wanted:
                 x, w = blk(x, return_weights=True)
@@ -419,14 +440,21 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             else:
                 x = blk(x)
             if i in wanted:
-                out["tokens"].append(x)
+                out["tokens"].append(self.norm(x) if norm else x)
         out["normed"] = self.norm(x)
+        if output_fmt == "NCHW":
+            p = self.num_prefix_tokens
+            out["prefix_tokens"] = [t[:, :p] for t in out["tokens"]]
+            # (B, p + gh*gw, D) -> patches in raster order (B, gh, gw, D) -> (B, D, gh, gw)
+            out["tokens"] = [t[:, p:].reshape(t.shape[0], gh, gw, -1).permute(0, 3, 1, 2) for t in out["tokens"]]
         return out
 
     # -- head (eq. 4) ------------------------------------------------------------------------
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.cfg.classifier == "token":
             return tokens[:, 0]  # (B, D)
+        if self.attn_pool is not None:
+            return self.attn_pool(tokens)  # (B, D); "map" has no prefix token
         return tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
 
     def forward_head(
@@ -482,6 +510,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         for blk in self.blocks:
             blk.attn.impl = impl
+        if self.attn_pool is not None:
+            self.attn_pool.impl = impl
 
     def set_patch_drop(self, rate: float) -> None:
         """Drop this fraction of the patch tokens of every training image (0 disables). Not with

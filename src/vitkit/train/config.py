@@ -354,7 +354,8 @@ def _fits_kind(value: Any, kind: str) -> bool:
     if kind == "size":
         return _is_int(value) or (isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_int, value)))
     if kind == "ints":
-        return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_int, value))
+        # an empty list too: resnet_units=[] is a hybrid with the ResNet root alone (the config refuses empty units)
+        return isinstance(value, (list, tuple)) and all(map(_is_int, value))
     return isinstance(value, bool)
 
 
