@@ -105,7 +105,7 @@ def test_each_op_matches_pillow_on_photographs(op: str) -> None:
         fill = torch.full((x.shape[1],), float(FILL))
         for arg in ARGS[op]:
             ref = torch.from_numpy(np.array(_pillow(op, im, arg)).astype(np.int64))
-            ours = apply_op(x, op, torch.tensor([float(arg)]), fill)[0].round().clamp(0, 255).long()
+            ours = apply_op(x, op, arg, fill)[0].round().clamp(0, 255).long()
             ours = ours[0] if ours.shape[0] == 1 else ours.permute(1, 2, 0)
             diff = (ours - ref).abs()
             assert (diff <= 1).float().mean() >= 0.999, (op, im.mode, im.size, arg)
@@ -115,9 +115,9 @@ def test_each_op_matches_pillow_on_photographs(op: str) -> None:
 
 def test_posterize_to_no_bits_is_black_and_colour_is_identity_on_grey() -> None:
     x = _tensor(PHOTOS[0])
-    assert apply_op(x, "posterize", torch.tensor([0.0]), torch.zeros(3)).max() == 0  # timm's m < 2.5
+    assert apply_op(x, "posterize", 0, torch.zeros(3)).max() == 0  # timm's m < 2.5
     grey = _tensor(PHOTOS[3])
-    assert torch.equal(apply_op(grey, "color", torch.tensor([1.9]), torch.zeros(1)), grey)
+    assert torch.equal(apply_op(grey, "color", 1.9, torch.zeros(1)), grey)
 
 
 def test_magnitude_zero_is_identity_for_geometric_ops() -> None:
@@ -125,14 +125,28 @@ def test_magnitude_zero_is_identity_for_geometric_ops() -> None:
     cfg = RandAugmentConfig(num_ops=3, magnitude=0, prob=1.0, ops=GEOMETRIC)
     assert torch.equal(rand_augment(x, cfg, step_generator(0, 0), torch.full((3,), 128.0)), x)
     for op in GEOMETRIC:
-        assert op_argument(op, torch.tensor([0.0]), torch.tensor([-1.0])).item() == 0
+        assert op_argument(op, 0.0, -1.0) == 0
+        assert torch.equal(apply_op(x, op, 0.0, torch.zeros(3)), x)
+
+
+def test_rand_augment_applies_the_op_and_argument_it_drew() -> None:
+    """With one op, always applied, at a fixed magnitude, every image is what apply_op gives for
+    that op at +-argument: the batched path (one resampling for all geometric ops) is the op."""
+    x = torch.cat([_tensor(PHOTOS[0])] * 6)
+    fill = torch.full((3,), 128.0)
+    for op in OPS:
+        out = rand_augment(
+            x, RandAugmentConfig(num_ops=1, magnitude=7, prob=1.0, ops=(op,)), step_generator(2, 0), fill
+        )
+        candidates = [apply_op(x[:1], op, op_argument(op, 7.0, s), fill)[0] for s in (1.0, -1.0)]
+        assert all(any(torch.allclose(img, c, atol=1e-3) for c in candidates) for img in out), op
 
 
 def test_magnitude_to_argument_is_timms() -> None:
-    m, plus, minus = torch.tensor([9.0]), torch.tensor([1.0]), torch.tensor([-1.0])
+    m, plus, minus = 9.0, 1.0, -1.0
 
     def arg(op, sign=plus, inc=False):
-        return op_argument(op, m, sign, inc).item()
+        return op_argument(op, m, sign, inc)
 
     assert arg("rotate") == pytest.approx(27) and arg("rotate", minus) == pytest.approx(-27)
     assert arg("shear_x") == pytest.approx(0.27) and arg("translate_y", minus) == pytest.approx(-0.405)

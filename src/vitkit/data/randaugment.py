@@ -206,19 +206,18 @@ def brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return _blend(torch.zeros_like(x), x, factor)
 
 
-_SMOOTH = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0  # ImageFilter.SMOOTH
-
-
 def sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """``ImageEnhance.Sharpness``: blend with ``ImageFilter.SMOOTH`` of the image, which Pillow
-    rounds to integers and leaves the one-pixel border of unfiltered."""
-    c, h, w = x.shape[1:]
+    """``ImageEnhance.Sharpness``: blend with ``ImageFilter.SMOOTH`` of the image (3x3 weights 1,
+    centre 5, over 13), which Pillow rounds to integers and leaves the one-pixel border of
+    unfiltered. The filter is written as sums of shifted views: a depthwise convolution of small
+    images costs more in its set-up than in its arithmetic on CPU."""
+    h, w = x.shape[-2:]
     if h < 3 or w < 3:
         return x
-    kernel = _SMOOTH.to(x.device, x.dtype).expand(c, 1, 3, 3)
-    inner = torch.floor(F.conv2d(x, kernel, groups=c) + 0.5)  # (b, C, H-2, W-2)
+    rows = x[..., :, :-2] + x[..., :, 1:-1] + x[..., :, 2:]  # (b, C, H, W-2)
+    box = rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :]  # (b, C, H-2, W-2): the 3x3 sums
     smooth = x.clone()
-    smooth[:, :, 1:-1, 1:-1] = inner
+    smooth[..., 1:-1, 1:-1] = torch.floor((box + 4 * x[..., 1:-1, 1:-1]) / 13 + 0.5)
     return _blend(smooth, x, factor)
 
 
@@ -233,66 +232,45 @@ def affine(x: torch.Tensor, coeffs: torch.Tensor, fill: torch.Tensor) -> torch.T
     unchanged, bit for bit.
     """
     b, _, h, w = x.shape
-    dev, dt = x.device, x.dtype
-    k = coeffs.to(dt).view(b, 6, 1, 1)
-    centres_y = torch.arange(h, device=dev, dtype=dt) + 0.5
-    centres_x = torch.arange(w, device=dev, dtype=dt) + 0.5
-    gy, gx = torch.meshgrid(centres_y, centres_x, indexing="ij")  # (H, W) each
-    u = k[:, 0] * gx + k[:, 1] * gy + k[:, 2]  # (b, H, W), input x of each output pixel
-    v = k[:, 3] * gx + k[:, 4] * gy + k[:, 5]
+    k = coeffs.to(x.dtype).view(b, 6, 1, 1)
+    xs = torch.arange(w, device=x.device, dtype=x.dtype) + 0.5  # output pixel centres, (W,)
+    ys = (torch.arange(h, device=x.device, dtype=x.dtype) + 0.5).view(h, 1)  # (H, 1)
+    u = k[:, 0] * xs + k[:, 1] * ys + k[:, 2]  # (b, H, W): where each output pixel comes from, in pixels
+    v = k[:, 3] * xs + k[:, 4] * ys + k[:, 5]
+    # Inside the image in pixel units, where a shift by half a pixel lands exactly on the edge as in Pillow.
     inside = ((u >= 0) & (u < w) & (v >= 0) & (v < h)).unsqueeze(1)  # (b, 1, H, W)
-    grid = torch.stack((2 * u / w - 1, 2 * v / h - 1), dim=-1)  # (b, H, W, 2), align_corners=False units
+    grid = torch.stack((u * (2 / w) - 1, v * (2 / h) - 1), dim=-1)  # (b, H, W, 2) in grid_sample's units
     sampled = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    out = torch.where(inside, sampled, fill.to(dt).view(1, -1, 1, 1))
-    identity = torch.tensor([1.0, 0, 0, 0, 1.0, 0], device=dev, dtype=coeffs.dtype)
+    out = torch.where(inside, sampled, fill.to(x.dtype).view(1, -1, 1, 1))
+    identity = torch.tensor([1.0, 0, 0, 0, 1.0, 0], device=x.device, dtype=coeffs.dtype)
     same = (coeffs == identity).all(dim=1).view(b, 1, 1, 1)
     return torch.where(same, x, out)
 
 
-def _coeffs(b: int, device, dtype=torch.float64) -> torch.Tensor:
-    out = torch.zeros(b, 6, device=device, dtype=dtype)
-    out[:, 0] = 1
-    out[:, 4] = 1
-    return out
-
-
-def rotate_coeffs(degrees: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Pillow's ``Image.rotate(degrees)`` (counter-clockwise about the centre) as affine coefficients."""
+def pillow_coeffs(op: str, arg: float, size: tuple[int, int]) -> tuple[float, ...]:
+    """The affine coefficients (a, b, c, d, e, f) Pillow uses for a geometric op: ``Image.rotate``
+    (counter-clockwise about the centre, with its cosines rounded to 15 digits) and timm's
+    ``transform`` calls for shear (x' = x + arg * y) and translation (by ``arg`` of the side)."""
     h, w = size
-    a = -torch.deg2rad(degrees.double())
-    cos, sin = torch.cos(a), torch.sin(a)
-    cx, cy = w / 2, h / 2
-    k = torch.stack([cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy], dim=1)
-    return torch.where((degrees == 0).view(-1, 1), _coeffs(len(degrees), degrees.device), k)
+    if op == "rotate":
+        if arg % 360 == 0:
+            return (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+        a = -math.radians(arg)
+        cos, sin = round(math.cos(a), 15), round(math.sin(a), 15)
+        cx, cy = w / 2, h / 2
+        return (cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy)
+    return {
+        "shear_x": (1.0, arg, 0.0, 0.0, 1.0, 0.0),
+        "shear_y": (1.0, 0.0, 0.0, arg, 1.0, 0.0),
+        "translate_x": (1.0, 0.0, arg * w, 0.0, 1.0, 0.0),
+        "translate_y": (1.0, 0.0, 0.0, 0.0, 1.0, arg * h),
+    }[op]
 
 
-def rotate(x: torch.Tensor, degrees: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    return affine(x, rotate_coeffs(degrees, x.shape[-2:]), fill)
-
-
-def shear_x(x: torch.Tensor, factor: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    k = _coeffs(x.shape[0], x.device)
-    k[:, 1] = factor.double()
-    return affine(x, k, fill)
-
-
-def shear_y(x: torch.Tensor, factor: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    k = _coeffs(x.shape[0], x.device)
-    k[:, 3] = factor.double()
-    return affine(x, k, fill)
-
-
-def translate_x(x: torch.Tensor, fraction: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    """Shift by ``fraction`` of the width (timm's TranslateXRel: content moves left for > 0)."""
-    k = _coeffs(x.shape[0], x.device)
-    k[:, 2] = fraction.double() * x.shape[-1]
-    return affine(x, k, fill)
-
-
-def translate_y(x: torch.Tensor, fraction: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    k = _coeffs(x.shape[0], x.device)
-    k[:, 5] = fraction.double() * x.shape[-2]
-    return affine(x, k, fill)
+def geometric(x: torch.Tensor, ops: list[str], args: list[float], fill: torch.Tensor) -> torch.Tensor:
+    """Image i of the batch through geometric op ``ops[i]`` with argument ``args[i]``: one resampling."""
+    rows = [pillow_coeffs(op, a, tuple(x.shape[-2:])) for op, a in zip(ops, args, strict=True)]
+    return affine(x, torch.tensor(rows, dtype=torch.float64, device=x.device), fill)
 
 
 _COLOUR_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -305,16 +283,9 @@ _COLOUR_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "brightness": brightness,
     "sharpness": sharpness,
 }
-_GEOMETRIC_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "rotate": rotate,
-    "shear_x": shear_x,
-    "shear_y": shear_y,
-    "translate_x": translate_x,
-    "translate_y": translate_y,
-}
 
 
-def op_argument(op: str, magnitude: torch.Tensor, sign: torch.Tensor, increasing: bool = False) -> torch.Tensor:
+def op_argument(op: str, magnitude: float, sign: float = 1.0, increasing: bool = False) -> float:
     """timm's magnitude (0-10) -> argument of ``op`` (the table of the module docstring); ``sign``
     (+-1) is the random negation of the signed ops."""
     level = magnitude / MAX_MAGNITUDE
@@ -325,28 +296,32 @@ def op_argument(op: str, magnitude: torch.Tensor, sign: torch.Tensor, increasing
     if op in ("translate_x", "translate_y"):
         return level * 0.45 * sign
     if op == "posterize":
-        bits = torch.floor(level * 4)
+        bits = math.floor(level * 4)
         return 4 - bits if increasing else bits
     if op == "solarize":
-        threshold = torch.floor(level * 256)
+        threshold = math.floor(level * 256)
         return 256 - threshold if increasing else threshold
     if op in ("color", "contrast", "brightness", "sharpness"):
-        return (1 + level * 0.9 * sign).clamp(min=0.1) if increasing else level * 1.8 + 0.1
-    return magnitude  # auto_contrast, equalize: no argument
+        return max(0.1, 1 + level * 0.9 * sign) if increasing else level * 1.8 + 0.1
+    return 0.0  # auto_contrast, equalize: no argument
 
 
-def apply_op(x: torch.Tensor, op: str, arg: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    """One op on a float batch in [0, 255] with per-image arguments (b,)."""
-    if op in _GEOMETRIC_OPS:
-        return _GEOMETRIC_OPS[op](x, arg, fill)
-    return _COLOUR_OPS[op](x, arg)
+def apply_op(x: torch.Tensor, op: str, args: list[float] | float, fill: torch.Tensor) -> torch.Tensor:
+    """One op on every image of a float batch in [0, 255]: ``args`` one argument an image (or one for all)."""
+    args = [float(args)] * x.shape[0] if isinstance(args, (int, float)) else [float(a) for a in args]
+    if op in GEOMETRIC:
+        return geometric(x, [op] * len(args), args, fill)
+    return _COLOUR_OPS[op](x, torch.tensor(args, device=x.device))
 
 
 def rand_augment(x: torch.Tensor, cfg: RandAugmentConfig, g: torch.Generator, fill: torch.Tensor) -> torch.Tensor:
     """RandAugment of a float batch (B, C, H, W) in [0, 255]; returns a new batch, clipped to [0, 255].
 
-    ``fill``: the colour (C,) of pixels the geometric ops uncover. Per layer, the images that chose
-    each op are gathered and transformed together, so a layer costs about one op per image.
+    ``fill``: the colour (C,) of pixels the geometric ops uncover. The draws (op, whether it
+    applies, magnitude, sign: per image and layer) come to the host in one transfer and each
+    image's arguments are worked out there, as timm does per image; then, per layer, the images
+    that chose each colour op are gathered and transformed together, and those that chose any
+    geometric op are resampled together: a layer costs about one op per image in a few calls.
     """
     b = x.shape[0]
     dev = x.device
@@ -361,15 +336,25 @@ def rand_augment(x: torch.Tensor, cfg: RandAugmentConfig, g: torch.Generator, fi
     else:
         magnitude = cfg.magnitude + cfg.magnitude_std * noise
     magnitude = magnitude.clamp(0, MAX_MAGNITUDE)
+    taken, magnitude, sign = torch.stack([torch.where(applied, choice, -1).float(), magnitude, sign]).tolist()
     out = x.clone()
     fill = fill.to(dev)
     for layer in range(n):
-        for k, op in enumerate(cfg.ops):
-            idx = ((choice[layer] == k) & applied[layer]).nonzero().squeeze(1)
-            if idx.numel() == 0:
-                continue
-            arg = op_argument(op, magnitude[layer, idx], sign[layer, idx], cfg.increasing)
-            out[idx] = apply_op(out[idx], op, arg, fill)
+        groups: dict[str, tuple[list[int], list[float]]] = {}
+        for i in range(b):
+            k = int(taken[layer][i])
+            if k >= 0:
+                op = cfg.ops[k]
+                members, args = groups.setdefault("geometric" if op in GEOMETRIC else op, ([], []))
+                members.append(i)
+                args.append(op_argument(op, magnitude[layer][i], sign[layer][i], cfg.increasing))
+        for op, (members, args) in groups.items():
+            idx = torch.tensor(members, device=dev)
+            if op == "geometric":
+                ops = [cfg.ops[int(taken[layer][i])] for i in members]
+                out[idx] = geometric(out[idx], ops, args, fill)
+            else:
+                out[idx] = _COLOUR_OPS[op](out[idx], torch.tensor(args, device=dev))
     return out
 
 
@@ -380,7 +365,8 @@ __all__ = [
     "RandAugmentConfig",
     "affine",
     "apply_op",
+    "geometric",
     "op_argument",
+    "pillow_coeffs",
     "rand_augment",
-    "rotate_coeffs",
 ]
