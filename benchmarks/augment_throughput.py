@@ -164,9 +164,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for r in results:
-        print(
-            f"{r['variant']:<28} {r['images_per_s']:>9.1f} {r['ratio_to_first']:>9.3f} {r['augment_ms_per_batch']:>17.2f}"
-        )
+        ips, ratio, ms = r["images_per_s"], r["ratio_to_first"], r["augment_ms_per_batch"]
+        print(f"{r['variant']:<28} {ips:>9.1f} {ratio:>9.3f} {ms:>17.2f}")
     meta = {
         "config": args.config,
         "tiny": args.tiny,

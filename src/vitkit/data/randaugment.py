@@ -315,7 +315,7 @@ def apply_op(x: torch.Tensor, op: str, args: list[float] | float, fill: torch.Te
 
 
 def rand_augment(x: torch.Tensor, cfg: RandAugmentConfig, g: torch.Generator, fill: torch.Tensor) -> torch.Tensor:
-    """RandAugment of a float batch (B, C, H, W) in [0, 255]; returns a new batch, clipped to [0, 255].
+    """RandAugment of a float batch (B, C, H, W) in [0, 255]; returns a new batch, still in [0, 255].
 
     ``fill``: the colour (C,) of pixels the geometric ops uncover. The draws (op, whether it
     applies, magnitude, sign: per image and layer) come to the host in one transfer and each

@@ -161,6 +161,7 @@ def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
     """The recipe's augmentation at the model's resolution and value range."""
     a = r.augment
+    erase = EraseConfig(a.erase_prob, a.erase_area, a.erase_aspect, a.erase_count, a.erase_mode)
     return TransformConfig(
         img_size=pre.img_size,
         crop=r.augment.crop,
@@ -171,9 +172,7 @@ def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
         mean=pre.mean,
         std=pre.std,
         randaugment=RandAugmentConfig.parse(a.randaugment) if a.randaugment else None,
-        erase=EraseConfig(a.erase_prob, a.erase_area, a.erase_aspect, a.erase_count, a.erase_mode)
-        if a.erase_prob
-        else None,
+        erase=erase if a.erase_prob else None,
     )
 
 
