@@ -131,12 +131,12 @@ def mix_batch(
     if cfg.correct_lam:
         area = (boxes[:, 1] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 2])
         lam = np.where(cut, 1 - area / (H * W), lam)
+    y = smoothed_one_hot(labels.to(dev), num_classes, cfg.label_smoothing)
     if cfg.mode == "batch":
-        lam, cut, boxes = np.repeat(lam, B), np.repeat(cut, B), np.repeat(boxes, B, axis=0)
-    elif cfg.mode == "pair":  # image B-1-i takes the draw of image i
+        return _mix_whole_batch(images, y, float(lam[0]), bool(cut[0]), boxes[0].tolist())
+    if cfg.mode == "pair":  # image B-1-i takes the draw of image i
         lam, cut, boxes = (np.concatenate([a, a[::-1]]) for a in (lam, cut, boxes))
     lam_t = torch.as_tensor(lam, dtype=images.dtype).to(dev)  # (B,)
-    y = smoothed_one_hot(labels.to(dev), num_classes, cfg.label_smoothing)
     if not cut.any() and (lam == 1).all():
         return Mixed(images, y, lam_t)
     cut_t = torch.as_tensor(cut).to(dev)
@@ -150,6 +150,21 @@ def mix_batch(
     out = torch.where((inside & cut_t.view(B, 1, 1)).unsqueeze(1), mirror, out)
     targets = lam_t.view(B, 1).float() * y + (1 - lam_t.view(B, 1).float()) * y.flip(0)
     return Mixed(out, targets, lam_t)
+
+
+def _mix_whole_batch(images: torch.Tensor, y: torch.Tensor, lam: float, cut: bool, box: list[int]) -> Mixed:
+    """Mode "batch": one lam and one box for every image, so plain arithmetic and a slice."""
+    lam_t = torch.full((images.shape[0],), lam, dtype=images.dtype, device=images.device)
+    if lam == 1 and not cut:
+        return Mixed(images, y, lam_t)
+    mirror = images.flip(0)
+    if cut:
+        top, bottom, left, right = box
+        out = images.clone()
+        out[:, :, top:bottom, left:right] = mirror[:, :, top:bottom, left:right]
+    else:
+        out = images * lam + mirror * (1 - lam)
+    return Mixed(out, y * lam + y.flip(0) * (1 - lam), lam_t)
 
 
 __all__ = ["MIX_MODES", "MixConfig", "Mixed", "cutmix_boxes", "mix_batch", "smoothed_one_hot"]
