@@ -430,6 +430,27 @@ def test_bad_settings_get_one_line_naming_the_key() -> None:
     assert r.augment.randaugment == "rand-m9-n2-mstd0.5" and r.augment.cutmix_alpha == 1.0
 
 
+def test_cli_says_a_bad_setting_in_one_line(capsys, tmp_path: Path) -> None:
+    from vitkit.cli import main
+
+    recipe = _write(tmp_path, TINY)
+    args = [
+        "train",
+        "--config",
+        str(recipe),
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        "augment.randaugment=rand-m10.5-n0",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "vitkit train: error: augment.randaugment: 'rand-m10.5-n0': the number of ops must be at least 1, got 0"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
 def test_pair_mode_needs_even_micro_batches(tmp_path: Path) -> None:
     from vitkit.train.loop import Trainer
 
