@@ -471,11 +471,11 @@ def _final(run: Path) -> dict[str, torch.Tensor]:
 
 def test_training_with_every_augmentation_resumes_bit_exact(tmp_path: Path, monkeypatch) -> None:
     """RandAugment, Mixup/CutMix per image, erasing and 3 repeats, with dropout: stop at step 7
-    (checkpoint at 4, mid-epoch), resume, compare with a run never stopped; then the same recipe
-    built in Python (the library API) gives the same weights."""
+    (checkpoint at 6, mid-epoch: 4 batches an epoch), resume, compare with a run never stopped;
+    then the same recipe built in Python (the library API) gives the same weights."""
     from vitkit.train.loop import Trainer
 
-    tree = changed(TINY, model__overrides__drop_rate=0.1)
+    tree = changed(TINY, model__overrides__drop_rate=0.1, log__checkpoint_every=3)
     recipe = load_recipe(_write(tmp_path, tree))
     train(recipe, tmp_path / "a")
 
@@ -494,7 +494,7 @@ def test_training_with_every_augmentation_resumes_bit_exact(tmp_path: Path, monk
         train(recipe, tmp_path / "b")
     monkeypatch.setattr(Trainer, "train_step", real_step)
     torch.manual_seed(999)
-    assert train(recipe, tmp_path / "b").resumed_from == 4
+    assert train(recipe, tmp_path / "b").resumed_from == 6
     a, b = _final(tmp_path / "a"), _final(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
