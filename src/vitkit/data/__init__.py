@@ -20,12 +20,14 @@ from .cifar import download_cifar, load_cifar
 from .digits import load_digits_dataset
 from .folder import ImageFolder
 from .idx import load_idx_dataset
+from .mix import MixConfig, Mixed, mix_batch
 from .options import option_problem
 from .plan import BatchPlan, epoch_order
+from .randaugment import RandAugmentConfig, rand_augment
 from .shards import ShardDataset, expand_braces, shard_paths
 from .streaming import StreamingDataset, decode_image
 from .synthetic import synthetic_dataset
-from .transforms import TransformConfig, eval_transform, step_generator, train_transform
+from .transforms import EraseConfig, TransformConfig, eval_transform, random_erase, step_generator, train_transform
 
 
 def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
@@ -136,7 +138,11 @@ __all__ = [
     "BatchPlan",
     "DataError",
     "Dataset",
+    "EraseConfig",
     "ImageFolder",
+    "MixConfig",
+    "Mixed",
+    "RandAugmentConfig",
     "ShardDataset",
     "SkipCounter",
     "StreamingDataset",
@@ -152,6 +158,9 @@ __all__ = [
     "load_cifar",
     "load_digits_dataset",
     "load_idx_dataset",
+    "mix_batch",
+    "rand_augment",
+    "random_erase",
     "shard_paths",
     "source_kind",
     "step_generator",

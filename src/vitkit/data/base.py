@@ -70,6 +70,7 @@ class Dataset:
         world_size: int = 1,
         drop_last: bool = False,
         num_workers: int = 0,
+        repeats: int = 1,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield (uint8 images (B, C, H, W), int64 labels (B,)) for one epoch.
 
@@ -77,9 +78,10 @@ class Dataset:
         1/world_size of every batch (so the global batch equals a one-process run's).
         ``start_batch`` skips that many batches of the epoch (resuming mid-epoch).
         ``num_workers`` decoding processes, for sources that decode (the order does not depend on it).
+        ``repeats``: each image that many times in a row (repeated augmentation; see :class:`BatchPlan`).
         Bad arguments raise ``ValueError`` here, before the first batch is asked for.
         """
-        plan = BatchPlan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last)
+        plan = BatchPlan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last, repeats)
         return self.epoch_batches(plan, num_workers)
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -48,8 +48,11 @@ class BatchPlan:
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
+    repeats: int = 1
 
     def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if self.start_batch < 0:
@@ -58,8 +61,12 @@ class BatchPlan:
             raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
 
     def order(self, n: int) -> torch.Tensor:
-        """The epoch's order of ``n`` items (see :func:`epoch_order`)."""
-        return epoch_order(n, self.shuffle, self.seed, self.epoch)
+        """The epoch's order of ``n`` items (see :func:`epoch_order`), with its repeats."""
+        order = epoch_order(n, self.shuffle, self.seed, self.epoch)
+        if self.repeats == 1:
+            return order
+        distinct = -(-n // self.repeats)
+        return order[:distinct].repeat_interleave(self.repeats)[:n]
 
     def num_batches(self, n: int) -> int:
         """Global batches in an epoch of ``n`` items, counting those before ``start_batch``."""

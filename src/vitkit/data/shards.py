@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from ..errors import DataError
-from .plan import BatchPlan
+from .plan import BatchPlan, epoch_order
 from .streaming import Item, StreamingDataset
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
@@ -251,6 +251,14 @@ def _shuffle_buffer(items: Iterable[Item], size: int, rng: random.Random) -> Ite
     yield from buffer
 
 
+def _repeated(stream: Iterator[Item], repeats: int) -> Iterator[Item]:
+    """Each sample ``repeats`` times in a row: repeated augmentation on a stream, whose copies
+    stay on this rank (the epoch keeps its length, so it reads 1 / repeats of the samples)."""
+    if repeats == 1:
+        return stream
+    return (item for item in stream for _ in range(repeats))
+
+
 def _cut(stream: Iterator[Item], sizes: list[int], start_batch: int) -> Iterator[list[Item]]:
     """Cut a stream into batches of ``sizes``, the first ``start_batch`` read but not kept."""
     for _ in itertools.islice(stream, sum(sizes[:start_batch])):
@@ -324,12 +332,14 @@ class ShardDataset(StreamingDataset):
         if len(self.shards) < plan.world_size:
             raise DataError(f"{self.name}: {len(self.shards)} shards cannot be split among {plan.world_size} ranks")
         sizes = plan.local_sizes(len(self))  # this rank's share of every global batch (the last may be short)
-        return self.decode_batches(_cut(self._rank_stream(plan), sizes, plan.start_batch), num_workers)
+        stream = _repeated(self._rank_stream(plan), plan.repeats)
+        return self.decode_batches(_cut(stream, sizes, plan.start_batch), num_workers)
 
     def _rank_stream(self, plan: BatchPlan) -> Iterator[Item]:
         """This rank's samples for the epoch, endless: the shards are started over when done."""
         shuffle, seed, epoch, rank = plan.shuffle, plan.seed, plan.epoch, plan.rank
-        mine = [self.shards[i] for i in plan.order(len(self.shards)).tolist()][rank :: plan.world_size]
+        order = epoch_order(len(self.shards), shuffle, seed, epoch)  # the shards once each, whatever the repeats
+        mine = [self.shards[i] for i in order.tolist()][rank :: plan.world_size]
         for pass_index in itertools.count():
             rng = random.Random(f"{seed}/{epoch}/{rank}/{pass_index}")
             shards = rng.sample(mine, len(mine)) if shuffle and pass_index else mine

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..errors import DataError
 from ..preprocessing import normalize
+from .randaugment import RandAugmentConfig, rand_augment
 
 
 def step_generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -116,10 +118,81 @@ def center_crop(x: torch.Tensor, fraction: float) -> torch.Tensor:
     return x[..., top : top + h, left : left + w]
 
 
+ERASE_MODES = ("pixel", "rand", "const")
+
+
+@dataclass(frozen=True)
+class EraseConfig:
+    """Random erasing (Zhong et al., 2020) as timm's ``RandomErasing``: with probability ``prob``
+    an image gets 1 to ``max_count`` boxes (uniformly many), each of a random fraction of the
+    image in ``area`` divided by that count and a log-uniform aspect ratio (height / width) in
+    ``aspect``, at a random place; up to 10 tries a box to fit inside the image, else that box is
+    left out. ``mode``: "pixel" fills with per-pixel N(0, 1) noise, "rand" with one N(0, 1)
+    colour a box, "const" with zeros; in normalised units, since it runs after normalisation."""
+
+    prob: float = 0.25
+    area: tuple[float, float] = (0.02, 1 / 3)
+    aspect: tuple[float, float] = (0.3, 1 / 0.3)
+    max_count: int = 1
+    mode: str = "pixel"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ERASE_MODES:
+            raise ValueError(f"erasing mode must be one of {', '.join(ERASE_MODES)}, got {self.mode!r}")
+        if not (0 < self.area[0] <= self.area[1] <= 1) or not (0 < self.aspect[0] <= self.aspect[1]):
+            raise ValueError(f"erasing area must be 0 < low <= high <= 1 and aspect 0 < low <= high, got {self}")
+        if self.max_count < 1:
+            raise ValueError(f"erasing count must be at least 1, got {self.max_count}")
+
+
+_ERASE_TRIES = 10  # timm's attempts at a box that fits
+
+
+def random_erase(x: torch.Tensor, cfg: EraseConfig, g: torch.Generator) -> torch.Tensor:
+    """Erase random boxes of a normalised float batch (B, C, H, W); returns a new batch.
+
+    Batched: every draw is made for every image, box slot and try (shapes that depend only on
+    the batch), and each box is the first try that fits, as timm's loop would take it.
+    """
+    B, C, H, W = x.shape
+    dev, k = x.device, cfg.max_count
+    erase = torch.rand(B, generator=g, device=dev) < cfg.prob
+    count = torch.randint(1, k + 1, (B,), generator=g, device=dev)  # (B,)
+    area = _uniform(B * k * _ERASE_TRIES, *cfg.area, g, dev).view(B, k, _ERASE_TRIES) * (H * W)
+    area = area / count.view(B, 1, 1)
+    logr = _uniform(B * k * _ERASE_TRIES, math.log(cfg.aspect[0]), math.log(cfg.aspect[1]), g, dev)
+    r = torch.exp(logr).view(B, k, _ERASE_TRIES)
+    h = torch.round(torch.sqrt(area * r))  # (B, k, tries)
+    w = torch.round(torch.sqrt(area / r))
+    fits = (h < H) & (w < W)
+    first = fits.long().argmax(dim=2, keepdim=True)  # the first try that fits, (B, k, 1)
+    h, w = h.gather(2, first).squeeze(2), w.gather(2, first).squeeze(2)  # (B, k)
+    used = fits.any(dim=2) & erase[:, None] & (torch.arange(k, device=dev)[None] < count[:, None])
+    top = torch.floor(torch.rand(B, k, generator=g, device=dev) * (H - h + 1))
+    left = torch.floor(torch.rand(B, k, generator=g, device=dev) * (W - w + 1))
+    rows = torch.arange(H, device=dev, dtype=x.dtype).view(1, H, 1)
+    cols = torch.arange(W, device=dev, dtype=x.dtype).view(1, 1, W)
+    out = x.clone()
+    for s in range(k):
+        t, lf = top[:, s].view(B, 1, 1), left[:, s].view(B, 1, 1)
+        inside = (rows >= t) & (rows < t + h[:, s].view(B, 1, 1)) & (cols >= lf) & (cols < lf + w[:, s].view(B, 1, 1))
+        mask = (inside & used[:, s].view(B, 1, 1)).unsqueeze(1)  # (B, 1, H, W)
+        if cfg.mode == "pixel":
+            fill = torch.randn(B, C, H, W, generator=g, device=dev, dtype=x.dtype)
+        elif cfg.mode == "rand":
+            fill = torch.randn(B, C, 1, 1, generator=g, device=dev, dtype=x.dtype)
+        else:
+            fill = torch.zeros((), device=dev, dtype=x.dtype)
+        out = torch.where(mask, fill, out)
+    return out
+
+
 @dataclass
 class TransformConfig:
     """Augmentation of a recipe. ``crop``: "inception" (area 0.05-1, aspect 3/4-4/3), "pad"
-    (random crop after padding by ``pad``), or "none"; ``flip``: random horizontal flips."""
+    (random crop after padding by ``pad``), or "none"; ``flip``: random horizontal flips;
+    ``randaugment``: RandAugment after the crop and flip (timm's order); ``erase``: random
+    erasing after normalisation. Mixup and CutMix need the labels: ``vitkit.data.mix``."""
 
     img_size: tuple[int, int] = (224, 224)
     crop: str = "inception"
@@ -129,6 +202,8 @@ class TransformConfig:
     eval_crop: float = 1.0  # centre-crop fraction at evaluation (1.0: resize only)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    randaugment: RandAugmentConfig | None = None
+    erase: EraseConfig | None = None
 
     def __post_init__(self) -> None:
         if self.crop not in ("inception", "pad", "none"):
@@ -150,7 +225,15 @@ def train_transform(x: torch.Tensor, cfg: TransformConfig, g: torch.Generator) -
         x = resize(x, cfg.img_size)
     if cfg.flip:
         x = hflip(x, g)
-    return normalize(x, cfg.mean, cfg.std)
+    if cfg.randaugment is not None:
+        if len(cfg.mean) != x.shape[1]:
+            raise DataError(f"{len(cfg.mean)} normalisation channels for images with {x.shape[1]} channels")
+        fill = torch.tensor([min(255.0, round(255 * m)) for m in cfg.mean])  # timm's fill: the mean colour
+        x = rand_augment(x, cfg.randaugment, g, fill)
+    x = normalize(x, cfg.mean, cfg.std)
+    if cfg.erase is not None and cfg.erase.prob > 0:
+        x = random_erase(x, cfg.erase, g)
+    return x
 
 
 def eval_transform(x: torch.Tensor, cfg: TransformConfig) -> torch.Tensor:

@@ -92,6 +92,8 @@ CROPS = ("inception", "pad", "none")
 INITS = ("default", "mimetic")
 POS_EMBED_MODES = ("bilinear", "bicubic")
 DISTILL = ("none", "hard", "soft")
+MIX_MODES = ("batch", "pair", "elem")
+ERASE_MODES = ("pixel", "rand", "const")
 
 
 @dataclass
@@ -123,6 +125,18 @@ class AugmentSection:
     flip: bool = True
     area_min: float = checked(0.05, "(0, 1]")
     eval_crop: float = checked(1.0, "(0, 1]")
+    randaugment: str = ""  # timm's spelling, e.g. "rand-m9-n2-mstd0.5" (m: magnitude 0-10, n: ops); "": off
+    mixup_alpha: float = checked(0.0, ">= 0")  # Beta(alpha, alpha) of the mixing weight; 0: off
+    cutmix_alpha: float = checked(0.0, ">= 0")
+    mix_prob: float = checked(1.0, "[0, 1]")  # chance that a batch (image, pair) is mixed at all
+    mix_switch_prob: float = checked(0.5, "[0, 1]")  # chance of CutMix when both alphas are above 0
+    mix_mode: str = checked("batch", choices=MIX_MODES)  # one draw per batch, per pair (i, B-1-i), per image
+    erase_prob: float = checked(0.0, "[0, 1]")  # random erasing, after normalisation; 0: off
+    erase_area: tuple[float, float] = checked((0.02, 1 / 3), "(0, 1]")  # fraction of the image, low and high
+    erase_aspect: tuple[float, float] = checked((0.3, 1 / 0.3), "> 0")  # height / width, low and high
+    erase_count: int = checked(1, ">= 1")  # boxes an erased image gets: 1 to this many
+    erase_mode: str = checked("pixel", choices=ERASE_MODES)  # N(0, 1) per pixel, one N(0, 1) colour a box, zeros
+    repeats: int = checked(1, ">= 1")  # repeated augmentation: each image this many times in a row (DeiT: 3)
 
 
 @dataclass
@@ -193,6 +207,8 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(self.optim.betas)
+        d["augment"]["erase_area"] = list(self.augment.erase_area)
+        d["augment"]["erase_aspect"] = list(self.augment.erase_aspect)
         return d
 
 
@@ -308,6 +324,8 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         check_data_section(section, where)
     if isinstance(section, TrainSection):
         check_distillation(section, where)
+    if isinstance(section, AugmentSection):
+        check_augment_section(section, where)
     optim = section if isinstance(section, OptimSection) else None
     if optim is not None and optim.nesterov and optim.name.lower() == "sgd" and optim.momentum == 0:
         raise RecipeError(f"{where}.nesterov needs {where}.momentum above 0, got 0")
@@ -320,6 +338,21 @@ def check_distillation(t: TrainSection, where: str = "train") -> None:
         raise RecipeError(f"{where}.distill={t.distill} needs a teacher: set {where}.teacher to a checkpoint")
     if t.teacher and t.distill == "none":
         raise RecipeError(f"{where}.teacher is set but {where}.distill is none: set {where}.distill to hard or soft")
+
+
+def check_augment_section(a: AugmentSection, where: str = "augment") -> None:
+    """What one field's check cannot see: the RandAugment spec, and ranges given as (low, high)."""
+    if a.randaugment:
+        from ..data.randaugment import RandAugmentConfig
+
+        try:
+            RandAugmentConfig.parse(a.randaugment)
+        except ValueError as e:
+            raise RecipeError(f"{where}.randaugment: {e}") from None
+    for key in ("erase_area", "erase_aspect"):
+        low, high = getattr(a, key)
+        if low > high:
+            raise RecipeError(f"{where}.{key} must be [low, high] with low <= high, got [{low:g}, {high:g}]")
 
 
 # Model overrides (fields of ViTConfig and ResNetConfig) whose nonsense values the model would take

@@ -23,7 +23,9 @@ from torch import nn
 
 from ..checkpoint.native import save_weights
 from ..data import Dataset, TransformConfig, build_dataset, step_generator, train_transform
-from ..data.transforms import match_channels
+from ..data.mix import MixConfig, mix_batch
+from ..data.randaugment import RandAugmentConfig
+from ..data.transforms import EraseConfig, match_channels
 from ..errors import DataError, RecipeError, TrainingError, VitkitError
 from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
@@ -98,8 +100,17 @@ class EMA:
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
-    """Softmax cross-entropy, or sigmoid cross-entropy (summed over classes) as big_vision."""
+    """Softmax cross-entropy, or sigmoid cross-entropy (summed over classes) as big_vision.
+
+    ``labels``: class indices (B,), or soft targets (B, K) from Mixup / CutMix, which already hold
+    the label smoothing (``smoothing`` is then not applied again).
+    """
     logits = logits.float()
+    if labels.is_floating_point():
+        if kind == "softmax":
+            return F.cross_entropy(logits, labels)
+        if kind == "sigmoid":
+            return F.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / logits.shape[0]
     if kind == "softmax":
         return F.cross_entropy(logits, labels, label_smoothing=smoothing)
     if kind == "sigmoid":
@@ -161,6 +172,8 @@ def _set_model_modes(r: Recipe, model: nn.Module) -> None:
 
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
     """The recipe's augmentation at the model's resolution and value range."""
+    a = r.augment
+    erase = EraseConfig(a.erase_prob, a.erase_area, a.erase_aspect, a.erase_count, a.erase_mode)
     return TransformConfig(
         img_size=pre.img_size,
         crop=r.augment.crop,
@@ -170,7 +183,29 @@ def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
         eval_crop=r.augment.eval_crop,
         mean=pre.mean,
         std=pre.std,
+        randaugment=RandAugmentConfig.parse(a.randaugment) if a.randaugment else None,
+        erase=erase if a.erase_prob else None,
     )
+
+
+def _mix_config(r: Recipe, info: D.DistInfo) -> MixConfig:
+    """The recipe's Mixup / CutMix, with the label smoothing folded into its targets."""
+    a = r.augment
+    mix = MixConfig(
+        mixup_alpha=a.mixup_alpha,
+        cutmix_alpha=a.cutmix_alpha,
+        prob=a.mix_prob,
+        switch_prob=a.mix_switch_prob,
+        mode=a.mix_mode,
+        label_smoothing=r.train.label_smoothing,
+    )
+    micro = r.train.batch_size // (info.world_size * r.train.accum_steps)
+    if mix.enabled and mix.mode == "pair" and micro % 2:
+        raise RecipeError(
+            f"augment.mix_mode 'pair' needs an even batch on each process and micro-step, got {micro} "
+            "(train.batch_size / processes / train.accum_steps)"
+        )
+    return mix
 
 
 class Trainer:
@@ -216,6 +251,7 @@ class Trainer:
         self.preprocessing = Preprocessing.for_config(self.model.cfg)
         self.tcfg = _transform_config(r, self.preprocessing)
         self.teacher = self._build_teacher()
+        self.mix = _mix_config(r, self.info)
         if r.train.fsdp and r.train.ema_decay:
             raise RecipeError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
         # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
@@ -459,6 +495,8 @@ class Trainer:
             g = step_generator(r.seed * 1009 + self.info.rank, step * len(micro) + i, self.device)
             x = train_transform(match_channels(x.to(self.device, non_blocking=True), in_chans), self.tcfg, g)
             y = y.to(self.device, non_blocking=True)
+            if self.mix.enabled:  # soft targets (B, K) that hold the label smoothing
+                x, y = mix_batch(x, y, self.model.num_classes, self.mix, g)[:2]
             sync = i == len(micro) - 1 or not hasattr(self.wrapped, "no_sync")
             ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
             with ctx:
@@ -571,6 +609,7 @@ class Trainer:
                 world_size=self.info.world_size,
                 drop_last=True,
                 num_workers=r.data.num_workers,
+                repeats=r.augment.repeats,
             )
             yielded = False
             for index, batch in enumerate(batches, start=start):
