@@ -9,7 +9,6 @@ verified (:mod:`vitkit.hub.download`); the environment that steers them is in
 """
 
 from .cache import cache_dir, cache_path, hf_cache_dir
-from .download import download
 from .names import Pretrained, find, list_pretrained, register_pretrained
 from .resolve import Resolved, create_model, load_pretrained, resolve
 
@@ -19,7 +18,6 @@ __all__ = [
     "cache_dir",
     "cache_path",
     "create_model",
-    "download",
     "find",
     "hf_cache_dir",
     "list_pretrained",

@@ -173,6 +173,8 @@ def _hf_preprocessing(proc: Any, where: Path) -> Preprocessing | None:
 
 
 def _checked(d: dict[str, Any], where: Path | None) -> Preprocessing:
+    if isinstance(d["img_size"], int):
+        d["img_size"] = [d["img_size"], d["img_size"]]
     try:
         check_preprocessing(d, len(d["mean"]), str(where))
     except TypeError as e:

@@ -213,12 +213,18 @@ def for_model(model: str, tag: str | bool) -> Pretrained:
     raise UsageError(f"{model} has no pretrained tag {tag!r} (known: {tags})")
 
 
-def unknown(name: str) -> UsageError:
-    """The error for a name nothing resolves: close names suggested, variants of a release name listed."""
+def suggestions(name: str) -> list[str]:
+    """Names close to ``name``: the variants of a release file name (``ViT-B_16`` ->
+    ``imagenet21k/ViT-B_16``...), else the closest spellings."""
     key = name.strip().lower()
     variants = sorted({_TABLE[v].aliases[0] for k, v in _INDEX.items() if k.endswith("/" + key) and _TABLE[v].aliases})
     spellings = [*_TABLE, *(a for e in _TABLE.values() for a in e.aliases[:1])]
-    close = variants or difflib.get_close_matches(name.strip(), spellings, n=3, cutoff=0.5)
+    return variants or difflib.get_close_matches(name.strip(), spellings, n=3, cutoff=0.5)
+
+
+def unknown(name: str) -> UsageError:
+    """The error for a name nothing resolves, with close names suggested."""
+    close = suggestions(name)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return UsageError(
         f"{name!r}: no such file or folder, nor known pretrained weights{hint} (`vitkit models --pretrained` "
@@ -226,4 +232,32 @@ def unknown(name: str) -> UsageError:
     )
 
 
-__all__ = ["Pretrained", "find", "for_model", "list_pretrained", "register_pretrained", "unknown"]
+def rows(entries: list[Pretrained]) -> list[dict[str, object]]:
+    """The table ``vitkit models --pretrained`` prints (and writes as JSON)."""
+    return [
+        {
+            "name": e.name,
+            "model": e.model,
+            "source": e.source,
+            "resolution": e.resolution,
+            "data": e.pretrain + (f" -> {e.finetune}" if e.finetune else ""),
+            "top1": e.top1,
+            "top1_source": e.top1_source,
+            "licence": e.licence,
+            "url": e.url,
+            "aliases": list(e.aliases),
+        }
+        for e in entries
+    ]
+
+
+__all__ = [
+    "Pretrained",
+    "find",
+    "for_model",
+    "list_pretrained",
+    "register_pretrained",
+    "rows",
+    "suggestions",
+    "unknown",
+]

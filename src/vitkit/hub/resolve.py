@@ -12,12 +12,13 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import CheckpointError
 from ..preprocessing import Preprocessing
 from . import cache
 from .download import Progress, download
 from .hf import PREFIX as HF_PREFIX
 from .hf import fetch_hub
-from .names import Pretrained, find, for_model, list_pretrained, unknown
+from .names import Pretrained, find, for_model, list_pretrained, suggestions, unknown
 
 WEIGHT_SUFFIXES = (".npz", ".safetensors", ".bin", ".pth", ".pt")
 ADDRESS_PREFIXES = (HF_PREFIX, "gs://", "https://", "http://")
@@ -43,6 +44,10 @@ def _is_file_name(text: str) -> bool:
     return text.lower().endswith(WEIGHT_SUFFIXES)
 
 
+def _looks_like_path(text: str) -> bool:
+    return _is_file_name(text) or "/" in text or os.sep in text or text.startswith((".", "~"))
+
+
 def _names_weights(text: str) -> bool:
     """``text`` is a known name, an address or a file, rather than a tag of a model."""
     return find(text) is not None or is_address(text) or _is_file_name(text) or Path(text).exists()
@@ -51,18 +56,23 @@ def _names_weights(text: str) -> bool:
 def resolve(name_or_path: str | os.PathLike[str], *, progress: Progress | None = None) -> Resolved:
     """The local file for a path, name or address, downloading it into the cache if need be.
 
-    An existing path, a :class:`~pathlib.Path`, or a string ending in a weight suffix
-    (``.npz``, ``.safetensors``...) that names no known file is a path, as before names existed.
-    An unknown name is a :class:`~vitkit.errors.UsageError` suggesting close ones.
+    An existing path, a :class:`~pathlib.Path`, or a string that looks like one (a folder
+    separator, a leading ``.`` or ``~``, a weight suffix such as ``.npz``) and names nothing known
+    is a path, as before names existed: a missing one is the reader's "no such file or folder"
+    (with close names, if any). Any other unknown name is a :class:`~vitkit.errors.UsageError`
+    suggesting close ones.
     """
     text = os.fspath(name_or_path)
     if not isinstance(name_or_path, str) or Path(text).exists():
         return Resolved(Path(text))
     entry = find(text)
     if entry is None and not is_address(text):
-        if _is_file_name(text):
-            return Resolved(Path(text))  # a missing file: the reader says so, as it always did
-        raise unknown(text)
+        if not _looks_like_path(text):
+            raise unknown(text)
+        close = suggestions(text)
+        if close:
+            raise CheckpointError(f"{text}: no such file or folder; or did you mean {', '.join(close)}?")
+        return Resolved(Path(text))  # a missing file: the reader says so, as it always did
     url = entry.url if entry is not None else text
     model = entry.model if entry is not None else None
     pre = entry.preprocessing if entry is not None else None
