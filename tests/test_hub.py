@@ -214,7 +214,8 @@ def test_download_once_then_from_the_cache(server, npz_bytes, tiny_model, monkey
     # gs:// paths and the https:// address of an entry are the same file, from the same cache
     assert _same_outputs(vitkit.load_pretrained("gs://vitkit-test/tiny.npz"), tiny_model)
     assert len(server.requests) == 1
-    assert sorted(p.name for p in cached.parent.iterdir()) == ["tiny.npz"]  # no partial or state files left
+    left = sorted(p.name for p in cached.parent.iterdir())
+    assert left == [".tiny.npz.lock", "tiny.npz"]  # no partial or state file left, the lock stays
 
 
 def test_any_http_address_and_offline_mode(server, tiny_model, tmp_path, monkeypatch):
@@ -262,7 +263,7 @@ def test_a_corrupted_body_is_refused_and_nothing_cached(server, npz_bytes, monke
     with pytest.raises(DownloadError, match=r"damaged \(MD5 .*x-goog-hash gives .*refused, nothing cached"):
         vitkit.load_pretrained("gs://vitkit-test/bad.npz")
     folder = cache.cache_path(f"{BUCKET}/bad.npz").parent
-    assert list(folder.iterdir()) == []
+    assert [p.name for p in folder.iterdir()] == [".bad.npz.lock"]
 
 
 def test_a_sha256_from_the_table_is_checked(server, npz_bytes, monkeypatch):
@@ -326,7 +327,7 @@ def test_a_full_disk_keeps_no_partial_file(server, npz_bytes, tmp_path, monkeypa
         DownloadError, match=rf"{dest}: no space left on device while downloading .*partial file was removed"
     ):
         download(f"{server.base}/t.npz", dest)
-    assert list(dest.parent.iterdir()) == []
+    assert [p.name for p in dest.parent.iterdir()] == [".t.npz.lock"]
 
 
 # -- the Hugging Face hub, offline --------------------------------------------------------------
@@ -434,3 +435,19 @@ def test_crop_pct_is_applied_to_images_and_kept_in_files():
     assert resized.pixels.min() == 0
     assert "crop_pct" not in Preprocessing().to_dict()
     assert Preprocessing.from_dict(Preprocessing(crop_pct=0.9).to_dict()).crop_pct == 0.9
+
+
+def test_concurrent_loads_download_once(server, npz_bytes, tmp_path):
+    """Ranks of one job asking for the same file at once: one download, every copy whole."""
+    server.files["/t.npz"] = npz_bytes
+    dest = tmp_path / "c" / "t.npz"
+    results: list[bytes] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(download(f"{server.base}/t.npz", dest).read_bytes()))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [npz_bytes] * 3 and len(server.requests) == 1

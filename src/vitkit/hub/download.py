@@ -21,11 +21,13 @@ import json
 import os
 import re
 import socket
+import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import DownloadError, UsageError
 from ..files import write_json
@@ -88,24 +90,46 @@ def download(
     wait = cache.timeout() if timeout is None else timeout
     part = partial_path(dest)
     _prepare(dest)
-    for attempt in range(max(1, attempts)):
-        answer = _attempt(address, part, _state_path(dest), wait, progress, last=attempt == max(1, attempts) - 1)
-        if answer.complete:
-            break
-    _verify(address, part, answer, sha256, size)
-    os.replace(part, dest)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_state_path(dest))
+    with _locked(dest):  # ranks of one torchrun job asking for the same file: one downloads, the others wait
+        if dest.is_file():
+            return dest
+        for attempt in range(max(1, attempts)):
+            answer = _attempt(address, part, _state_path(dest), wait, progress, last=attempt == max(1, attempts) - 1)
+            if answer.complete:
+                break
+        else:
+            raise DownloadError(f"{address}: the download did not complete in {attempts} attempts; run again to resume")
+        _verify(address, part, answer, sha256, size)
+        os.replace(part, dest)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_state_path(dest))
     return dest
+
+
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """An exclusive lock on ``.NAME.lock`` beside ``dest`` (kept, so every process locks the same
+    file); without ``fcntl`` (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _prepare(dest: Path) -> None:
     """The cache folder exists and takes files; else one line saying so and how to choose another."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        probe = dest.parent / f".{dest.name}.probe.tmp"
-        probe.touch()
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise UsageError(
             f"cache folder {dest.parent} is not writable ({e.strerror or type(e).__name__}); "
@@ -222,7 +246,7 @@ def _verify(address: str, part: Path, answer: _Answer, sha256: str | None, size:
         raise DownloadError(f"{address}: the download is damaged ({'; '.join(problems)}); refused, nothing cached")
 
 
-def _digests(path: Path) -> dict[str, hashlib._Hash]:
+def _digests(path: Path) -> dict[str, Any]:
     out = {"sha256": hashlib.sha256(), "md5": hashlib.md5(usedforsecurity=False)}
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):

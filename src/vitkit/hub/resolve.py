@@ -8,9 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..preprocessing import Preprocessing
@@ -19,6 +17,9 @@ from .download import Progress, download
 from .hf import PREFIX as HF_PREFIX
 from .hf import fetch_hub
 from .names import Pretrained, find, for_model, list_pretrained, suggestions, unknown
+
+if TYPE_CHECKING:
+    from torch import nn
 
 WEIGHT_SUFFIXES = (".npz", ".safetensors", ".bin", ".pth", ".pt")
 ADDRESS_PREFIXES = (HF_PREFIX, "gs://", "https://", "http://")
