@@ -7,6 +7,7 @@ the internet: the Google Cloud Storage addresses of the table go to the local se
 from __future__ import annotations
 
 import base64
+import copy
 import errno
 import hashlib
 import http.server
@@ -451,3 +452,23 @@ def test_concurrent_loads_download_once(server, npz_bytes, tmp_path):
     for t in threads:
         t.join(10)
     assert results == [npz_bytes] * 3 and len(server.requests) == 1
+
+
+def test_eval_inputs_use_the_weights_crop_and_interpolation(tiny_model):
+    """What ``vitkit eval`` feeds the model: centre crop and interpolation of model.preprocessing."""
+    from vitkit.data import build_dataset
+    from vitkit.eval.features import model_inputs
+    from vitkit.preprocessing import normalize
+
+    data = build_dataset("synthetic", "test")
+    raw, _ = next(data.batches(4, shuffle=False))  # (B, C, 32, 32) uint8
+    centre = raw[..., 4:28, 4:28].float()  # 0.75 of each side: 24 x 24
+    model = copy.deepcopy(tiny_model)
+    for mode in ("bicubic", "bilinear"):
+        model.preprocessing = Preprocessing(img_size=(16, 16), interpolation=mode, crop_pct=0.75)
+        x, _ = next(model_inputs(model, data, batch_size=4))
+        resized = torch.nn.functional.interpolate(centre, size=(16, 16), mode=mode, antialias=True)
+        assert torch.allclose(x, normalize(resized, (0.5,) * 3, (0.5,) * 3), atol=1e-4), mode
+    model.preprocessing = Preprocessing(img_size=(16, 16))
+    plain, _ = next(model_inputs(model, data, batch_size=4))
+    assert not torch.allclose(plain, x, atol=1e-2)

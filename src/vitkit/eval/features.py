@@ -123,7 +123,13 @@ def model_inputs(
         if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
             model.set_img_size(pre.img_size)
         transform = TransformConfig(
-            img_size=pre.img_size, crop="none", flip=False, eval_crop=pre.crop_pct, mean=pre.mean, std=pre.std
+            img_size=pre.img_size,
+            crop="none",
+            flip=False,
+            eval_crop=pre.crop_pct,
+            eval_interpolation=pre.interpolation,
+            mean=pre.mean,
+            std=pre.std,
         )
     in_chans = cfg.in_chans if cfg is not None else len(transform.mean)
 
