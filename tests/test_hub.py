@@ -29,6 +29,7 @@ from vitkit.export import export_weights
 from vitkit.hub import Pretrained, cache, find, register_pretrained
 from vitkit.hub import download as download_module
 from vitkit.hub.download import download
+from vitkit.hub.hf import timm_model_name
 from vitkit.hub.names import for_model
 from vitkit.preprocessing import Preprocessing, prepare_images
 
@@ -372,6 +373,7 @@ def test_a_prepopulated_hub_cache_loads_offline(tiny_model, tmp_path, monkeypatc
     timm_model = vitkit.load_pretrained("hf-hub:timm/tiny")
     assert _same_outputs(timm_model, tiny_model) and timm_model.preprocessing.crop_pct == 0.9
     assert timm_model.preprocessing.interpolation == "bicubic"
+    assert timm_model_name("vit_base_patch16_224") == "vit_b16" and timm_model_name("deit_tiny") is None
     # missing from the cache, offline: one line with the file and its address
     with pytest.raises(DownloadError) as e:
         vitkit.load_pretrained("hf-hub:org/absent")
@@ -419,10 +421,13 @@ def test_cli_convert_predict_eval_and_models_with_names(server, npz_bytes, tiny_
     assert main(["eval", "tiny.cli", "--data", "synthetic", "--max-images", "8", "--out", str(tmp_path / "ev")]) == 0
     text = capsys.readouterr().out
     assert "img.png" in text and "top-1" in text and len(server.requests) == 1
-    assert main(["models", "--pretrained", "vit_b16"]) == 0
+    assert main(["models", "--pretrained", "ViT-B/16", "--json", str(tmp_path / "t.json")]) == 0
     table = capsys.readouterr().out
     assert re.search(r"vit_b16\.augreg_in21k_ft_in1k\s+augreg\s+384\s+ImageNet-21k -> ImageNet-1k\s+85\.49", table)
     assert "vit_s16" not in table
+    rows = json.loads((tmp_path / "t.json").read_text())
+    b16 = next(r for r in rows if r["name"] == "vit_b16.in21k_ft_in1k")
+    assert b16["top1"] == 84.0 and b16["preprocessing"]["img_size"] == [384, 384] and b16["licence"] == "Apache-2.0"
     assert main(["predict", "vit_b16.augreg_in21k_ft_in1kk", str(image)]) == 2
     assert "did you mean vit_b16.augreg_in21k_ft_in1k" in capsys.readouterr().err
 

@@ -41,8 +41,10 @@ def _pretrained(args: argparse.Namespace) -> int:
     """The names table: source, resolution, data, the publisher's ImageNet top-1, licence."""
     from ..files import write_json
     from ..hub.names import list_pretrained, rows
+    from ..models import canonical_name
 
-    entries = [e for e in list_pretrained() if not args.names or e.model in args.names or e.name in args.names]
+    wanted = {canonical_name(n) for n in args.names} | set(args.names)
+    entries = [e for e in list_pretrained() if not args.names or e.model in wanted or e.name in wanted]
     table = rows(entries)
     if args.json:
         write_json(args.json, table)

@@ -84,9 +84,11 @@ def download(
     """
     if dest.is_file():
         return dest
-    if cache.offline():
-        raise DownloadError(f"{dest}: not in the cache and VITKIT_OFFLINE is set; it would be downloaded from {url}")
     address = cache.fetch_address(url)
+    if cache.offline():
+        raise DownloadError(
+            f"{dest}: not in the cache and VITKIT_OFFLINE is set; it would be downloaded from {address}"
+        )
     wait = cache.timeout() if timeout is None else timeout
     part = partial_path(dest)
     _prepare(dest)

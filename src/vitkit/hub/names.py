@@ -246,6 +246,7 @@ def rows(entries: list[Pretrained]) -> list[dict[str, object]]:
             "licence": e.licence,
             "url": e.url,
             "aliases": list(e.aliases),
+            "preprocessing": e.preprocessing.to_dict() if e.preprocessing is not None else None,
         }
         for e in entries
     ]
