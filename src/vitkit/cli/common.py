@@ -46,17 +46,32 @@ def load_model(path: str, img_size: Any = None, **overrides: Any) -> Any:
 
 @contextmanager
 def download_bar(name: str) -> Iterator[Callable[[int, int | None], None]]:
-    """A byte bar on stderr for a download (silent when stderr is not a terminal or nothing downloads)."""
+    """A byte bar on stderr while ``name`` downloads: made on the first bytes, so a file already in
+    the cache shows none (nor does a stderr that is not a terminal)."""
     from tqdm import tqdm
 
-    with tqdm(desc=f"download {name}", unit="B", unit_scale=True, disable=None, leave=False, file=sys.stderr) as bar:
+    bars: list[Any] = []
 
-        def update(done: int, total: int | None) -> None:
-            if total is not None and bar.total != total:
-                bar.total = total
-            bar.update(done - bar.n)
+    def update(done: int, total: int | None) -> None:
+        if not bars:
+            bars.append(
+                tqdm(
+                    desc=f"download {name}",
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    disable=None,
+                    leave=False,
+                    file=sys.stderr,
+                )
+            )
+        bars[0].update(done - bars[0].n)
 
+    try:
         yield update
+    finally:
+        for bar in bars:
+            bar.close()
 
 
 def size_of(dataset: Any, cap: int | None) -> int | None:
