@@ -70,15 +70,17 @@ class Server:
             return
         body, mode = self.files[path], self.mode.get(path)
         start = 0
+        etag = '"' + hashlib.md5(body).hexdigest()[:8] + '"'
         m = re.fullmatch(r"bytes=(\d+)-", h.headers.get("Range") or "")
-        if m and int(m.group(1)) < len(body):
+        same = h.headers.get("If-Range") in (None, etag)  # If-Range: the range only of the same file
+        if m and same and int(m.group(1)) < len(body):
             start = int(m.group(1))
             h.send_response(206)
             h.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         else:
             h.send_response(200)
         h.send_header("Content-Length", str(len(body) - start))
-        h.send_header("ETag", '"v1"')
+        h.send_header("ETag", etag)
         md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
         h.send_header("x-goog-hash", f"crc32c=AAAAAA==,md5={md5}")
         h.end_headers()
@@ -256,6 +258,19 @@ def test_an_interrupted_download_resumes_in_a_later_call(server, npz_bytes, tmp_
     download(f"{server.base}/t.npz", dest)
     assert dest.read_bytes() == npz_bytes and not part.exists()
     assert server.requests[-1]["range"] == f"bytes={len(npz_bytes) // 2}-"
+
+
+def test_a_file_changed_on_the_server_starts_over(server, npz_bytes, tmp_path):
+    """A partial file of the old version is never joined to the new one (If-Range with the ETag)."""
+    server.files["/t.npz"] = npz_bytes
+    server.mode["/t.npz"] = "drop"
+    dest = tmp_path / "c" / "t.npz"
+    with pytest.raises(DownloadError):
+        download(f"{server.base}/t.npz", dest, attempts=1)
+    new = npz_bytes[::-1]
+    server.files["/t.npz"] = new
+    download(f"{server.base}/t.npz", dest)
+    assert dest.read_bytes() == new and server.requests[-1]["range"] == f"bytes={len(npz_bytes) // 2}-"
 
 
 def test_a_corrupted_body_is_refused_and_nothing_cached(server, npz_bytes, monkeypatch):
