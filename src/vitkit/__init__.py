@@ -18,16 +18,17 @@ _LAZY = {
     "load_images": "vitkit.preprocessing",
     "ResNetConfig": "vitkit.models",
     "ViTConfig": "vitkit.models",
-    "create_model": "vitkit.models",
+    "create_model": "vitkit.hub",
     "list_models": "vitkit.models",
     "model_config": "vitkit.models",
-    "load_pretrained": "vitkit.checkpoint",
+    "load_pretrained": "vitkit.hub",
     "save_checkpoint": "vitkit.checkpoint",
 }
 
 if TYPE_CHECKING:
-    from .checkpoint import load_pretrained, save_checkpoint
-    from .models import ResNetConfig, ViTConfig, create_model, list_models, model_config
+    from .checkpoint import save_checkpoint
+    from .hub import create_model, load_pretrained
+    from .models import ResNetConfig, ViTConfig, list_models, model_config
     from .preprocessing import Preprocessing, load_images
 
 

@@ -42,6 +42,11 @@ class ExportError(VitkitError, RuntimeError):
     """An export that failed or whose output does not match the model."""
 
 
+class DownloadError(VitkitError, RuntimeError):
+    """Weights that could not be fetched: no network, a timeout, a missing file, a damaged body, a
+    full disk. The message names the address (and the cache file), so it reads as one line."""
+
+
 @contextlib.contextmanager
 def writing(path: str | os.PathLike[str]) -> Iterator[None]:
     """Name ``path`` in the ``OSError`` of a failed write: a full disk names no file, and an atomic
@@ -61,4 +66,13 @@ def _is_temporary(filename: object) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-__all__ = ["CheckpointError", "DataError", "ExportError", "RecipeError", "TrainingError", "UsageError", "VitkitError"]
+__all__ = [
+    "CheckpointError",
+    "DataError",
+    "DownloadError",
+    "ExportError",
+    "RecipeError",
+    "TrainingError",
+    "UsageError",
+    "VitkitError",
+]

@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 class Preprocessing:
     """How pixels become model inputs: ``(x / 255 - mean) / std`` per channel, at ``img_size``.
 
-    The default (mean = std = 0.5) is the paper's range [-1, 1].
+    The default (mean = std = 0.5) is the paper's range [-1, 1]. ``crop_pct``: the central
+    fraction of each side kept before resizing to ``img_size`` (timm's ``crop_pct``; 1.0, the
+    official code's evaluation, resizes the whole image).
     """
 
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     img_size: tuple[int, int] = (224, 224)
     interpolation: str = "bilinear"
+    crop_pct: float = 1.0
 
     @classmethod
     def for_config(cls, cfg: Any) -> Preprocessing:
@@ -39,7 +42,10 @@ class Preprocessing:
         return cls(mean=(0.5,) * c, std=(0.5,) * c, img_size=tuple(cfg.img_size))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; ``crop_pct`` only when it crops, so files that do not crop read as before."""
         d = asdict(self)
+        if d["crop_pct"] == 1.0:
+            del d["crop_pct"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
@@ -49,6 +55,7 @@ class Preprocessing:
             std=tuple(d["std"]),
             img_size=tuple(d["img_size"]),
             interpolation=d.get("interpolation", "bilinear"),
+            crop_pct=float(d.get("crop_pct", 1.0)),
         )
 
 
@@ -84,7 +91,8 @@ def _resample(pre: Preprocessing) -> Any:
 
 def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing, in_chans: int) -> LoadedImages:
     """Named Pillow images -> :class:`LoadedImages`: converted to ``in_chans`` channels (grey or
-    RGB), resized to ``pre.img_size`` with ``pre.interpolation``, normalised with ``pre``."""
+    RGB), centre-cropped to ``pre.crop_pct`` of each side, resized to ``pre.img_size`` with
+    ``pre.interpolation``, normalised with ``pre``."""
     import numpy as np
     import torch
 
@@ -94,11 +102,23 @@ def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing
         raise DataError("no images given")
     mode = "L" if in_chans == 1 else "RGB"
     h, w = pre.img_size
-    pixels = np.stack([np.asarray(im.convert(mode).resize((w, h), _resample(pre))) for _, im in images])
+    pixels = np.stack(
+        [np.asarray(_crop(im.convert(mode), pre.crop_pct).resize((w, h), _resample(pre))) for _, im in images]
+    )
     x = torch.from_numpy(pixels.copy())
     x = x[..., None] if x.ndim == 3 else x  # (B, H, W, C)
     inputs = normalize(x.permute(0, 3, 1, 2), pre.mean, pre.std)  # (B, C, H, W)
     return LoadedImages([name for name, _ in images], pixels, inputs)
+
+
+def _crop(im: Image.Image, fraction: float) -> Image.Image:
+    """The central ``fraction`` of each side (as ``vitkit.data.transforms.center_crop`` on batches)."""
+    if fraction >= 1.0:
+        return im
+    w, h = im.size
+    cw, ch = max(1, round(w * fraction)), max(1, round(h * fraction))
+    left, top = (w - cw) // 2, (h - ch) // 2
+    return im.crop((left, top, left + cw, top + ch))
 
 
 def read_image(path: str | Path) -> Image.Image:

@@ -8,6 +8,7 @@ Formats are detected from the file: vitkit safetensors (config in the metadata),
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ class LoadReport:
     path: str
     source: str  # vitkit | official | timm | hf
     notes: list[str] = field(default_factory=list)
+    name: str | None = None  # the pretrained name or address the file was fetched for (vitkit.hub)
 
 
 @dataclass
@@ -315,7 +317,7 @@ def load_pretrained(
     model.load_state_dict(sd, strict=False)
     pre = loaded.preprocessing or Preprocessing.for_config(cfg)
     if isinstance(cfg, (ViTConfig, ResNetConfig)):
-        pre = Preprocessing(pre.mean, pre.std, tuple(cfg.img_size), pre.interpolation)
+        pre = dataclasses.replace(pre, img_size=tuple(cfg.img_size))
     model.preprocessing = pre
     model.load_report = LoadReport(str(p), loaded.source, notes)
     for note in notes:

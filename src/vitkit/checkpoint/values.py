@@ -145,7 +145,7 @@ def check_grid(cfg: Any, where: str) -> None:
 def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
     if not isinstance(d, dict):
         raise CheckpointError(f"{where}: preprocessing must be a JSON object, got {type(d).__name__}")
-    unknown = sorted(str(k) for k in d if k not in ("mean", "std", "img_size", "interpolation"))
+    unknown = sorted(str(k) for k in d if k not in ("mean", "std", "img_size", "interpolation", "crop_pct"))
     if unknown:
         raise CheckpointError(f"{where}: unknown preprocessing field(s) {unknown[:5]}")
     for key in ("mean", "std"):
@@ -160,3 +160,5 @@ def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
     size_pair(d.get("img_size"), where, "preprocessing['img_size']")
     if "interpolation" in d:
         choice(d["interpolation"], where, "preprocessing['interpolation']", ("bilinear", "bicubic"))
+    if "crop_pct" in d:
+        number(d["crop_pct"], where, "preprocessing['crop_pct']", 0.0, 1.0, lo_open=True)

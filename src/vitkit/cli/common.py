@@ -10,7 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-WEIGHTS_HELP = "weights: vitkit .safetensors, a run folder, official .npz, timm or HF files"
+WEIGHTS_HELP = (
+    "weights: vitkit .safetensors, a run folder, official .npz, timm or HF files, or a name "
+    "(vitkit models --pretrained), hf-hub:org/name, gs:// or https:// address, downloaded once"
+)
 
 
 def parse_size(text: str) -> int | tuple[int, int]:
@@ -100,15 +103,47 @@ def note(text: str) -> None:
 
 
 def load_model(path: str, img_size: Any = None, **overrides: Any) -> Any:
-    """``vitkit.load_pretrained`` with its notes (resized embeddings, dropped head) on stderr."""
-    from ..checkpoint import load_pretrained
+    """``vitkit.load_pretrained`` (files and names) with a download bar and its notes (resized
+    embeddings, dropped head) on stderr."""
+    from ..hub import load_pretrained
 
     if img_size:
         overrides["img_size"] = img_size
-    model = load_pretrained(path, **overrides)
+    with download_bar(path) as bar:
+        model = load_pretrained(path, progress=bar, **overrides)
     for text in model.load_report.notes:
         note(text)
     return model
+
+
+@contextmanager
+def download_bar(name: str) -> Iterator[Callable[[int, int | None], None]]:
+    """A byte bar on stderr while ``name`` downloads: made on the first bytes, so a file already in
+    the cache shows none (nor does a stderr that is not a terminal)."""
+    from tqdm import tqdm
+
+    bars: list[Any] = []
+
+    def update(done: int, total: int | None) -> None:
+        if not bars:
+            bars.append(
+                tqdm(
+                    desc=f"download {name}",
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    disable=None,
+                    leave=False,
+                    file=sys.stderr,
+                )
+            )
+        bars[0].update(done - bars[0].n)
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.close()
 
 
 def size_of(dataset: Any, cap: int | None) -> int | None:

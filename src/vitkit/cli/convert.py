@@ -11,7 +11,7 @@ HELP = "convert weights between official .npz, timm, HF and vitkit"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="weights: .npz, .safetensors, .bin, a Hugging Face folder or a vitkit run")
+    p.add_argument("src", help="weights: .npz, .safetensors, .bin, a Hugging Face folder, a vitkit run or a name")
     p.add_argument("dst", help="output: .safetensors (vitkit), .npz (official), .onnx, a folder with --to hf")
     p.add_argument(
         "--to",
@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_pretrained
     from ..export import check_destination, export_weights, format_for
+    from ..hub import load_pretrained
+    from .common import download_bar
 
     dst = Path(args.dst)
     to = args.to or format_for(dst)  # .safetensors vitkit, .npz official, .onnx; other names need --to
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["img_size"] = args.img_size
     if args.num_classes is not None:
         overrides["num_classes"] = args.num_classes
-    model = load_pretrained(args.src, name=args.name, **overrides)
+    with download_bar(args.src) as bar:
+        model = load_pretrained(args.src, name=args.name, progress=bar, **overrides)
     for note in model.load_report.notes:
         print(f"note: {note}")
     check = export_weights(model, dst, to, layout=args.layout)

@@ -100,12 +100,12 @@ def inception_crop(
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
-def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bilinear resize of a float batch (antialiased when shrinking)."""
+def resize(x: torch.Tensor, size: tuple[int, int], mode: str = "bilinear") -> torch.Tensor:
+    """Bilinear (or ``mode="bicubic"``) resize of a float batch (antialiased when shrinking)."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
     shrink = size[0] < x.shape[-2] or size[1] < x.shape[-1]
-    return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=shrink)
+    return F.interpolate(x, size=size, mode=mode, align_corners=False, antialias=shrink)
 
 
 def center_crop(x: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -200,6 +200,7 @@ class TransformConfig:
     flip: bool = True
     area_min: float = 0.05
     eval_crop: float = 1.0  # centre-crop fraction at evaluation (1.0: resize only)
+    eval_interpolation: str = "bilinear"  # resizing at evaluation: "bilinear" or "bicubic" (the weights' own)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     randaugment: RandAugmentConfig | None = None
@@ -208,6 +209,8 @@ class TransformConfig:
     def __post_init__(self) -> None:
         if self.crop not in ("inception", "pad", "none"):
             raise ValueError(f"crop must be 'inception', 'pad' or 'none', got {self.crop!r}")
+        if self.eval_interpolation not in ("bilinear", "bicubic"):
+            raise ValueError(f"eval_interpolation must be 'bilinear' or 'bicubic', got {self.eval_interpolation!r}")
         if isinstance(self.img_size, int):
             self.img_size = (self.img_size, self.img_size)
         self.img_size = tuple(self.img_size)
@@ -239,5 +242,5 @@ def train_transform(x: torch.Tensor, cfg: TransformConfig, g: torch.Generator) -
 def eval_transform(x: torch.Tensor, cfg: TransformConfig) -> torch.Tensor:
     """uint8 batch -> float batch: optional centre crop, resize, value range."""
     x = center_crop(x.float(), cfg.eval_crop)
-    x = resize(x, cfg.img_size)
+    x = resize(x, cfg.img_size, cfg.eval_interpolation)
     return normalize(x, cfg.mean, cfg.std)

@@ -55,7 +55,7 @@ def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     elif cfg is not None:
         size = tuple(cfg.img_size)
-    return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation)
+    return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation, pre.crop_pct)
 
 
 def autocast(device: torch.device, precision: str) -> Any:
@@ -122,7 +122,15 @@ def model_inputs(
         pre = model_preprocessing(model, img_size)
         if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
             model.set_img_size(pre.img_size)
-        transform = TransformConfig(img_size=pre.img_size, crop="none", flip=False, mean=pre.mean, std=pre.std)
+        transform = TransformConfig(
+            img_size=pre.img_size,
+            crop="none",
+            flip=False,
+            eval_crop=pre.crop_pct,
+            eval_interpolation=pre.interpolation,
+            mean=pre.mean,
+            std=pre.std,
+        )
     in_chans = cfg.in_chans if cfg is not None else len(transform.mean)
 
     def generate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

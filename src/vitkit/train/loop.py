@@ -277,7 +277,7 @@ class Trainer:
             )
         try:
             if r.model.init_from:
-                from ..checkpoint.load import load_pretrained
+                from ..hub import load_pretrained  # files, and names downloaded once (vitkit.hub)
 
                 model = load_pretrained(r.model.init_from, pos_embed_mode=r.model.pos_embed_mode, **overrides)
                 for note in model.load_report.notes:

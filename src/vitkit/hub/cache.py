@@ -1,0 +1,119 @@
+"""Where downloaded weights live, and the environment that steers fetching them.
+
+- ``VITKIT_CACHE``: vitkit's cache folder (default ``$XDG_CACHE_HOME/vitkit``, else
+  ``~/.cache/vitkit``). A file from ``https://HOST/PATH`` is kept at ``CACHE/HOST/PATH``.
+- ``VITKIT_OFFLINE=1``: use the cache only; a missing file is an error naming it and its address.
+- ``VITKIT_MIRROR``: a base address that serves the Google Cloud Storage buckets' layout (the
+  official and AugReg releases, ``gs://`` paths), for machines behind a proxy or air-gapped
+  networks: ``https://storage.googleapis.com/B/P`` is fetched from ``$VITKIT_MIRROR/B/P``. The
+  cache keeps the original address, so a file is the same wherever it came from.
+- ``VITKIT_DOWNLOAD_TIMEOUT``: seconds without an answer before a download is abandoned (30).
+- The Hugging Face hub keeps its own cache, as ``huggingface_hub`` places it (``HF_HUB_CACHE``,
+  else ``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``); ``HF_HUB_OFFLINE=1`` keeps the
+  hub offline. Both are read on every call, not once at import, so a process can change them.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+
+from ..errors import UsageError
+from ..files import slug
+
+GCS = "https://storage.googleapis.com"
+DEFAULT_TIMEOUT = 30.0
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _xdg_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+
+
+def cache_dir() -> Path:
+    """vitkit's download cache: ``VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit`` or ``~/.cache/vitkit``."""
+    given = os.environ.get("VITKIT_CACHE")
+    return Path(given).expanduser() if given else _xdg_cache() / "vitkit"
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache as ``huggingface_hub`` finds it, read now rather than at its import."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME")
+    return (Path(home).expanduser() if home else _xdg_cache() / "huggingface") / "hub"
+
+
+def offline() -> bool:
+    """``VITKIT_OFFLINE`` is set: nothing is fetched, the caches are all there is."""
+    return _flag("VITKIT_OFFLINE")
+
+
+def hf_offline() -> bool:
+    """The hub is offline: ``VITKIT_OFFLINE``, ``HF_HUB_OFFLINE`` (or transformers' ``TRANSFORMERS_OFFLINE``)."""
+    return offline() or _flag("HF_HUB_OFFLINE") or _flag("TRANSFORMERS_OFFLINE")
+
+
+def timeout() -> float:
+    """Seconds a download may wait for the server (``VITKIT_DOWNLOAD_TIMEOUT``, default 30)."""
+    text = os.environ.get("VITKIT_DOWNLOAD_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"VITKIT_DOWNLOAD_TIMEOUT must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def https_address(url: str) -> str:
+    """``gs://bucket/path`` -> its public address ``https://storage.googleapis.com/bucket/path``;
+    other addresses unchanged."""
+    if url.startswith("gs://"):
+        return f"{GCS}/{url[len('gs://') :]}"
+    return url
+
+
+def fetch_address(url: str) -> str:
+    """The address a download really asks: ``VITKIT_MIRROR`` stands in for Google Cloud Storage;
+    the path is percent-encoded (``+`` in ``imagenet21k+imagenet2012`` becomes ``%2B``)."""
+    url = https_address(url)
+    mirror = os.environ.get("VITKIT_MIRROR", "").strip().rstrip("/")
+    if mirror and url.startswith(GCS + "/"):
+        url = mirror + url[len(GCS) :]
+    parts = urllib.parse.urlsplit(url)
+    path = urllib.parse.quote(parts.path, safe="/%:@~-._")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def cache_path(url: str) -> Path:
+    """Where the file from ``url`` is kept: ``CACHE/HOST/PATH``, each part a safe file name (no
+    ``..``), a query string folded into the file name."""
+    parts = urllib.parse.urlsplit(https_address(url))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"{url}: not an http(s):// or gs:// address")
+    names = [slug(urllib.parse.unquote(p), "_") for p in parts.path.split("/") if p not in ("", ".", "..")]
+    if not names:
+        raise UsageError(f"{url}: the address names no file")
+    if parts.query:
+        names[-1] = f"{names[-1]}_{slug(parts.query)}"
+    return cache_dir().joinpath(slug(parts.netloc.lower(), "host"), *names)
+
+
+__all__ = [
+    "cache_dir",
+    "cache_path",
+    "fetch_address",
+    "hf_cache_dir",
+    "hf_offline",
+    "https_address",
+    "offline",
+    "timeout",
+]

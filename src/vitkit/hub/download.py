@@ -1,0 +1,293 @@
+"""One file over HTTP(S) into the cache: atomic, resumable, verified.
+
+The body goes to ``.NAME.download.tmp`` beside the final file and is renamed to ``NAME`` only
+when it is whole (the size the server announced) and matches every checksum known for it: the
+table's sha256, and the MD5 that Google Cloud Storage publishes in ``x-goog-hash`` (it also
+publishes a CRC32C there, which the standard library cannot compute). So a file under its final
+name is always complete; a partial one is never mistaken for it. An interrupted download keeps its
+partial file and continues with an HTTP ``Range`` request (guarded by ``If-Range`` with the ETag
+of the first answer, so a file that changed on the server starts over), within the same call (a
+few attempts) and in a later one.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import http.client
+import json
+import os
+import re
+import socket
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DownloadError, UsageError
+from ..files import write_json
+from . import cache
+
+CHUNK = 1 << 20
+ATTEMPTS = 3
+USER_AGENT = "vitkit"
+
+Progress = Callable[[int, int | None], None]  # (bytes so far, total or None)
+
+
+@dataclass
+class _Answer:
+    """What one request got: how much of the file is now on disk and what the server said of it."""
+
+    total: int | None
+    etag: str | None
+    md5: str | None  # base64, from x-goog-hash
+    complete: bool
+
+
+def partial_path(dest: Path) -> Path:
+    """The partial download of ``dest`` (a name :func:`vitkit.files.temporary_target` recognises)."""
+    return dest.parent / f".{dest.name}.download.tmp"
+
+
+def _state_path(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}.state.tmp"
+
+
+def _write(f, chunk: bytes) -> None:
+    """Every byte of a download is written here (one place, so tests can fill the disk)."""
+    f.write(chunk)
+
+
+def download(
+    url: str,
+    dest: Path,
+    *,
+    sha256: str | None = None,
+    size: int | None = None,
+    timeout: float | None = None,
+    attempts: int = ATTEMPTS,
+    progress: Progress | None = None,
+) -> Path:
+    """Fetch ``url`` (its :func:`cache.fetch_address`, so ``VITKIT_MIRROR`` applies) to ``dest``
+    unless ``dest`` is already there; return ``dest``.
+
+    ``sha256`` and ``size``, where the caller knows them, are checked too. A body that fails a
+    check is deleted and refused (:class:`DownloadError`); nothing is cached under ``dest``.
+    A dropped connection resumes up to ``attempts`` times. Offline (``VITKIT_OFFLINE``), a
+    missing ``dest`` is an error naming it and ``url``.
+    """
+    if dest.is_file():
+        return dest
+    address = cache.fetch_address(url)
+    if cache.offline():
+        raise DownloadError(
+            f"{dest}: not in the cache and VITKIT_OFFLINE is set; it would be downloaded from {address}"
+        )
+    wait = cache.timeout() if timeout is None else timeout
+    part = partial_path(dest)
+    _prepare(dest)
+    with _locked(dest):  # ranks of one torchrun job asking for the same file: one downloads, the others wait
+        if dest.is_file():
+            return dest
+        for attempt in range(max(1, attempts)):
+            answer = _attempt(address, part, _state_path(dest), wait, progress, last=attempt == max(1, attempts) - 1)
+            if answer.complete:
+                break
+        else:
+            raise DownloadError(f"{address}: the download did not complete in {attempts} attempts; run again to resume")
+        _verify(address, part, answer, sha256, size)
+        os.replace(part, dest)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_state_path(dest))
+    return dest
+
+
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """An exclusive lock on ``.NAME.lock`` beside ``dest`` (kept, so every process locks the same
+    file); without ``fcntl`` (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _prepare(dest: Path) -> None:
+    """The cache folder exists and takes files; else one line saying so and how to choose another."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(
+            f"cache folder {dest.parent} is not writable ({e.strerror or type(e).__name__}); "
+            "set VITKIT_CACHE to a folder you can write"
+        ) from None
+
+
+def _attempt(address: str, part: Path, state: Path, wait: float, progress: Progress | None, last: bool) -> _Answer:
+    """One request: from the start, or from the end of ``part``. A dropped connection returns an
+    incomplete answer (``last``: raises instead); HTTP errors and timeouts raise at once."""
+    have = part.stat().st_size if part.is_file() else 0
+    known = _read_state(state) if have else {}
+    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+        if known.get("etag"):
+            headers["If-Range"] = known["etag"]
+    answer = _Answer(None, None, None, complete=False)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(address, headers=headers), timeout=wait) as resp:
+            offset, answer.total = _span(resp, have)
+            answer.etag, answer.md5 = resp.headers.get("ETag"), _goog_md5(resp.headers)
+            if offset == 0:
+                write_json(state, {"url": address, "etag": answer.etag, "total": answer.total})
+            got = _receive(resp, part, offset, answer.total, progress)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # the partial file is longer than this file: start over
+            _discard(part, state)
+            return answer
+        why = "not found" if e.code == 404 else (e.reason or "error")
+        raise DownloadError(f"{address}: HTTP {e.code} ({why})") from None
+    except TimeoutError:  # socket.timeout: waiting for the answer or for the next bytes
+        raise DownloadError(
+            f"{address}: no answer for {wait:g} s, the server stalled (a partial download is kept and resumes; "
+            "raise VITKIT_DOWNLOAD_TIMEOUT or use VITKIT_MIRROR)"
+        ) from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, TimeoutError):
+            raise DownloadError(f"{address}: no answer for {wait:g} s (raise VITKIT_DOWNLOAD_TIMEOUT)") from None
+        raise DownloadError(
+            f"cannot reach {address} ({_reason(e.reason)}); without a network, VITKIT_OFFLINE=1 uses the cache only"
+        ) from None
+    except (http.client.HTTPException, ConnectionError) as e:  # dropped mid-body: what arrived is in `part`
+        if last:
+            raise DownloadError(f"{address}: the connection broke ({type(e).__name__}); run again to resume") from None
+        return answer
+    total = answer.total
+    answer.complete = total is None or got == total
+    if not answer.complete and last:
+        raise DownloadError(f"{address}: the server sent {got} of {total} bytes; run again to resume")
+    return answer
+
+
+def _span(resp, have: int) -> tuple[int, int | None]:
+    """Where this answer's body starts in the file, and the file's size (None if not announced)."""
+    length = resp.headers.get("Content-Length")
+    if resp.status == 206:
+        m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", (resp.headers.get("Content-Range") or "").strip())
+        if not m or int(m.group(1)) != have:
+            raise DownloadError(f"{resp.url}: the server resumed at an unexpected place ({m and m.group(0)})")
+        return have, int(m.group(3)) if m.group(3) != "*" else None
+    return 0, int(length) if length and length.isdigit() else None
+
+
+def _receive(resp, part: Path, offset: int, total: int | None, progress: Progress | None) -> int:
+    """Append (``offset`` > 0) or write the body to ``part``, fsynced; the bytes now in ``part``.
+    A full disk removes the partial file (it would only hold the space the user needs back)."""
+    got = offset
+    try:
+        with open(part, "ab" if offset else "wb") as f:
+            while chunk := resp.read(CHUNK):
+                _write(f, chunk)
+                got += len(chunk)
+                if progress is not None:
+                    progress(got, total)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        _discard(part, _state_path_of(part))
+        need = f" (the file is {total} bytes)" if total else ""
+        raise DownloadError(
+            f"{part.parent / _final_name(part)}: no space left on device while downloading {resp.url}{need}; "
+            "the partial file was removed"
+        ) from None
+    return got
+
+
+def _final_name(part: Path) -> str:
+    return part.name[1 : -len(".download.tmp")]
+
+
+def _state_path_of(part: Path) -> Path:
+    return _state_path(part.parent / _final_name(part))
+
+
+def _verify(address: str, part: Path, answer: _Answer, sha256: str | None, size: int | None) -> None:
+    """Size and checksums of the finished ``part``; a mismatch deletes it and refuses the file."""
+    actual = part.stat().st_size
+    problems = []
+    for what, expected in (("the server announced", answer.total), ("the table gives", size)):
+        if expected is not None and actual != expected:
+            problems.append(f"{actual} bytes, {what} {expected}")
+    if not problems and (sha256 or answer.md5):
+        digests = _digests(part)
+        if sha256 and digests["sha256"].hexdigest() != sha256.lower():
+            problems.append(f"sha256 {digests['sha256'].hexdigest()}, the table gives {sha256.lower()}")
+        md5 = base64.b64encode(digests["md5"].digest()).decode()
+        if answer.md5 and md5 != answer.md5:
+            problems.append(f"MD5 {md5}, the server's x-goog-hash gives {answer.md5}")
+    if problems:
+        _discard(part, _state_path_of(part))
+        raise DownloadError(f"{address}: the download is damaged ({'; '.join(problems)}); refused, nothing cached")
+
+
+def _digests(path: Path) -> dict[str, Any]:
+    out = {"sha256": hashlib.sha256(), "md5": hashlib.md5(usedforsecurity=False)}
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            for h in out.values():
+                h.update(chunk)
+    return out
+
+
+def _goog_md5(headers) -> str | None:
+    """The base64 MD5 of the whole object from Google Cloud Storage's ``x-goog-hash`` headers
+    (``crc32c=...,md5=...``; absent for composite objects, which carry only the CRC32C)."""
+    for value in headers.get_all("x-goog-hash") or []:
+        for item in value.split(","):
+            key, _, digest = item.strip().partition("=")
+            if key == "md5" and digest:
+                return digest
+    return None
+
+
+def _read_state(state: Path) -> dict:
+    try:
+        d = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _discard(part: Path, state: Path) -> None:
+    for p in (part, state):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, socket.gaierror):
+        return "the host name does not resolve"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason)
+
+
+__all__ = ["download", "partial_path"]

@@ -1,0 +1,197 @@
+"""``hf-hub:org/name[@revision]``: weights from the Hugging Face hub through ``huggingface_hub``,
+kept in the hub's own cache (so files transformers and timm downloaded are reused, and the other
+way round).
+
+A repository gives its weights (``model.safetensors``, else ``pytorch_model.bin``, read with
+``weights_only``) and ``config.json``, and the preprocessing it documents: timm's
+``pretrained_cfg`` in ``config.json``, or transformers' ``preprocessor_config.json``. The hub
+names each large file by its sha256 (the blob of the cache); that is checked before the file is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.values import check_preprocessing
+from ..errors import CheckpointError, DownloadError, UsageError
+from ..preprocessing import Preprocessing
+from . import cache
+
+PREFIX = "hf-hub:"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+ENDPOINT = "https://huggingface.co"
+_TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h"}
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # Pillow's codes in preprocessor_config.json
+
+
+@dataclass
+class HubFiles:
+    """What a hub repository holds for vitkit."""
+
+    weights: Path
+    model: str | None  # the vitkit model of a timm architecture (timm files do not record their heads)
+    preprocessing: Preprocessing | None
+
+
+def parse(spec: str) -> tuple[str, str | None]:
+    """``hf-hub:org/name@rev`` -> (``org/name``, ``rev`` or None)."""
+    repo, _, revision = spec[len(PREFIX) :].strip().partition("@")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        raise UsageError(f"{spec}: a hub name is hf-hub:org/name (optionally @revision)")
+    return repo, revision or None
+
+
+def fetch_hub(spec: str) -> HubFiles:
+    """Download (or find in the hub cache) what ``spec`` names; offline (``HF_HUB_OFFLINE`` or
+    ``VITKIT_OFFLINE``) the cache only, a missing file being one line naming it and its address."""
+    repo, revision = parse(spec)
+    why: list[str] = []
+    config_path = _get(repo, "config.json", revision, why)
+    weights = None
+    for filename in WEIGHT_FILES:
+        weights = _get(repo, filename, revision, why)
+        if weights is not None:
+            break
+    if weights is None:
+        address = f"{ENDPOINT}/{repo}/resolve/{revision or 'main'}/{WEIGHT_FILES[0]}"
+        if cache.hf_offline():
+            raise DownloadError(
+                f"{spec}: {WEIGHT_FILES[0]} is not in the Hugging Face cache ({cache.hf_cache_dir()}) and the hub is "
+                f"offline (HF_HUB_OFFLINE / VITKIT_OFFLINE); it would come from {address}"
+            )
+        raise DownloadError(f"{spec}: no {' or '.join(WEIGHT_FILES)} at {address} ({why[-1] if why else 'not found'})")
+    _check_blob(weights, spec)
+    config = _json(config_path) if config_path is not None else None
+    model, pre = None, None
+    if config is not None and "architecture" in config:  # a timm repository
+        model = timm_model_name(str(config["architecture"]))
+        pre = _timm_preprocessing(config.get("pretrained_cfg"), config_path)
+    elif config is not None:
+        proc = _get(repo, "preprocessor_config.json", revision, why)
+        pre = _hf_preprocessing(_json(proc), proc) if proc is not None else None
+    return HubFiles(weights, model, pre)
+
+
+def _get(repo: str, filename: str, revision: str | None, why: list[str]) -> Path | None:
+    """One file of the repository, or None if it has none (or offline, none cached); other
+    failures (no such repository, no network and nothing cached) are one line."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(
+            hf_hub_download(
+                repo,
+                filename,
+                revision=revision,
+                cache_dir=cache.hf_cache_dir(),
+                local_files_only=cache.hf_offline(),
+            )
+        )
+    except LocalEntryNotFoundError as e:  # offline, or the hub unreachable, and not cached
+        why.append(_first_line(e))
+        return None
+    except EntryNotFoundError:
+        return None
+    except GatedRepoError:
+        raise DownloadError(f"hf-hub:{repo} is gated: accept its terms on the hub and log in (hf auth login)") from None
+    except RepositoryNotFoundError:
+        raise DownloadError(f"hf-hub:{repo}: no such repository on the hub (or it is private)") from None
+    except RevisionNotFoundError:
+        raise DownloadError(f"hf-hub:{repo}: no revision {revision!r}") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise DownloadError(f"hf-hub:{repo}/{filename}: {_first_line(e)}") from None
+
+
+def _check_blob(path: Path, spec: str) -> None:
+    """The hub stores a large (LFS) file as ``blobs/<sha256>``: the file must hash to its name."""
+    blob = path.resolve()
+    if not re.fullmatch(r"[0-9a-f]{64}", blob.name):
+        return
+    h = hashlib.sha256()
+    with open(blob, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    if h.hexdigest() != blob.name:
+        raise DownloadError(
+            f"{spec}: {path.name} in the hub cache is damaged (sha256 {h.hexdigest()}, expected {blob.name}); "
+            f"delete {blob} to download it again"
+        )
+
+
+def timm_model_name(architecture: str) -> str | None:
+    """timm's ``vit_base_patch16_224`` -> vitkit's ``vit_b16`` (None for other families)."""
+    m = re.match(r"vit_(tiny|small|base|large|huge)_patch(\d+)_", architecture)
+    return f"vit_{_TIMM_SIZES[m.group(1)]}{m.group(2)}" if m else None
+
+
+def _timm_preprocessing(cfg: Any, where: Path | None) -> Preprocessing | None:
+    if not isinstance(cfg, dict) or "mean" not in cfg or "std" not in cfg:
+        return None
+    size = cfg.get("input_size", [3, 224, 224])
+    interpolation = cfg.get("interpolation", "bicubic")
+    return _checked(
+        {
+            "mean": list(cfg["mean"]),
+            "std": list(cfg["std"]),
+            "img_size": list(size[-2:]) if isinstance(size, list) else size,
+            "interpolation": interpolation if interpolation in ("bilinear", "bicubic") else "bilinear",
+            "crop_pct": cfg.get("crop_pct", 1.0),
+        },
+        where,
+    )
+
+
+def _hf_preprocessing(proc: Any, where: Path) -> Preprocessing | None:
+    if not isinstance(proc, dict) or "image_mean" not in proc or "image_std" not in proc:
+        return None
+    size = proc.get("size", 224)
+    if isinstance(size, dict):
+        size = [size.get("height", 224), size.get("width", 224)]
+    return _checked(
+        {
+            "mean": list(proc["image_mean"]),
+            "std": list(proc["image_std"]),
+            "img_size": size,
+            "interpolation": _RESAMPLE.get(proc.get("resample"), "bilinear"),
+            "crop_pct": proc.get("crop_pct") or 1.0,
+        },
+        where,
+    )
+
+
+def _checked(d: dict[str, Any], where: Path | None) -> Preprocessing:
+    if isinstance(d["img_size"], int):
+        d["img_size"] = [d["img_size"], d["img_size"]]
+    try:
+        check_preprocessing(d, len(d["mean"]), str(where))
+    except TypeError as e:
+        raise CheckpointError(f"{where}: preprocessing values are not numbers ({e})") from None
+    return Preprocessing.from_dict(d)
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a JSON file ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else type(e).__name__
+
+
+__all__ = ["HubFiles", "fetch_hub", "parse", "timm_model_name"]

@@ -1,0 +1,264 @@
+"""The table of released weights vitkit knows by name: where each file lives, what it was trained
+on, what its publisher reports, and the preprocessing it expects.
+
+Names are ``MODEL.TAG`` (``vit_b16.augreg_in21k_ft_in1k``), the tag saying what the weights saw:
+``in21k`` pre-trained on ImageNet-21k, ``in21k_ft_in1k`` then fine-tuned on ImageNet-1k, the
+``augreg_`` ones from "How to train your ViT?" (Steiner et al., 2021). Each entry also answers to
+the names of its file in the release: ``imagenet21k/ViT-B_16``, ``imagenet21k+imagenet2012/ViT-B_16``
+(the 2020 release of the paper), ``augreg/B_16-i21k-300ep-...`` or the AugReg file name alone, and to
+its public address (``gs://``/``https://``).
+
+Accuracies are ImageNet-1k top-1 (%) as the publisher reports them, with where: the paper's
+Table 5 for the 2020 fine-tuned files (fine-tuned at 384), the release README for the ``-224``
+files and the AugReg table. Blank where no number is published for that file (a pre-trained
+checkpoint has a 21k-class head, not an ImageNet-1k classifier).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..preprocessing import Preprocessing
+
+GCS_VIT = "https://storage.googleapis.com/vit_models"
+README = "vision_transformer README"
+APACHE = "Apache-2.0"
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """One released weight file and what travels with it.
+
+    ``url``: ``https://``, ``gs://`` or ``hf-hub:org/name``. ``preprocessing``: None for hub
+    repositories, which carry their own (timm's ``pretrained_cfg``, a ``preprocessor_config.json``).
+    ``sha256`` and ``size`` are checked after a download where known.
+    """
+
+    name: str
+    model: str | None  # the vitkit model the weights fit (``vitkit.create_model(model)``); None: unchecked
+    url: str
+    resolution: int
+    pretrain: str  # data set of pre-training
+    finetune: str = ""  # data set of fine-tuning, "" if none
+    top1: float | None = None  # ImageNet-1k top-1 (%) the publisher reports
+    top1_source: str = ""
+    licence: str = APACHE
+    source: str = "official"  # official (2020 release) | augreg | hf-hub | user
+    aliases: tuple[str, ...] = ()
+    preprocessing: Preprocessing | None = None
+    sha256: str | None = None
+    size: int | None = None
+
+    @property
+    def tag(self) -> str:
+        return self.name.split(".", 1)[1] if "." in self.name else self.name
+
+
+def _paper_range(resolution: int) -> Preprocessing:
+    """The official code's evaluation: resize to the resolution (bilinear, no crop), values in [-1, 1]."""
+    return Preprocessing(img_size=(resolution, resolution))
+
+
+def _official(model: str, tag: str, folder: str, file: str, res: int, top1: float | None, where: str) -> Pretrained:
+    ft = "ImageNet-1k" if folder.endswith("imagenet2012") else ""
+    return Pretrained(
+        f"{model}.{tag}",
+        model,
+        f"{GCS_VIT}/{folder}/{file}.npz",
+        res,
+        "ImageNet-21k",
+        ft,
+        top1,
+        where if top1 is not None else "",
+        aliases=(f"{folder}/{file}",),
+        preprocessing=_paper_range(res),
+    )
+
+
+# The 2020 release (gs://vit_models/imagenet21k and imagenet21k+imagenet2012).
+_OFFICIAL = [
+    *(
+        _official(m, "in21k", "imagenet21k", f, 224, None, "")
+        for m, f in [
+            ("vit_b16", "ViT-B_16"),
+            ("vit_b32", "ViT-B_32"),
+            ("vit_l16", "ViT-L_16"),
+            ("vit_l32", "ViT-L_32"),
+            ("vit_h14", "ViT-H_14"),
+            ("r50_vit_b16", "R50+ViT-B_16"),
+        ]
+    ),
+    _official("vit_b16", "in21k_ft_in1k", "imagenet21k+imagenet2012", "ViT-B_16", 384, 84.0, "paper Table 5"),
+    _official("vit_b32", "in21k_ft_in1k", "imagenet21k+imagenet2012", "ViT-B_32", 384, None, ""),
+    _official("vit_l16", "in21k_ft_in1k", "imagenet21k+imagenet2012", "ViT-L_16", 384, 85.2, "paper Table 5"),
+    _official("vit_l32", "in21k_ft_in1k", "imagenet21k+imagenet2012", "ViT-L_32", 384, 81.0, "paper Table 5"),
+    _official("vit_b16", "in21k_ft_in1k_224", "imagenet21k+imagenet2012", "ViT-B_16-224", 224, 81.2, README),
+    _official("vit_l16", "in21k_ft_in1k_224", "imagenet21k+imagenet2012", "ViT-L_16-224", 224, 82.7, README),
+]
+
+# AugReg: the checkpoints the release README recommends (best pre-training metrics), pre-trained
+# on ImageNet-21k and fine-tuned on ImageNet-1k at 384, with the README's top-1.
+# (model, pre-trained file, fine-tuning suffix, top-1)
+_AUGREG_FILES = [
+    ("vit_ti16", "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", "lr_0.03", 78.22),
+    ("vit_s16", "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0", "lr_0.03", 83.73),
+    ("vit_s32", "S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0", "lr_0.01", 79.58),
+    ("vit_b16", "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0", "lr_0.03", 85.49),
+    ("vit_b32", "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "lr_0.01", 83.59),
+    ("vit_l16", "L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0", "lr_0.01", 85.59),
+    ("r26_vit_s32", "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "lr_0.01", 83.85),
+    ("r50_vit_l32", "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1", "lr_0.01", 85.99),
+]
+
+
+def _augreg(model: str, file: str, ft_lr: str | None, top1: float | None) -> Pretrained:
+    if ft_lr is None:
+        tag, res, ft = "augreg_in21k", 224, ""
+    else:
+        file, tag, res, ft = (
+            f"{file}--imagenet2012-steps_20k-{ft_lr}-res_384",
+            "augreg_in21k_ft_in1k",
+            384,
+            "ImageNet-1k",
+        )
+    return Pretrained(
+        f"{model}.{tag}",
+        model,
+        f"{GCS_VIT}/augreg/{file}.npz",
+        res,
+        "ImageNet-21k",
+        ft,
+        top1,
+        README + " (AugReg)" if top1 is not None else "",
+        source="augreg",
+        aliases=(f"augreg/{file}", file),
+        preprocessing=_paper_range(res),
+    )
+
+
+_AUGREG = [e for m, f, lr, acc in _AUGREG_FILES for e in (_augreg(m, f, None, None), _augreg(m, f, lr, acc))]
+
+_HUB = [
+    Pretrained(
+        "hf-hub:google/vit-base-patch16-224",
+        "vit_b16",
+        "hf-hub:google/vit-base-patch16-224",
+        224,
+        "ImageNet-21k",
+        "ImageNet-1k",
+        source="hf-hub",
+    ),
+    Pretrained(
+        "hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        "vit_b16",
+        "hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        224,
+        "ImageNet-21k",
+        "ImageNet-1k",
+        source="hf-hub",
+    ),
+]
+
+_TABLE: dict[str, Pretrained] = {}
+_INDEX: dict[str, str] = {}  # every accepted spelling, lower-cased -> the entry's name
+
+
+def register_pretrained(entry: Pretrained) -> None:
+    """Add (or replace) an entry, so that its name, aliases and address resolve: a team's own
+    weights on an internal server, a mirror with other file names."""
+    old = _TABLE.pop(entry.name, None)
+    if old is not None:
+        for key in [k for k, v in _INDEX.items() if v == old.name]:
+            del _INDEX[key]
+    _TABLE[entry.name] = entry
+    for spelling in (entry.name, entry.url, *entry.aliases, *(f"{a}.npz" for a in entry.aliases)):
+        _INDEX[spelling.lower()] = entry.name
+    if entry.url.startswith("https://storage.googleapis.com/"):
+        _INDEX["gs://" + entry.url[len("https://storage.googleapis.com/") :].lower()] = entry.name
+
+
+for _entry in (*_OFFICIAL, *_AUGREG, *_HUB):
+    register_pretrained(_entry)
+
+
+def list_pretrained(model: str | None = None) -> list[Pretrained]:
+    """The known weights, all or those of one vitkit model name."""
+    return [e for e in _TABLE.values() if model is None or e.model == model]
+
+
+def find(name: str) -> Pretrained | None:
+    """The entry a name, alias or address stands for, or None."""
+    key = _INDEX.get(name.strip().lower())
+    return _TABLE[key] if key is not None else None
+
+
+def for_model(model: str, tag: str | bool) -> Pretrained:
+    """The weights ``create_model(model, pretrained=tag)`` means: a tag of that model (``True``:
+    its default, the ImageNet-1k fine-tuned AugReg file where there is one)."""
+    own = list_pretrained(model)
+    if tag is True:
+        for preferred in ("augreg_in21k_ft_in1k", "in21k_ft_in1k", "augreg_in21k", "in21k"):
+            for e in own:
+                if e.tag == preferred:
+                    return e
+        if own:
+            return own[0]
+        raise UsageError(f"no pretrained weights known for {model}; `vitkit models --pretrained` lists them")
+    for e in own:
+        if e.tag == tag or e.name == tag:
+            return e
+    tags = ", ".join(e.tag for e in own) or "none"
+    raise UsageError(f"{model} has no pretrained tag {tag!r} (known: {tags})")
+
+
+def suggestions(name: str) -> list[str]:
+    """Names close to ``name``: the variants of a release file name (``ViT-B_16`` ->
+    ``imagenet21k/ViT-B_16``...), else the closest spellings."""
+    key = name.strip().lower()
+    variants = sorted({_TABLE[v].aliases[0] for k, v in _INDEX.items() if k.endswith("/" + key) and _TABLE[v].aliases})
+    spellings = [*_TABLE, *(a for e in _TABLE.values() for a in e.aliases[:1])]
+    return variants or difflib.get_close_matches(name.strip(), spellings, n=3, cutoff=0.5)
+
+
+def unknown(name: str) -> UsageError:
+    """The error for a name nothing resolves, with close names suggested."""
+    close = suggestions(name)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return UsageError(
+        f"{name!r}: no such file or folder, nor known pretrained weights{hint} (`vitkit models --pretrained` "
+        "lists the names; hf-hub:org/name, gs:// and http(s):// addresses work too)"
+    )
+
+
+def rows(entries: list[Pretrained]) -> list[dict[str, object]]:
+    """The table ``vitkit models --pretrained`` prints (and writes as JSON)."""
+    return [
+        {
+            "name": e.name,
+            "model": e.model,
+            "source": e.source,
+            "resolution": e.resolution,
+            "data": e.pretrain + (f" -> {e.finetune}" if e.finetune else ""),
+            "top1": e.top1,
+            "top1_source": e.top1_source,
+            "licence": e.licence,
+            "url": e.url,
+            "aliases": list(e.aliases),
+            "preprocessing": e.preprocessing.to_dict() if e.preprocessing is not None else None,
+        }
+        for e in entries
+    ]
+
+
+__all__ = [
+    "Pretrained",
+    "find",
+    "for_model",
+    "list_pretrained",
+    "register_pretrained",
+    "rows",
+    "suggestions",
+    "unknown",
+]
