@@ -110,6 +110,7 @@ _AUGREG_FILES = [
     ("vit_l16", "L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0", "lr_0.01", 85.59),
     ("r26_vit_s32", "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "lr_0.01", 83.85),
     ("r50_vit_l32", "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1", "lr_0.01", 85.99),
+    ("r_vit_ti16", "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", "lr_0.03", 75.40),
 ]
 
 
