@@ -42,6 +42,13 @@ def _streamed(options: dict[str, Any], *names: str) -> dict[str, Any]:
     return picked
 
 
+_SYNTHETIC_SEEDS = {"train": 0, "test": 1, "val": 2}  # each split its own images
+
+
+def _unknown_split(name: str, split: str) -> int:
+    raise DataError(f"{name}: unknown split {split!r} (train, val or test)")
+
+
 # name -> loader(split, **options) -> Dataset
 SOURCES: dict[str, Callable[..., Dataset]] = {
     "fashion-mnist": lambda split, **kw: load_idx_dataset("fashion-mnist", split, **_pick(kw, "allow_download")),
@@ -51,7 +58,7 @@ SOURCES: dict[str, Callable[..., Dataset]] = {
         img_size=kw.get("img_size", 32),
         num_classes=kw.get("num_classes", 10),
         in_chans=kw.get("in_chans", 3),
-        seed=0 if split == "train" else 1,
+        seed=_SYNTHETIC_SEEDS[split] if split in _SYNTHETIC_SEEDS else _unknown_split("synthetic", split),
         name=f"synthetic/{split}",
     ),
     "cifar10": lambda split, **kw: load_cifar("cifar10", split, **_pick(kw, "root", "allow_download")),

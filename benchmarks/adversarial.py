@@ -1,0 +1,476 @@
+"""Issue #14's adversarial pass as a script: careless and hostile inputs to every command, each run
+as a user would (``python -m vitkit ...`` in a fresh process, a time limit), and the outcome
+counted: success where success is right, one clear error line where an error is right, or a
+traceback, a hang (over the limit) or a wrong success.
+
+    python benchmarks/adversarial.py [--json benchmarks/out/adversarial.json] [--timeout 90]
+
+The cases follow the classes of the issue (hangs, silent corruption, resume and faults, small
+files that cost a lot, validation at the door) and reuse its tiny model. A real full disk needs a
+small tmpfs (root with mount rights); without one that case is left out and said so. Run it alone:
+each case starts torch (a few seconds), about 90 cases in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+
+import vitkit
+
+T = (
+    "--set model.overrides.img_size=32 --set model.overrides.width=32 --set model.overrides.depth=2 "
+    "--set model.overrides.num_heads=2 --set model.overrides.mlp_dim=64 --eval-every 0 --set train.patch_drop=0"
+)
+TRAIN = f"train --data synthetic {T} --batch-size 16 --steps 2"
+TRAIN4 = TRAIN.replace("--steps 2", "--steps 4")
+TRAIN8 = TRAIN.replace("--steps 2", "--steps 8")
+ERROR_LINE = re.compile(r"^vitkit( \w+)?: (error|interrupted)")
+
+
+@dataclass
+class Case:
+    group: str
+    what: str
+    argv: str  # formatted with the workspace's paths (d: the workspace)
+    expect: str = "error"  # "error": one line; "ok": rc 0 (and ``check`` holds)
+    check: Callable[[Path], str | None] | None = None  # what is wrong after an "ok", or None
+    before: Callable[[Path], None] | None = None
+    after: Callable[[Path], None] | None = None
+
+
+def _same_config(a: str, b: str, keys: tuple[str, ...]) -> Callable[[Path], str | None]:
+    def check(d: Path) -> str | None:
+        if not (d / b).exists():
+            return None  # refused in one line: the format cannot hold it
+        x, y = vitkit.load_pretrained(d / a).cfg, vitkit.load_pretrained(d / b).cfg
+        lost = [k for k in keys if getattr(x, k) != getattr(y, k)]
+        return f"lost {lost}" if lost else None
+
+    return check
+
+
+def _finite(path: str) -> Callable[[Path], str | None]:
+    def check(d: Path) -> str | None:
+        p = d / path
+        if not p.exists():
+            return None
+        bad = [k for k, v in load_file(str(p)).items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        return f"{p.name} holds non-finite {bad[:2]}" if bad else None
+
+    return check
+
+
+def _bytes_mutated(d: Path, name: str, out: str, cut: float | None = None, flip: int | None = None) -> None:
+    data = bytearray((d / name).read_bytes())
+    if cut is not None:
+        data = data[: int(len(data) * cut)]
+    if flip is not None:
+        data[flip] ^= 0xFF
+    (d / out).write_bytes(bytes(data))
+
+
+def workspace(d: Path) -> None:
+    """The files the cases use: a tiny run and exports of it, images, folders, hostile files."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "vitkit", *shlex.split(TRAIN)]
+    extra = "--set model.overrides.pos_embed=sincos2d --set model.overrides.classifier=gap"
+    subprocess.run([*base, *shlex.split(extra), "--out", str(d / "r")], check=True, env=env, capture_output=True)
+    rng = np.random.default_rng(0)
+    photo = rng.integers(0, 255, (48, 40, 3), dtype=np.uint8)
+    Image.fromarray(photo).save(d / "img.png")
+    Image.fromarray(photo).save(d / "img.jpg", quality=90)
+    _bytes_mutated(d, "img.jpg", "truncated.jpg", cut=0.4)
+    Image.new("L", (20000, 20000)).save(d / "bomb.png")  # 400 Mpx: over Pillow's bomb limit
+    (d / "text.png").write_text("not an image")
+    for name, n, classes in (("six", 3, 2), ("eighty", 40, 2)):
+        for c in range(classes):
+            (d / name / f"c{c}").mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(d / name / f"c{c}/{i}.png")
+    for c in range(2):
+        (d / "junk" / f"c{c}").mkdir(parents=True)
+        for i in range(8):
+            (d / "junk" / f"c{c}/{i}.png").write_bytes(rng.bytes(300))
+    for split in ("train", "val"):
+        for c in range(2):
+            (d / "badval" / split / f"c{c}").mkdir(parents=True)
+            for i in range(4):
+                target = d / "badval" / split / f"c{c}/{i}.png"
+                if split == "val":
+                    target.write_bytes(b"broken")
+                else:
+                    Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(target)
+    tensors, meta = load_file(str(d / "r/best.safetensors")), None
+    from safetensors import safe_open
+
+    with safe_open(str(d / "r/best.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+    nan = dict(tensors)
+    nan["blocks.0.mlp.fc1.weight"] = torch.full_like(nan["blocks.0.mlp.fc1.weight"], float("nan"))
+    save_file(nan, str(d / "nan.safetensors"), metadata=meta)
+    big = dict(tensors)
+    big["head.weight"] = torch.full_like(big["head.weight"], 3e38)  # finite, but its products are not
+    save_file(big, str(d / "overflow.safetensors"), metadata=meta)
+    _bytes_mutated(d, "r/best.safetensors", "cut.safetensors", cut=0.5)
+    _bytes_mutated(d, "r/best.safetensors", "flip.safetensors", flip=20)
+    bomb = zipfile.ZipFile(d / "bomb.npz", "w", zipfile.ZIP_DEFLATED)  # ~1 MB holding 1 GiB
+    with bomb as z, z.open("unused_name.npy", "w", force_zip64=True) as f:
+        f.write(b"\x93NUMPY")
+        chunk = bytes(1 << 24)
+        for _ in range(64):
+            f.write(chunk)
+    (d / "a_file").write_text("x")
+    hf = d / "hf"
+    from vitkit.export import export_weights
+
+    plain = vitkit.create_model("vit_s16", img_size=32, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64)
+    export_weights(plain, hf, to="hf")
+    (hf / "config.json").unlink()
+    (d / "bad.yaml").write_text("train: {steps: [1, 2}\n")
+    (d / "list.yaml").write_text("- a\n- b\n")
+
+
+def _torn_log(d: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "vitkit", *shlex.split(f"{TRAIN4} --checkpoint-every 2 --log-every 1 --out {d / 't'}")],
+        check=True,
+        capture_output=True,
+    )
+    log = d / "t/metrics.jsonl"
+    text = log.read_text()
+    log.write_text(text[: len(text) - 20])  # the last line torn in half
+    for p in sorted((d / "t/checkpoints").glob("*.safetensors"))[-1:]:
+        p.unlink()  # as if killed before the last checkpoint
+
+
+def _stale_temporaries(d: Path) -> None:
+    _torn_log(d)
+    (d / "t/checkpoints/.step_0000004.safetensors.a1b2c3d4.tmp").write_bytes(bytes(1 << 20))
+
+
+_HOLDER: list[subprocess.Popen] = []
+
+
+def _hold_folder(d: Path) -> None:
+    """Start a long run into ``d/held`` and wait until it holds the folder."""
+    argv = [sys.executable, "-m", "vitkit", *shlex.split(TRAIN.replace("--steps 2", "--steps 100000"))]
+    _HOLDER.append(subprocess.Popen([*argv, "--out", str(d / "held")], stderr=subprocess.DEVNULL))
+    deadline = time.time() + 60
+    while not (d / "held" / ".lock").exists() and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def _release_folder(d: Path) -> None:
+    for p in _HOLDER:
+        p.kill()
+        p.wait()
+    _HOLDER.clear()
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+
+    def add(group: str, what: str, argv: str, expect: str = "error", **kw) -> None:
+        out.append(Case(group, what, argv, expect, **kw))
+
+    g = "hangs"
+    add(g, "fewer training images than the batch", f"{TRAIN} --set data.options.n=10 --batch-size 32 --out {{d}}/h1")
+    add(g, "6 images in a folder, batch 16", f"train --data {{d}}/six {T} --batch-size 16 --steps 2 --out {{d}}/h2")
+    add(
+        g,
+        "finetune a folder of 80 with the shipped batch 512",
+        "finetune --from {d}/r --data {d}/eighty --img-size 32 --steps 2 --out {d}/h3",
+    )
+    add(g, "--batch-size -1", f"{TRAIN} --batch-size -1 --out {{d}}/h4")
+    add(g, "every image unreadable", f"train --data {{d}}/junk {T} --batch-size 4 --steps 2 --out {{d}}/h5")
+
+    g = "corruption"
+    keys = ("pos_embed", "img_size", "classifier", "num_heads", "width", "depth")
+    add(
+        g,
+        "convert a sincos2d/GAP run to .npz keeps its config or refuses",
+        "convert {d}/r {d}/r.npz",
+        "any",
+        check=_same_config("r", "r.npz", keys),
+    )
+    add(
+        g,
+        "... to timm keeps it",
+        "convert {d}/r {d}/r_timm.safetensors --to timm",
+        "any",
+        check=_same_config("r", "r_timm.safetensors", keys),
+    )
+    add(g, "convert to a .pth name", "convert {d}/r {d}/r.pth")
+    add(g, "convert to a .bin name", "convert {d}/r {d}/r.bin")
+    add(g, "--to official with a .safetensors name", "convert {d}/r {d}/o.safetensors --to official")
+    add(
+        g,
+        "on_nonfinite=skip never leaves a NaN best",
+        f"{TRAIN} --lr 1e30 --set optim.warmup_steps=0 --set train.on_nonfinite=skip --set train.grad_clip=0"
+        " --eval-every 1 --out {d}/c1",
+        "any",
+        check=_finite("c1/best.safetensors"),
+    )
+    add(
+        g,
+        "--lr 1e3 with checkpoints every 2",
+        f"{TRAIN8} --lr 1e3 --set optim.warmup_steps=0 --checkpoint-every 2 --out {{d}}/c2",
+        "any",
+        check=_finite("c2/checkpoints/step_0000008.safetensors"),
+    )
+    add(g, "--lr inf", f"{TRAIN} --lr inf --out {{d}}/c3")
+    add(g, "predict with NaN weights", "predict {d}/nan.safetensors {d}/img.png")
+    add(g, "eval with NaN weights", "eval {d}/nan.safetensors --data synthetic")
+    add(g, "predict with weights whose logits overflow", "predict {d}/overflow.safetensors {d}/img.png")
+    add(g, "eval with weights whose logits overflow", "eval {d}/overflow.safetensors --data synthetic --max-images 32")
+    add(g, "eval on a folder whose val images are unreadable", "eval {d}/r --data {d}/badval --split val")
+    add(g, "a Hugging Face folder without config.json", "predict {d}/hf {d}/img.png")
+
+    g = "resume and faults"
+    add(
+        g,
+        "a torn last log line and a lost checkpoint",
+        f"{TRAIN4} --checkpoint-every 2 --log-every 1 --out {{d}}/t",
+        "ok",
+        before=_torn_log,
+    )
+    add(
+        g,
+        "stale temporaries of a killed write",
+        f"{TRAIN4} --checkpoint-every 2 --log-every 1 --out {{d}}/t",
+        "ok",
+        before=_stale_temporaries,
+        check=lambda d: None if not list((d / "t").rglob("*.tmp")) else "temporaries left",
+    )
+    add(
+        g,
+        "a second run into a folder a run holds",
+        f"{TRAIN} --out {{d}}/held",
+        before=_hold_folder,
+        after=_release_folder,
+    )
+    for cmd, what in [
+        (f"{TRAIN} --out {{d}}/a_file/run", "train into a path under a file"),
+        ("eval {d}/r --data synthetic --max-images 16 --json {d}/a_file/x.json", "eval --json there"),
+        ("convert {d}/r {d}/a_file/x.safetensors", "convert there"),
+        ("predict {d}/r {d}/img.png --json {d}/a_file/x.json", "predict --json there"),
+        ("analyze {d}/r --images {d}/img.png --out {d}/a_file/an", "analyze --out there"),
+    ]:
+        add(g, what, cmd)
+
+    g = "small files, large cost"
+    add(g, "a 1 MB .npz of 1 GiB under a name vitkit does not use", "predict {d}/bomb.npz {d}/img.png")
+    add(g, "predict a decompression bomb", "predict {d}/r {d}/bomb.png")
+    add(g, "predict a truncated JPEG", "predict {d}/r {d}/truncated.jpg")
+    add(g, "predict a text file named .png", "predict {d}/r {d}/text.png")
+    add(g, "analyze a decompression bomb", "analyze {d}/r --images {d}/bomb.png --out {d}/an1")
+    add(g, "analyze a truncated JPEG", "analyze {d}/r --images {d}/truncated.jpg --out {d}/an2")
+    add(g, "a safetensors file cut in half", "predict {d}/cut.safetensors {d}/img.png")
+    add(g, "a safetensors header with a flipped byte", "predict {d}/flip.safetensors {d}/img.png")
+    add(g, "eval at an image size of 100000", "eval {d}/r --data synthetic --img-size 100000")
+
+    g = "validation at the door"
+    for key, values in {
+        "--batch-size": ["0", "-3", "nan", "x"],
+        "--accum-steps": ["0", "-1"],
+        "--log-every": ["-1"],
+        "--eval-every": ["-1"],
+        "--checkpoint-every": ["-2"],
+        "--steps": ["0", "-5", "1e3"],
+        "--lr": ["nan", "-1", "inf"],
+    }.items():
+        for v in values:
+            add(g, f"train {key} {v}", f"{TRAIN} {key}={v} --out {{d}}/v")
+    for key, v in [
+        ("optim.warmup_steps", "-1"),
+        ("optim.schedule", "cosinus"),
+        ("model.overrides.patch_size", "0"),
+        ("model.overrides.width", "-32"),
+        ("model.overrides.num_classes", "0.5"),
+        ("model.overrides.img_size", "30"),
+        ("model.overrides.img_size", "80000"),
+        ("train.on_nonfinite", "ignore"),
+        ("augment.area_min", "1.5"),
+        ("augment.randaugment", "rand-m12-n2"),
+        ("augment.mixup_alpha", "-1"),
+        ("train.distill", "hard"),
+        ("optim.layer_decay", "0"),
+        ("data.options.n", "abc"),
+        ("data.options.img_sz", "32"),
+        ("nonsense.key", "1"),
+    ]:
+        add(g, f"--set {key}={v}", f"{TRAIN} --set {key}={v} --out {{d}}/v")
+    add(g, "a recipe that is not YAML", "train --config {d}/bad.yaml --out {d}/v")
+    add(g, "a recipe that is a list", "train --config {d}/list.yaml --out {d}/v")
+    add(g, "a recipe that does not exist", "train --config {d}/none.yaml --out {d}/v")
+    add(g, "--device tpu", f"{TRAIN} --device tpu --out {{d}}/v")
+    add(
+        g,
+        "--device cuda without CUDA",
+        "predict {d}/r {d}/img.png --device cuda",
+        "error" if not torch.cuda.is_available() else "ok",
+    )
+    for argv in [
+        "convert {d}/r {d}/x.safetensors --img-size 0",
+        "convert {d}/r {d}/x.safetensors --num-classes -1",
+        "convert {d}/none.npz {d}/x.safetensors",
+        "bench --model vit_ti16 --batch 0",
+        "bench --model vit_ti16 --iters -1",
+        "bench --model vit_nonexistent",
+        "bench --model vit_ti16 --img-size 20000",
+        "eval {d}/r --data synthetic --batch-size 0",
+        "eval {d}/r --data synthetic --img-size 30",
+        "eval {d}/r --data nowhere",
+        "eval {d}/r --data synthetic --split nosuch",
+        "predict {d}/r {d}/img.png --top-k 0",
+        "predict {d}/r {d}/missing.png",
+        "predict {d}/missing_weights {d}/img.png",
+        "analyze {d}/r --images {d}/img.png --out {d}/an3 --layers 9",
+        "analyze {d}/r --images {d}/img.png --out {d}/an4 --components 0",
+        "fewshot {d}/r --data synthetic --shots 0",
+        "probe {d}/r --data synthetic --temperature -1",
+        "models vit_ti16 --img-size 100000",
+        "models no_such_model",
+    ]:
+        add(g, argv.replace("{d}/", ""), argv)
+    return out
+
+
+def outcome(proc: subprocess.CompletedProcess | None) -> str:
+    if proc is None:
+        return "hang"
+    if "Traceback (most recent call last)" in proc.stderr:
+        return "traceback"
+    if proc.returncode == 0:
+        return "ok"
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and "\r" not in x and not x.startswith(("note:", "  "))]
+    return "one line" if lines and ERROR_LINE.match(lines[-1]) else "other"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="benchmarks/out/adversarial.json")
+    parser.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds a case may take before it counts as a hang"
+    )
+    parser.add_argument("--only", default=None, help="cases whose group or description contains this")
+    args = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VITKIT_OFFLINE": "1"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        workspace(d)
+        for case in cases():
+            if args.only and args.only not in case.group and args.only not in case.what:
+                continue
+            if case.before is not None:
+                case.before(d)
+            argv = [sys.executable, "-m", "vitkit", *shlex.split(case.argv.format(d=d))]
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                proc = None
+            seconds = time.perf_counter() - start
+            if case.after is not None:
+                case.after(d)
+            got = outcome(proc)
+            wrong = case.check(d) if case.check is not None and got in ("ok", "one line") else None
+            if case.expect == "ok":
+                good = got == "ok" and wrong is None
+            elif case.expect == "any":  # success or a clear stop, as long as nothing wrong is left
+                good = got in ("ok", "one line") and wrong is None
+            else:
+                good = got == "one line"
+            last = "" if proc is None else (proc.stderr.strip().splitlines() or [""])[-1][:160]
+            rows.append(
+                {
+                    "group": case.group,
+                    "case": case.what,
+                    "outcome": got,
+                    "as_expected": good,
+                    "seconds": round(seconds, 1),
+                }
+                | {"problem": wrong, "last_line": last}
+            )
+            mark = "ok " if good else "BAD"
+            print(f"{mark} {got:10s} {seconds:5.1f}s  [{case.group}] {case.what}: {wrong or last}", flush=True)
+        tmpfs = _full_disk(d, env, args.timeout)
+        if tmpfs is not None:
+            rows.append(tmpfs)
+            print(f"{'ok ' if tmpfs['as_expected'] else 'BAD'} {tmpfs['outcome']:10s} [faults] {tmpfs['case']}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    bad = [r for r in rows if not r["as_expected"]]
+    print(f"\n{len(rows)} cases: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    print(
+        f"as expected: {len(rows) - len(bad)}; not: {len(bad)}"
+        + (" (" + "; ".join(r["case"] for r in bad) + ")" if bad else "")
+    )
+    meta = {
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"meta": meta, "counts": counts, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+def _full_disk(d: Path, env: dict[str, str], timeout: float) -> dict | None:
+    """Train into a tmpfs with room for about two checkpoints (three are needed while the newest
+    is written with keep_last 2): one line naming the file, and nothing half-written left behind."""
+    disk = d / "disk"
+    disk.mkdir()
+    ckpt = max(p.stat().st_size for p in (d / "r" / "checkpoints").iterdir())
+    size = (int(2.5 * ckpt) + 65536) // 4096 * 4096
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
+        print("(no tmpfs can be mounted here: the real full-disk case is left out)")
+        return None
+    try:
+        argv = [sys.executable, "-m", "vitkit", *shlex.split(TRAIN.replace("--steps 2", "--steps 6"))]
+        try:
+            flags = ["--checkpoint-every", "1", "--set", "log.keep_last=2", "--out", str(disk / "run")]
+            proc = subprocess.run([*argv, *flags], env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc = None
+        got = outcome(proc)
+        left = [p.name for p in disk.rglob("*.tmp")]
+        good = got == "one line" and "No space left" in proc.stderr and not left
+        last = "" if proc is None else proc.stderr.strip().splitlines()[-1][:160]
+        return {
+            "group": "resume and faults",
+            "case": f"a real full disk (a tmpfs of {size // 1024} KiB)",
+            "outcome": got,
+            "as_expected": good,
+            "problem": f"temporaries left: {left}" if left else None,
+            "last_line": last,
+            "seconds": None,
+        }
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
