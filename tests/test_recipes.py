@@ -18,7 +18,7 @@ import yaml
 
 import vitkit
 from vitkit.train import find_recipe, load_recipe, train
-from vitkit.train.config import CONFIG_DIR, find_recipe as find
+from vitkit.train.config import CONFIG_DIR
 from vitkit.train.state import list_checkpoints, load_train_state
 
 RECIPES = ("vit_b16_i1k_scratch", "vit_s16_i1k_90ep", "vit_s16_i1k_300ep", "deit_s16_i1k", "vit_cifar10_scratch")
@@ -42,10 +42,21 @@ def stand_in(name: str, tmp_path: Path, *, shrink: bool = True, steps: int = 4, 
         over.update(SHRUNK)
         if over.get("representation_size"):
             over["representation_size"] = SHRUNK["width"]
-    tree["data"] = {"name": "synthetic", "options": {"img_size": size, "num_classes": classes, "n": 24}, "num_workers": 0}
+    tree["data"] = {
+        "name": "synthetic",
+        "options": {"img_size": size, "num_classes": classes, "n": 24},
+        "num_workers": 0,
+    }
     tree["data"]["eval_max_images"] = 8
     tree["train"].update(steps=steps, batch_size=batch, accum_steps=1)
-    tree["log"] = {"log_every": 1, "eval_every": 0, "checkpoint_every": 2, "keep_last": 5, "plot": False, "tensorboard": False}
+    tree["log"] = {
+        "log_every": 1,
+        "eval_every": 0,
+        "checkpoint_every": 2,
+        "keep_last": 5,
+        "plot": False,
+        "tensorboard": False,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
@@ -59,10 +70,19 @@ def test_recipes_are_shipped_and_listed():
     """Each is found by name, as `vitkit train --config NAME` finds it, and named in the list a
     wrong name prints."""
     for name in RECIPES:
-        assert find(name) == CONFIG_DIR / f"{name}.yaml"
+        assert find_recipe(name) == CONFIG_DIR / f"{name}.yaml"
     with pytest.raises(vitkit.errors.RecipeError) as e:
-        find("no_such_recipe")
+        find_recipe("no_such_recipe")
     assert all(name in str(e.value) for name in RECIPES)
+
+
+def test_train_help_lists_the_recipes(capsys):
+    from vitkit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert all(f"{name}," in text or f"{name} (" in text for name in RECIPES)
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -107,7 +127,11 @@ def test_recipe_numbers_are_their_papers():
 def test_deit_recipe_takes_the_distilled_variant():
     """The keys its description names turn it into DeiT-S with the distillation token: the recipe
     reads, and the model has the second token and head."""
-    sets = [("model.overrides.distill_token", True), ("train.teacher", "teacher.safetensors"), ("train.distill", "hard")]
+    sets = [
+        ("model.overrides.distill_token", True),
+        ("train.teacher", "teacher.safetensors"),
+        ("train.distill", "hard"),
+    ]
     recipe = load_recipe(find_recipe("deit_s16_i1k"), sets)
     model = vitkit.create_model(recipe.model.name, **{**recipe.model.overrides, **SHRUNK})
     assert model.cfg.distill_token and hasattr(model, "head_dist")
