@@ -18,7 +18,7 @@ import yaml
 
 import vitkit
 from vitkit.train import find_recipe, load_recipe, train
-from vitkit.train.config import CONFIG_DIR
+from vitkit.train.config import CONFIG_DIR, Recipe
 from vitkit.train.state import list_checkpoints, load_train_state
 
 RECIPES = ("vit_b16_i1k_scratch", "vit_s16_i1k_90ep", "vit_s16_i1k_300ep", "deit_s16_i1k", "vit_cifar10_scratch")
@@ -138,12 +138,11 @@ def test_deit_recipe_takes_the_distilled_variant():
     assert (recipe.train.distill_alpha, recipe.train.distill_temperature) == (0.5, 1.0)
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_starts_takes_steps_and_resumes_bit_exact(name, tmp_path, monkeypatch):
-    """Stop a run at step 3 (its checkpoint at 2), resume it, and compare with a run never stopped."""
+def assert_resumes_bit_exact(recipe: Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``recipe`` (4 steps, checkpoints at 2 and 4) once through; run it again stopped at step
+    3, resume it, and check its last weights equal the first run's, and that steps 3-4 trained."""
     from vitkit.train.loop import Trainer
 
-    recipe = load_recipe(stand_in(name, tmp_path))
     full = train(recipe, tmp_path / "a")
     assert full.resumed_from is None
     first = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[0])
@@ -168,6 +167,27 @@ def test_recipe_starts_takes_steps_and_resumes_bit_exact(name, tmp_path, monkeyp
     a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], first.model_state[k]) for k in a)  # steps 3 and 4 moved the weights
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_starts_takes_steps_and_resumes_bit_exact(name, tmp_path, monkeypatch):
+    assert_resumes_bit_exact(load_recipe(stand_in(name, tmp_path)), tmp_path, monkeypatch)
+
+
+def test_distilled_deit_starts_and_resumes_bit_exact(tmp_path, monkeypatch):
+    """The DeiT recipe with the keys its description names for the distilled variant, taught by
+    a 1000-class ViT (here the plain recipe's stand-in after 2 steps: its run folder is a
+    checkpoint load_pretrained reads)."""
+    teacher = load_recipe(stand_in("deit_s16_i1k", tmp_path, steps=2))
+    train(teacher, tmp_path / "teacher")
+    sets = [
+        ("model.overrides.distill_token", True),
+        ("train.teacher", str(tmp_path / "teacher")),
+        ("train.distill", "hard"),
+    ]
+    recipe = load_recipe(stand_in("deit_s16_i1k", tmp_path), sets)
+    assert_resumes_bit_exact(recipe, tmp_path, monkeypatch)
+    assert any(k.startswith("head_dist") for k in final_weights(tmp_path / "a"))
 
 
 @pytest.mark.slow
