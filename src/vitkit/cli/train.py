@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 HELP = "train a model from a recipe (resumes an existing --out)"
@@ -65,7 +66,14 @@ class TqdmProgress:
 
 def recipe_arguments(p: argparse.ArgumentParser, default_config: str | None) -> None:
     """The arguments train and finetune share: the recipe, the run folder, and common overrides."""
-    p.add_argument("--config", default=default_config, required=default_config is None, help="recipe YAML")
+    # the shipped recipes (vitkit.train.config.CONFIG_DIR, read here without importing torch for --help)
+    shipped = ", ".join(sorted(q.stem for q in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")))
+    p.add_argument(
+        "--config",
+        default=default_config,
+        required=default_config is None,
+        help=f"recipe YAML, or the name of a shipped one: {shipped} (default: %(default)s)",
+    )
     p.add_argument("--out", required=True, help="run folder (re-running with the same folder resumes)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe key, e.g. train.steps=100")
     p.add_argument("--data", help="fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder or shard pattern")
