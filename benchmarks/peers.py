@@ -14,6 +14,7 @@ in bf16; timm's `quantize_dynamic` runs it in fp32.
     python benchmarks/peers.py                      # all suites
     python benchmarks/peers.py --suite infer_b16    # one suite
     python benchmarks/peers.py --json benchmarks/out/peers.json
+    python benchmarks/peers.py --suite train_fmnist --contended   # beside a competing CPU-bound process
 
 timm and torchvision need a torchvision build (here: torch 2.14.1 + torchvision 0.29.1, a CUDA
 build of several GB); transformers installs beside vitkit's torch. See benchmarks/RESULTS.md.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -36,8 +38,8 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.bench import cpu_info, matmul_ceiling
 from vitkit.bench import make_step as bench_step
-from vitkit.bench import matmul_ceiling
 from vitkit.models.flops import model_flops
 from vitkit.train.allocator import keep_freed_memory
 
@@ -396,6 +398,11 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="peak memory of a ViT-B/16 training step per peer")
     ap.add_argument("--json", default="benchmarks/out/peers.json")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default suites: gpu_* on cuda, the rest on cpu)")
+    ap.add_argument(
+        "--contended",
+        action="store_true",
+        help="run a competing CPU-bound process (2048x2048 fp32 matmuls, torch's default threads) throughout",
+    )
     args = ap.parse_args()
     if args.device != "cpu" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: CUDA is not available here")
@@ -411,6 +418,8 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
         "processor": _cpu_name(),
+        "cpu": cpu_info(),
+        "contended": args.contended,
         "command": " ".join(sys.argv),
         "device": args.device,
         "keep_freed_memory": kept,
@@ -423,6 +432,37 @@ def main() -> None:
         except Exception:
             info[mod] = None
     print(json.dumps(info))
+    rival = _competitor() if args.contended else None
+    try:
+        results, memory = _run(args)
+    finally:
+        if rival is not None:
+            rival.kill()
+            rival.wait()
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"info": info, "suites": results, "train_peak_memory_mb": memory}, indent=2))
+    print(f"\nwrote {out}")
+
+
+# What a second benchmark on the same machine does: large matmuls on every core, torch's defaults.
+_COMPETITOR = """
+import torch
+a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+print("ready", flush=True)
+while True:
+    a @ b
+"""
+
+
+def _competitor() -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    proc = subprocess.Popen([sys.executable, "-c", _COMPETITOR], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     results = []
     default = [n for n in SUITES if (n in GPU_SUITES) == (args.device != "cpu")]
     for name in args.suite or default:
@@ -435,10 +475,7 @@ def main() -> None:
         for peer in ("vitkit", "timm", "hf-sdpa", "torchvision"):
             memory[peer] = train_peak_memory(peer, "b16", 8, "bf16")
             print(f"{peer:<14} {memory[peer] if memory[peer] is not None else 'skipped'}")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"info": info, "suites": results, "train_peak_memory_mb": memory}, indent=2))
-    print(f"\nwrote {out}")
+    return results, memory
 
 
 def _cpu_name() -> str:

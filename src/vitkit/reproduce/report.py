@@ -17,17 +17,13 @@ def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from ..bench import cpu_info
+
+    cpu = cpu_info()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
-        "cpu": cpu,
+        "cpu": cpu["model"],
+        "cpu_flags": [f for f, on in cpu["flags"].items() if on],
         "cores": os.cpu_count(),
         "gpu": gpu,
         "torch": torch.__version__,
