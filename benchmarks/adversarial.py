@@ -144,6 +144,8 @@ def workspace(d: Path) -> None:
     plain = vitkit.create_model("vit_s16", img_size=32, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64)
     export_weights(plain, hf, to="hf")
     (hf / "config.json").unlink()
+    three = vitkit.create_model("vit_s16", img_size=32, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64)
+    vitkit.save_checkpoint(three.__class__(three.cfg.replace(num_classes=3)), d / "three.safetensors")
     (d / "bad.yaml").write_text("train: {steps: [1, 2}\n")
     (d / "list.yaml").write_text("- a\n- b\n")
 
@@ -273,8 +275,31 @@ def cases() -> list[Case]:
         ("convert {d}/r {d}/a_file/x.safetensors", "convert there"),
         ("predict {d}/r {d}/img.png --json {d}/a_file/x.json", "predict --json there"),
         ("analyze {d}/r --images {d}/img.png --out {d}/a_file/an", "analyze --out there"),
+        ("fewshot {d}/r --data synthetic --shots 1 --seeds 1 --json {d}/a_file/x.json", "fewshot --json there"),
+        ("probe {d}/r --data synthetic --max-train 64 --max-test 32 --json {d}/a_file/x.json", "probe --json there"),
+        ("reproduce pooling --budget smoke --data synthetic --out {d}/a_file/rep", "reproduce --out there"),
     ]:
         add(g, what, cmd)
+
+    g = "bad references"
+    add(
+        g,
+        "a teacher that does not exist",
+        f"{TRAIN} --set train.teacher={{d}}/none.safetensors --set train.distill=soft --out {{d}}/dt1",
+    )
+    add(
+        g,
+        "a teacher with another class count",
+        f"{TRAIN} --set train.teacher={{d}}/three.safetensors --set train.distill=hard --out {{d}}/dt2",
+    )
+    add(
+        g,
+        "fine-tune from NaN weights",
+        "finetune --from {d}/nan.safetensors --data synthetic --img-size 32 --steps 2 --out {d}/ft",
+    )
+    add(g, "predict a folder given as an image", "predict {d}/r {d}/six")
+    add(g, "an unknown pretrained name", "convert vit_b16.augreg_in99k {d}/x.safetensors")
+    add(g, "a known name offline, not in the cache", "predict vit_b16.augreg_in21k {d}/img.png")
 
     g = "small files, large cost"
     add(g, "a 1 MB .npz of 1 GiB under a name vitkit does not use", "predict {d}/bomb.npz {d}/img.png")

@@ -136,7 +136,9 @@ def read_image(path: str | Path) -> Image.Image:
             with Image.open(path) as im:
                 im.load()
                 return im
-    except (FileNotFoundError, IsADirectoryError):
+    except IsADirectoryError:
+        raise DataError(f"{path}: a folder, not an image file (give the image files)") from None
+    except FileNotFoundError:
         raise DataError(f"{path}: no such image file") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DataError(f"{path}: refused as a decompression bomb ({_first_line(e)})") from None
