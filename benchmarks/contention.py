@@ -135,7 +135,7 @@ def main() -> None:
             f"{s:<10} {a['median']:8.0f} {a['median'] / best_alone:8.2f} {c['median']:10.0f} {c['worst']:13.0f} "
             f"{c['share_kept']:10.0%}"
         )
-    from vitkit.bench import cpu_info
+    from vitkit.cpu import cpu_info
 
     meta = {"cpu": cpu_info(), "python": platform.python_version(), "command": " ".join(sys.argv)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

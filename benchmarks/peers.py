@@ -38,8 +38,9 @@ import torch
 from torch import nn
 
 import vitkit
-from vitkit.bench import cpu_info, matmul_ceiling
 from vitkit.bench import make_step as bench_step
+from vitkit.bench import matmul_ceiling
+from vitkit.cpu import cpu_info
 from vitkit.models.flops import model_flops
 from vitkit.train.allocator import keep_freed_memory
 

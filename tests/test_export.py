@@ -59,8 +59,8 @@ def test_packed_inference_equals_the_model(act):
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         ref = m(x)
-        fp32 = prepare_inference(m, "fp32")
-        bf16 = prepare_inference(m, "bf16")
+        fp32 = prepare_inference(m, "fp32", pack=True)
+        bf16 = prepare_inference(m, "bf16", pack=True)
         plain_bf16 = prepare_inference(m, "bf16", pack=False)
         torch.testing.assert_close(fp32(x), ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(bf16(x.bfloat16()), plain_bf16(x.bfloat16()), atol=2e-2, rtol=2e-2)
@@ -238,3 +238,42 @@ def test_attention_scale_folded_into_qkv_for_serving():
             folded.set_attention_impl(impl)
             torch.testing.assert_close(folded(x), m(x), atol=1e-5, rtol=1e-5)
     assert m.blocks[0].attn.scale == 32**-0.5
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN's CPU linear kernels")
+@pytest.mark.parametrize("faster", ["torch", "onednn"])
+def test_the_default_keeps_the_kernel_timed_faster_and_times_each_shape_once(monkeypatch, faster):
+    """No fixed assumption about which library is fast: prepare_inference times both on each
+    layer shape and keeps the faster; a second prepare of the same shapes times nothing."""
+    import vitkit.inference as inference
+
+    monkeypatch.setattr(inference, "_KERNEL_CHOICES", {})
+    timed = []
+
+    def seconds(fn, repeats=5):  # oneDNN is timed first, then torch (choose_linear_kernel's order)
+        timed.append(fn)
+        first = len(timed) % 2 == 1
+        return (1.0 if first else 2.0) if faster == "onednn" else (2.0 if first else 1.0)
+
+    monkeypatch.setattr(inference, "_seconds", seconds)
+    m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=3, num_classes=5).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.1)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        served = prepare_inference(m, "fp32")
+        torch.testing.assert_close(served(x), m(x), atol=1e-5, rtol=1e-5)
+    # shapes: qkv, proj, fc1 with its GELU fused, fc2, head: five decisions for 3 * 4 + 1 layers (and,
+    # where the fused fc1 lost, fc1 alone as a sixth)
+    decisions = 5 if faster == "onednn" else 6
+    assert len(timed) == 2 * decisions
+    packed = sum(isinstance(mod, PackedLinear) for mod in served.modules())
+    plain = sum(type(mod) is torch.nn.Linear for mod in served.modules())
+    if faster == "onednn":
+        assert (packed, plain) == (3 * 4 + 1, 0) and served.kernel_choices == {"onednn": 13, "torch": 0}
+        assert isinstance(served.blocks[0].mlp.act, torch.nn.Identity)  # GELU fused into fc1
+    else:
+        assert (packed, plain) == (0, 3 * 4 + 1) and served.kernel_choices == {"onednn": 0, "torch": 13}
+        assert not isinstance(served.blocks[0].mlp.act, torch.nn.Identity)  # left as it was
+    prepare_inference(m, "fp32")
+    assert len(timed) == 2 * decisions  # decided once per shape in the process
+    assert sum(isinstance(mod, PackedLinear) for mod in prepare_inference(m, "fp32", pack=True).modules()) == 13

@@ -9,8 +9,6 @@ of timed iterations after warm-up; ``torch.compile`` time is reported separately
 from __future__ import annotations
 
 import functools
-import os
-import platform
 import resource
 import statistics
 import time
@@ -34,33 +32,6 @@ from .inference import (
 from .models.flops import count_params, model_flops
 from .models.registry import create_model
 from .train.allocator import keep_freed_memory
-
-# /proc/cpuinfo flags that decide which CPU kernels are fast: AMX tiles (bf16, int8), AVX-512 with
-# bf16 and VNNI (int8 dot products), AVX2/FMA (where MKL's fp32 path lands otherwise).
-CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2", "fma")
-
-
-def cpu_info() -> dict[str, object]:
-    """The CPU a measurement ran on: model name, core count, the :data:`CPU_FLAGS` it reports and
-    the vector level torch's own kernels dispatch to. Every benchmark result carries it, so that a
-    number is never read as another kind of CPU's."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:  # not Linux: the model name from platform, no flags
-        pass
-    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)()
-    return {
-        "model": name,
-        "cores": os.cpu_count(),
-        "flags": {f: f in flags for f in CPU_FLAGS} if flags else {},
-        "torch_capability": capability,
-    }
 
 
 def _sync(device: torch.device) -> None:

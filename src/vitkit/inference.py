@@ -8,24 +8,34 @@ path even where the CPU has AVX-512, while oneDNN's kernel uses AVX-512; in bf16
 reorders the weight into oneDNN's blocked layout on every call, where the packed weight was
 reordered once. ``benchmarks/RESULTS.md`` has the measurements. Elsewhere (CUDA, builds without
 oneDNN) the layers are left as they are.
+
+Which library is fast depends on the CPU (MKL takes AMX or AVX-512 paths on Intel, AVX2 on AMD;
+oneDNN's kernels differ again), so by default no assumption is kept: :func:`prepare_inference`
+times both candidates on each distinct layer shape of the model (:func:`choose_linear_kernel`)
+and keeps the faster, remembering the decision per CPU model and shape for the process.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import math
+import time
 import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .cpu import cpu_info
 from .models.vit import Attention, Mlp
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+log = logging.getLogger("vitkit")
 
 
 def onednn_linear_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -398,26 +408,86 @@ def fold_attention_scale(model: nn.Module) -> int:
     return count
 
 
-def pack_linears(model: nn.Module, dtype: torch.dtype, rows_hint: int | None = None, int8: bool = False) -> int:
+# (CPU model, dtype, in, out, act, bias, rows) -> "onednn" | "torch": the decisions of
+# choose_linear_kernel in this process, so that preparing a model again times nothing.
+_KERNEL_CHOICES: dict[tuple[Any, ...], str] = {}
+_DECISION_ROWS = 512  # rows of the input a decision is timed on: a few images' tokens
+
+
+def _cpu_model() -> str:
+    return str(cpu_info()["model"])
+
+
+def _seconds(fn: Any, repeats: int = 5) -> float:
+    """The best of ``repeats`` timings of ``fn()`` after two untimed calls."""
+    fn(), fn()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@torch.inference_mode()
+def choose_linear_kernel(
+    linear: nn.Linear, dtype: torch.dtype, act: str | None = None, rows: int = _DECISION_ROWS
+) -> str:
+    """ "onednn" (:class:`PackedLinear`) or "torch" (``nn.Linear``, then ``act``), whichever runs
+    this layer's shape faster on this CPU, timed on a ``rows`` x ``in_features`` input. Decided
+    once per CPU model, dtype and shape in a process; the same weights are not needed, only the
+    shape, so the layers of a Transformer's blocks share a handful of decisions."""
+    key = (_cpu_model(), dtype, linear.in_features, linear.out_features, act, linear.bias is not None, rows)
+    if key in _KERNEL_CHOICES:
+        return _KERNEL_CHOICES[key]
+    x = torch.randn(rows, linear.in_features).to(dtype)
+    packed = PackedLinear.from_linear(linear, dtype, act)
+    w = linear.weight.detach().to(dtype)
+    b = None if linear.bias is None else linear.bias.detach().to(dtype)
+    post = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[act]
+    onednn = _seconds(lambda: packed.run(x))
+    plain = _seconds(lambda: post(F.linear(x, w, b)))
+    choice = "onednn" if onednn <= plain else "torch"
+    log.debug(
+        "linear %dx%d %s%s: oneDNN packed %.3f ms, torch %.3f ms -> %s",
+        linear.in_features,
+        linear.out_features,
+        dtype,
+        f" +{act}" if act else "",
+        1e3 * onednn,
+        1e3 * plain,
+        choice,
+    )
+    _KERNEL_CHOICES[key] = choice
+    return choice
+
+
+def pack_linears(
+    model: nn.Module, dtype: torch.dtype, rows_hint: int | None = None, int8: bool = False, choose: bool = False
+) -> int:
     """Replace the linear layers of ``model`` (in place; those whose type is exactly
     ``nn.Linear``: subclasses, such as ``nn.MultiheadAttention``'s projection, are left alone)
     by :class:`PackedLinear` in ``dtype``, or :class:`Int8Linear` when ``int8``. In vitkit's
-    Transformer MLP the GELU after the first dense layer is fused into it. Returns the number of
-    layers replaced."""
+    Transformer MLP the GELU after the first dense layer is fused into it. With ``choose`` (fp32
+    and bf16), only the layers :func:`choose_linear_kernel` finds faster packed are replaced; the
+    others stay ``nn.Linear`` (and their GELU unfused). Returns the number of layers replaced."""
 
     def make(linear: nn.Linear, act: str | None, out_dtype: torch.dtype = dtype) -> nn.Module:
         return Int8Linear(linear, act, out_dtype) if int8 else PackedLinear.from_linear(linear, dtype, act, rows_hint)
 
+    def wanted(linear: nn.Linear, act: str | None) -> bool:
+        return int8 or not choose or choose_linear_kernel(linear, dtype, act) == "onednn"
+
     count = 0
     for module in list(model.modules()):
         fusable = isinstance(module, Mlp) and type(module.fc1) is nn.Linear and type(module.fc2) is nn.Linear
-        if fusable and _act_name(module.act) is not None:
+        if fusable and _act_name(module.act) is not None and wanted(module.fc1, _act_name(module.act)):
             # in int8, fc1's output goes straight to fc2's quantisation, which reads fp32
             module.fc1 = make(module.fc1, _act_name(module.act), torch.float32)
             module.act = nn.Identity()
             count += 1
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and wanted(child, None):
                 setattr(module, name, make(child, None))
                 count += 1
     return count
@@ -437,9 +507,12 @@ def prepare_inference(
     layers: int8 weights per output channel, activations quantised per batch, on the CPU's int8
     dot-product instructions; with oneDNN the rest of the model runs in bf16 where the CPU has
     bf16 kernels, else in fp32). Feed inputs of the returned model's ``input_dtype``. ``pack``
-    (default: on a CPU whose oneDNN has the kernels) uses :class:`PackedLinear` /
-    :class:`Int8Linear`; without it fp32 and bf16 keep ``nn.Linear`` and int8 uses
-    ``torch.ao.quantization.quantize_dynamic``. ``calibration`` (int8 on oneDNN only: what
+    uses :class:`PackedLinear` / :class:`Int8Linear` (True: every layer; False: none, fp32 and
+    bf16 keep ``nn.Linear`` and int8 uses ``torch.ao.quantization.quantize_dynamic``). The default,
+    on a CPU whose oneDNN has the kernels, packs int8 layers and, in fp32 and bf16, each layer
+    whose shape runs faster packed than through ``nn.Linear`` on this CPU, timed when the model is
+    prepared (:func:`choose_linear_kernel`; a few seconds for a ViT-B, nothing the second time in
+    a process); ``served.kernel_choices`` counts the decisions. ``calibration`` (int8 on oneDNN only: what
     :func:`calibrate_int8` takes) fixes the activation scales from those images instead of each
     batch's range (static quantisation, :func:`calibrate_int8`), which saves a pass over every
     activation to find its range. Packed models also have attention's query scale folded into the
@@ -463,6 +536,7 @@ def prepare_inference(
     else:
         rest = _DTYPES[precision]
         available = onednn_linear_available(rest)
+    choose = pack is None and precision != "int8"
     if pack is None:
         pack = on_cpu and available
     if pack and not on_cpu:
@@ -483,11 +557,15 @@ def prepare_inference(
         # Folded only where the packed layers keep the weights out of state_dict anyway: a model
         # of plain nn.Linear could be saved, and its saved scale would no longer match.
         fold_attention_scale(model)
-        pack_linears(model, rest, int8=precision == "int8")  # from the fp32 weights
+        pack_linears(model, rest, int8=precision == "int8", choose=choose)  # from the fp32 weights
     model = model.to(rest).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     model.input_dtype = rest
+    model.kernel_choices = {
+        "onednn": sum(isinstance(m, (PackedLinear, Int8Linear)) for m in model.modules()),
+        "torch": sum(type(m) is nn.Linear for m in model.modules()),
+    }
     if calibration is not None:
         calibrate_int8(model, calibration)
     return model
@@ -497,6 +575,7 @@ __all__ = [
     "Int8Linear",
     "PackedLinear",
     "calibrate_int8",
+    "choose_linear_kernel",
     "fold_attention_scale",
     "onednn_int8_available",
     "onednn_linear_available",

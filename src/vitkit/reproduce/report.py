@@ -17,7 +17,7 @@ def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
-    from ..bench import cpu_info
+    from ..cpu import cpu_info
 
     cpu = cpu_info()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

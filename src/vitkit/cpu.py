@@ -1,0 +1,41 @@
+"""What the CPU is: its model and the instruction sets that decide which kernels are fast. Every
+benchmark result and report carries it; choices that depend on the CPU are made from it at run
+time, never from one machine's assumptions."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+# /proc/cpuinfo flags that decide which CPU kernels are fast: AMX tiles (bf16, int8), AVX-512 with
+# bf16 and VNNI (int8 dot products), AVX2/FMA (where MKL's fp32 path lands otherwise).
+CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2", "fma")
+
+
+def cpu_info() -> dict[str, object]:
+    """The CPU a measurement ran on: model name, core count, the :data:`CPU_FLAGS` it reports and
+    the vector level torch's own kernels dispatch to. Every benchmark result carries it, so that a
+    number is never read as another kind of CPU's."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:  # not Linux: the model name from platform, no flags
+        pass
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)()
+    return {
+        "model": name,
+        "cores": os.cpu_count(),
+        "flags": {f: f in flags for f in CPU_FLAGS} if flags else {},
+        "torch_capability": capability,
+    }
+
+
+__all__ = ["CPU_FLAGS", "cpu_info"]
