@@ -15,7 +15,7 @@ import torch
 import yaml
 from PIL import Image, ImageEnhance, ImageOps
 
-from _recipes import changed
+from _recipes import changed, stopped_and_resumed
 from vitkit.data import ArrayDataset, BatchPlan, EraseConfig, MixConfig, RandAugmentConfig, ShardDataset, mix_batch
 from vitkit.data.mix import smoothed_one_hot
 from vitkit.data.randaugment import GEOMETRIC, OPS, apply_op, op_argument, rand_augment
@@ -473,28 +473,13 @@ def test_training_with_every_augmentation_resumes_bit_exact(tmp_path: Path, monk
     """RandAugment, Mixup/CutMix per image, erasing and 3 repeats, with dropout: stop at step 7
     (checkpoint at 6, mid-epoch: 4 batches an epoch), resume, compare with a run never stopped;
     then the same recipe built in Python (the library API) gives the same weights."""
-    from vitkit.train.loop import Trainer
 
     tree = changed(TINY, model__overrides__drop_rate=0.1, log__checkpoint_every=3)
     recipe = load_recipe(_write(tmp_path, tree))
     train(recipe, tmp_path / "a")
 
-    class Stop(Exception):
-        pass
-
-    real_step = Trainer.train_step
-
-    def stop_at_7(self, images, labels):
-        if self.state.step == 7:
-            raise Stop
-        return real_step(self, images, labels)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_at_7)
-    with pytest.raises(Stop):
-        train(recipe, tmp_path / "b")
-    monkeypatch.setattr(Trainer, "train_step", real_step)
-    torch.manual_seed(999)
-    assert train(recipe, tmp_path / "b").resumed_from == 6
+    resumed = stopped_and_resumed(recipe, tmp_path / "b", 7, monkeypatch, seed=999)
+    assert resumed.resumed_from == 6
     a, b = _final(tmp_path / "a"), _final(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
 

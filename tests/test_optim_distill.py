@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 import vitkit
-from _recipes import changed
+from _recipes import changed, stopped_and_resumed
 from vitkit.checkpoint import save_checkpoint
 from vitkit.errors import CheckpointError, RecipeError
 from vitkit.export import export_weights
@@ -426,7 +426,6 @@ def test_alpha_one_trains_only_the_distillation_head(tmp_path, teacher_file):
 
 
 def test_distillation_run_with_checkpointing_and_layer_decay_resumes_bit_exact(tmp_path, teacher_file, monkeypatch):
-    from vitkit.train.loop import Trainer
 
     r = recipe(
         tmp_path,
@@ -446,22 +445,8 @@ def test_distillation_run_with_checkpointing_and_layer_decay_resumes_bit_exact(t
     losses = [rec["loss"] for rec in records if "loss" in rec]
     assert len(losses) == 8 and all(math.isfinite(v) for v in losses)
 
-    class Stop(Exception):
-        pass
-
-    real_step = Trainer.train_step
-
-    def stop_at_6(self, images, labels):
-        if self.state.step == 6:
-            raise Stop
-        return real_step(self, images, labels)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_at_6)
-    with pytest.raises(Stop):
-        train(r, tmp_path / "b")
-    monkeypatch.setattr(Trainer, "train_step", real_step)
-    torch.manual_seed(12345)
-    assert train(r, tmp_path / "b").resumed_from == 4
+    resumed = stopped_and_resumed(r, tmp_path / "b", 6, monkeypatch, seed=12345)
+    assert resumed.resumed_from == 4
     a = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[-1])
     b = load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1])
     assert a.state.step == b.state.step == 8

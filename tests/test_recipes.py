@@ -17,6 +17,7 @@ import torch
 import yaml
 
 import vitkit
+from _recipes import stopped_and_resumed
 from vitkit.train import find_recipe, load_recipe, train
 from vitkit.train.config import CONFIG_DIR, Recipe
 from vitkit.train.state import list_checkpoints, load_train_state
@@ -141,29 +142,14 @@ def test_deit_recipe_takes_the_distilled_variant():
 def assert_resumes_bit_exact(recipe: Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run ``recipe`` (4 steps, checkpoints at 2 and 4) once through; run it again stopped at step
     3, resume it, and check its last weights equal the first run's, and that steps 3-4 trained."""
-    from vitkit.train.loop import Trainer
 
     full = train(recipe, tmp_path / "a")
     assert full.resumed_from is None
     first = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[0])
     assert first.state.step == 2
 
-    class Stop(Exception):
-        pass
-
-    real_step = Trainer.train_step
-
-    def stop_at_3(self, images, labels):
-        if self.state.step == 3:
-            raise Stop
-        return real_step(self, images, labels)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_at_3)
-    with pytest.raises(Stop):
-        train(recipe, tmp_path / "b")
-    monkeypatch.setattr(Trainer, "train_step", real_step)
-    torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG before it
-    assert train(recipe, tmp_path / "b").resumed_from == 2
+    resumed = stopped_and_resumed(recipe, tmp_path / "b", 3, monkeypatch, seed=12345)
+    assert resumed.resumed_from == 2
     a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], first.model_state[k]) for k in a)  # steps 3 and 4 moved the weights

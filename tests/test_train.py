@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import vitkit
-from _recipes import changed
+from _recipes import changed, stopped_and_resumed
 from vitkit.train import RecipeError, TrainingError, load_recipe, lr_at, parse_set, train
 from vitkit.train.config import OptimSection
 from vitkit.train.state import list_checkpoints, load_train_state
@@ -335,8 +335,6 @@ def test_resume_mid_epoch_on_streamed_data_with_dropout_is_bit_exact(tmp_path, m
     resume it, and compare with a run that was never stopped."""
     from PIL import Image
 
-    from vitkit.train.loop import Trainer
-
     g = torch.Generator().manual_seed(0)
     for c in range(4):
         (tmp_path / "imgs" / f"c{c}").mkdir(parents=True)
@@ -356,21 +354,7 @@ def test_resume_mid_epoch_on_streamed_data_with_dropout_is_bit_exact(tmp_path, m
     )
     train(recipe, tmp_path / "a")
 
-    class Stop(Exception):
-        pass
-
-    real_step = Trainer.train_step
-
-    def stop_at_7(self, images, labels):
-        if self.state.step == 7:
-            raise Stop
-        return real_step(self, images, labels)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_at_7)
-    with pytest.raises(Stop):
-        train(recipe, tmp_path / "b")
-    monkeypatch.setattr(Trainer, "train_step", real_step)
-    torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG before it
-    assert train(recipe, tmp_path / "b").resumed_from == 6
+    resumed = stopped_and_resumed(recipe, tmp_path / "b", 7, monkeypatch, seed=12345)
+    assert resumed.resumed_from == 6
     a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
