@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 import vitkit
 from vitkit.models import count_params, model_flops
@@ -221,10 +222,13 @@ def test_recomputed_attention_supports_double_backward_and_torch_func():
     torch.testing.assert_close(torch.func.grad(lambda q: recompute(q, k, v).square().sum())(q), ref)
 
 
-def test_cpu_training_attention_keeps_weights_only_for_short_sequences():
+def test_cpu_training_attention_keeps_weights_only_for_short_sequences(monkeypatch):
     """CPU training keeps the N x N weights for the backward only while they cost less than q, k
     and v (N <= 3 head_dim); longer sequences recompute them, keeping what the fused kernel keeps."""
+    import vitkit.models.attention as attention
     from vitkit.models.attention import attention_path
+
+    monkeypatch.setattr(attention, "_TRAINING_PATHS", {})  # the rule, not a measurement of this CPU
 
     def saved_shapes(m, impl):
         m.set_attention_impl(impl)
@@ -245,6 +249,40 @@ def test_cpu_training_attention_keeps_weights_only_for_short_sequences():
                 attention_path(torch.zeros(1, 4, n, 8, dtype=torch.bfloat16), m.blocks[0].attn.impl, False, 0.0)
                 == "math"
             )
+
+
+def test_cpu_training_attention_takes_the_path_measured_faster_for_its_shape(monkeypatch, tmp_path):
+    """Where choose_training_path timed a shape, "auto" follows the measurement, not the rule;
+    the trainer times the shapes it trains on (full and patch-dropped sequences)."""
+    import vitkit.models.attention as attention
+    from vitkit.models.attention import attention_path, choose_training_path
+
+    monkeypatch.setattr(attention, "_TRAINING_PATHS", {})
+    q = torch.zeros(2, 4, 65, 8, requires_grad=True)  # the rule: recompute (65 > 3 x 8)
+    with torch.enable_grad():
+        assert attention_path(q, "auto", False, 0.0) == "recompute"
+        attention._TRAINING_PATHS[(torch.float32, 2, 4, 65, 8)] = "math"
+        assert attention_path(q, "auto", False, 0.0) == "math"
+        assert attention_path(q, "recompute", False, 0.0) == "recompute"  # asked for: as asked
+    assert attention_path(q.detach(), "auto", False, 0.0) == "math"  # no gradients: nothing to measure
+    choice = choose_training_path(2, 4, 17, 8)
+    assert choice in ("math", "recompute") and attention._TRAINING_PATHS[(torch.float32, 2, 4, 17, 8)] == choice
+
+    from _recipes import changed
+    from vitkit.train import load_recipe
+    from vitkit.train.loop import Trainer
+
+    tree = changed(
+        {"model": {"name": "vit_ti16", "overrides": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 1}}},
+        model__overrides__num_heads=2,
+        model__overrides__mlp_dim=64,
+        data={"name": "synthetic", "options": {"img_size": 16, "n": 64}},
+        train={"steps": 2, "batch_size": 16, "accum_steps": 2, "patch_drop": 0.5, "precision": "bf16"},
+    )
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tree))
+    Trainer(load_recipe(tmp_path / "r.yaml"), tmp_path / "run")
+    # micro-batch 8, 2 heads of 16, the class token + all 16 patches or 8 of them, in bf16
+    assert {(torch.bfloat16, 8, 2, 17, 16), (torch.bfloat16, 8, 2, 9, 16)} <= set(attention._TRAINING_PATHS)
 
 
 def test_mimetic_init_makes_qk_product_near_identity():

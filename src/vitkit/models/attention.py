@@ -17,8 +17,9 @@ kernel, a float mask being added), except that "recompute" gives way to "math" (
 
 ``impl="auto"`` picks per call (:func:`attention_path`): the fused kernel on accelerators and for
 fp32 CPU inference; the explicit path for bf16 CPU inference and CPU training, recomputing once
-keeping the weights would cost more than q, k and v together (N > 3 head_dim). The measurements
-behind these choices are in ``benchmarks/RESULTS.md``.
+keeping the weights would cost more than q, k and v together (N > 3 head_dim), or, for a shape
+:func:`choose_training_path` has timed on this CPU (the trainer times its own), whichever of the
+two was faster. The measurements behind these choices are in ``benchmarks/RESULTS.md``.
 
 A scale of exactly 1 is not multiplied in on the explicit path: ``q * 1.0`` is ``q`` in IEEE
 arithmetic, so skipping it changes no value and saves one pass over q (the scale may already be
@@ -105,8 +106,11 @@ def attention_path(q: torch.Tensor, impl: str, need_weights: bool, dropout_p: fl
             return "sdpa"
         # Recompute the weights when keeping them would cost more than q, k and v together
         # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is cheaper.
+        # Where this shape was measured on this CPU (choose_training_path), the measurement decides.
         long = q.shape[-2] > 3 * q.shape[-1]
-        impl = "recompute" if long and torch.is_grad_enabled() and q.requires_grad else "math"
+        training = torch.is_grad_enabled() and q.requires_grad
+        measured = _TRAINING_PATHS.get((q.dtype, *q.shape)) if training else None
+        impl = measured or ("recompute" if long and training else "math")
     if impl == "recompute" and (dropout_p > 0.0 or not torch.is_grad_enabled() or bias):
         # dropout on the weights needs them kept; without gradients nothing is saved; a bias: above
         return "math"
@@ -129,6 +133,45 @@ def _explicit(
     weights = logits.softmax(dim=-1)
     out = F.dropout(weights, dropout_p, training) @ v  # (B, H, N, hd)
     return out, weights
+
+
+# (dtype, B, H, N, hd) -> "math" | "recompute": what choose_training_path measured in this process.
+_TRAINING_PATHS: dict[tuple[Any, ...], str] = {}
+
+
+def choose_training_path(
+    batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype = torch.float32, repeats: int = 3
+) -> str:
+    """Which of the two explicit paths trains attention of this shape faster on this CPU, timed
+    (forward and backward of q, k, v of shape (batch, heads, tokens, head_dim) in ``dtype``, the
+    best of ``repeats``): "math" keeps the weights, "recompute" recomputes them in the backward.
+    Both give the same numbers bit for bit, so the choice changes speed only, and a resumed run
+    may choose differently and still end with the same weights. The rule ``auto`` follows without
+    a measurement (recompute beyond N > 3 head_dim) is where the saved memory traffic outweighs
+    the second ``q k^T`` on the machines measured; the crossing moves with the CPU's cache and
+    bandwidth, which is why the trainer measures it. Decided once per shape in a process."""
+    import time
+
+    key = (dtype, batch, heads, tokens, head_dim)
+    if key in _TRAINING_PATHS:
+        return _TRAINING_PATHS[key]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, tokens, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    best = {}
+    for impl in ("math", "recompute"):
+        times = []
+        for i in range(repeats + 1):
+            start = time.perf_counter()
+            with torch.enable_grad():
+                out, _ = attend(
+                    q, k, v, scale=head_dim**-0.5, dropout_p=0.0, training=True, impl=impl, need_weights=False
+                )
+                out.float().sum().backward()
+            if i:  # the first is a warm-up
+                times.append(time.perf_counter() - start)
+        best[impl] = min(times)
+    _TRAINING_PATHS[key] = min(best, key=best.get)
+    return _TRAINING_PATHS[key]
 
 
 def attend(

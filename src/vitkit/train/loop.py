@@ -31,6 +31,8 @@ from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
 from ..eval.features import autocast
 from ..files import write_text
+from ..models.attention import choose_training_path
+from ..models.config import ViTConfig
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from ..preprocessing import Preprocessing
@@ -170,6 +172,23 @@ def _set_model_modes(r: Recipe, model: nn.Module) -> None:
         model.set_distilled_training(True)
 
 
+def _time_attention_paths(r: Recipe, model: nn.Module, device: torch.device, info: D.DistInfo) -> None:
+    """On the CPU with ``train.attention: auto``, time the two explicit attention paths (weights
+    kept or recomputed: the same numbers bit for bit) on the shapes this run trains on, full and
+    patch-dropped sequences, so that ``auto`` takes the faster on this CPU (choose_training_path)."""
+    cfg = getattr(model, "cfg", None)
+    if r.train.attention != "auto" or device.type != "cpu" or not isinstance(cfg, ViTConfig):
+        return
+    if cfg.attn_drop_rate > 0 or cfg.pos_embed == "relative":
+        return  # dropout on the weights or a logits bias: the explicit path keeps the weights anyway
+    micro = max(1, r.train.batch_size // (info.world_size * r.train.accum_steps))
+    patches = cfg.grid_size[0] * cfg.grid_size[1]
+    counts = {patches} | ({max(1, round(patches * (1.0 - r.train.patch_drop)))} if r.train.patch_drop else set())
+    dtype = torch.bfloat16 if r.train.precision == "bf16" else torch.float32
+    for n in sorted(counts):
+        choose_training_path(micro, cfg.num_heads, cfg.num_prefix_tokens + n, cfg.width // cfg.num_heads, dtype)
+
+
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
     """The recipe's augmentation at the model's resolution and value range."""
     a = r.augment
@@ -248,6 +267,7 @@ class Trainer:
             self.model.set_attention_impl(r.train.attention)
         _check_patch_drop(r, self.model)
         _set_model_modes(r, self.model)
+        _time_attention_paths(r, self.model, self.device, self.info)
         self.preprocessing = Preprocessing.for_config(self.model.cfg)
         self.tcfg = _transform_config(r, self.preprocessing)
         self.teacher = self._build_teacher()
