@@ -274,6 +274,9 @@ def test_the_default_keeps_the_kernel_timed_faster_and_times_each_shape_once(mon
     else:
         assert (packed, plain) == (0, 3 * 4 + 1) and served.kernel_choices == {"onednn": 0, "torch": 13}
         assert not isinstance(served.blocks[0].mlp.act, torch.nn.Identity)  # left as it was
+        # a plain qkv keeps its weights in state_dict: the attention scale is not folded into them
+        assert served.blocks[0].attn.scale == m.blocks[0].attn.scale
+        assert torch.equal(served.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
     prepare_inference(m, "fp32")
     assert len(timed) == 2 * decisions  # decided once per shape in the process
     assert sum(isinstance(mod, PackedLinear) for mod in prepare_inference(m, "fp32", pack=True).modules()) == 13

@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -80,7 +81,8 @@ class Server:
         else:
             h.send_response(200)
         h.send_header("Content-Length", str(len(body) - start))
-        h.send_header("ETag", etag)
+        if mode != "drop-no-etag":
+            h.send_header("ETag", etag)
         md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
         h.send_header("x-goog-hash", f"crc32c=AAAAAA==,md5={md5}")
         h.end_headers()
@@ -91,7 +93,7 @@ class Server:
             return
         if mode == "corrupt":
             body = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
-        if mode == "drop" and start == 0:
+        if mode in ("drop", "drop-no-etag") and start == 0:
             self.mode.pop(path)  # only the first answer breaks off
             h.wfile.write(body[: len(body) // 2])
             h.wfile.flush()
@@ -258,6 +260,19 @@ def test_an_interrupted_download_resumes_in_a_later_call(server, npz_bytes, tmp_
     download(f"{server.base}/t.npz", dest)
     assert dest.read_bytes() == npz_bytes and not part.exists()
     assert server.requests[-1]["range"] == f"bytes={len(npz_bytes) // 2}-"
+
+
+def test_a_partial_download_without_a_validator_starts_over(server, npz_bytes, tmp_path):
+    """A server that sends no ETag cannot say whether the file is the one the partial bytes came
+    from: appending could splice two versions, so the next call downloads the whole file again."""
+    server.files["/t.npz"] = npz_bytes
+    server.mode["/t.npz"] = "drop-no-etag"
+    dest = tmp_path / "c" / "t.npz"
+    with pytest.raises(DownloadError):
+        download(f"{server.base}/t.npz", dest, attempts=1)
+    assert download_module.partial_path(dest).stat().st_size == len(npz_bytes) // 2
+    download(f"{server.base}/t.npz", dest)
+    assert dest.read_bytes() == npz_bytes and server.requests[-1]["range"] is None
 
 
 def test_a_file_changed_on_the_server_starts_over(server, npz_bytes, tmp_path):
@@ -449,13 +464,19 @@ def test_cli_convert_predict_eval_and_models_with_names(server, npz_bytes, tiny_
 
 def test_crop_pct_is_applied_to_images_and_kept_in_files():
     im = Image.new("RGB", (40, 40), (0, 0, 0))
-    im.paste((255, 255, 255), (10, 10, 30, 30))  # a white square in the middle half
+    im.paste((255, 255, 255), (5, 5, 35, 35))  # a white square over the middle three quarters
     cropped = prepare_images([("a", im)], Preprocessing(img_size=(8, 8), crop_pct=0.5), 3)
-    assert cropped.pixels.min() == 255  # only the white middle is left
+    assert cropped.pixels.min() == 255  # resized to 16, the central 8 is all white
     resized = prepare_images([("a", im)], Preprocessing(img_size=(8, 8)), 3)
-    assert resized.pixels.min() == 0
+    assert resized.pixels.min() < 50  # without the crop the black border shows
     assert "crop_pct" not in Preprocessing().to_dict()
     assert Preprocessing.from_dict(Preprocessing(crop_pct=0.9).to_dict()).crop_pct == 0.9
+    # a non-square photo, as timm's eval transform: shorter side to floor(16 / 0.8) = 20, keeping
+    # the aspect ratio (50 x 20 -> 50 x 20), then the central 16 x 16: never squashed
+    wide = Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 50, 3), dtype=np.uint8))
+    got = prepare_images([("w", wide)], Preprocessing(img_size=(16, 16), crop_pct=0.8, interpolation="bicubic"), 3)
+    want = np.asarray(wide.resize((50, 20), Image.Resampling.BICUBIC).crop((17, 2, 33, 18)))
+    assert got.pixels.shape == (1, 16, 16, 3) and np.array_equal(got.pixels[0], want)
 
 
 def test_concurrent_loads_download_once(server, npz_bytes, tmp_path):

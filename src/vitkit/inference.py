@@ -24,7 +24,7 @@ import math
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -390,14 +390,17 @@ def _act_name(module: nn.Module) -> str | None:
     return None
 
 
-def fold_attention_scale(model: nn.Module) -> int:
+def fold_attention_scale(model: nn.Module, where: Callable[[nn.Linear], bool] | None = None) -> int:
     """Fold each attention layer's ``1/sqrt(head_dim)`` into the query rows of its qkv projection
     (in place) and set its scale to 1, which the attention kernel does not multiply by
     (:mod:`vitkit.models.attention`): serving saves that pass over q. Exact when the scale is a
-    power of two (head_dim 64 or 16). Returns the number of layers changed."""
+    power of two (head_dim 64 or 16). ``where`` (default: all) picks the qkv layers: serving folds
+    only into the ones it packs, whose weights leave ``state_dict``. Returns the number changed."""
     count = 0
     for attn in model.modules():
         if isinstance(attn, Attention) and type(attn.qkv) is nn.Linear and attn.scale != 1.0:
+            if where is not None and not where(attn.qkv):
+                continue
             d = attn.qkv.out_features // 3
             with torch.no_grad():
                 attn.qkv.weight[:d] *= attn.scale
@@ -556,7 +559,8 @@ def prepare_inference(
     if pack:
         # Folded only where the packed layers keep the weights out of state_dict anyway: a model
         # of plain nn.Linear could be saved, and its saved scale would no longer match.
-        fold_attention_scale(model)
+        # only into the qkv layers that will be packed (the decision is cached: pack_linears asks again)
+        fold_attention_scale(model, lambda qkv: not choose or choose_linear_kernel(qkv, rest) == "onednn")
         pack_linears(model, rest, int8=precision == "int8", choose=choose)  # from the fp32 weights
     model = model.to(rest).eval()
     for p in model.parameters():

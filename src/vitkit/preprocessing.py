@@ -7,6 +7,7 @@ normalise through :func:`normalize`, so a model sees the same numbers everywhere
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
 class Preprocessing:
     """How pixels become model inputs: ``(x / 255 - mean) / std`` per channel, at ``img_size``.
 
-    The default (mean = std = 0.5) is the paper's range [-1, 1]. ``crop_pct``: the central
-    fraction of each side kept before resizing to ``img_size`` (timm's ``crop_pct``; 1.0, the
-    official code's evaluation, resizes the whole image).
+    The default (mean = std = 0.5) is the paper's range [-1, 1]. ``crop_pct`` (timm's): below
+    1, the image is resized so that ``img_size`` is that fraction of it (its shorter side, keeping
+    the aspect ratio) and the centre ``img_size`` kept; 1.0, the official code's evaluation,
+    resizes the whole image to ``img_size``.
     """
 
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -102,23 +104,32 @@ def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing
         raise DataError("no images given")
     mode = "L" if in_chans == 1 else "RGB"
     h, w = pre.img_size
-    pixels = np.stack(
-        [np.asarray(_crop(im.convert(mode), pre.crop_pct).resize((w, h), _resample(pre))) for _, im in images]
-    )
+    pixels = np.stack([np.asarray(_resize_crop(im.convert(mode), (h, w), pre)) for _, im in images])
     x = torch.from_numpy(pixels.copy())
     x = x[..., None] if x.ndim == 3 else x  # (B, H, W, C)
     inputs = normalize(x.permute(0, 3, 1, 2), pre.mean, pre.std)  # (B, C, H, W)
     return LoadedImages([name for name, _ in images], pixels, inputs)
 
 
-def _crop(im: Image.Image, fraction: float) -> Image.Image:
-    """The central ``fraction`` of each side (as ``vitkit.data.transforms.center_crop`` on batches)."""
-    if fraction >= 1.0:
-        return im
-    w, h = im.size
-    cw, ch = max(1, round(w * fraction)), max(1, round(h * fraction))
-    left, top = (w - cw) // 2, (h - ch) // 2
-    return im.crop((left, top, left + cw, top + ch))
+def _resize_crop(im: Image.Image, size: tuple[int, int], pre: Preprocessing) -> Image.Image:
+    """An image file to ``size`` (h, w) as its weights' publisher prepares it. ``crop_pct`` 1: a
+    plain resize (the official code's). Below 1, timm's eval transform: the shorter side to
+    ``floor(side / crop_pct)``, keeping the aspect ratio (both sides, for a non-square size), then
+    the central ``size``; so a photo is never squashed. On batches of square images, which the
+    data sources load, :func:`vitkit.data.transforms.center_crop` then a resize is the same crop."""
+    h, w = size
+    if pre.crop_pct >= 1.0:
+        return im.resize((w, h), _resample(pre))
+    iw, ih = im.size
+    if h == w:
+        side = math.floor(h / pre.crop_pct)
+        scale = side / min(iw, ih)
+        nw, nh = max(side, round(iw * scale)), max(side, round(ih * scale))
+    else:
+        nw, nh = math.floor(w / pre.crop_pct), math.floor(h / pre.crop_pct)
+    im = im.resize((nw, nh), _resample(pre))
+    left, top = (nw - w) // 2, (nh - h) // 2
+    return im.crop((left, top, left + w, top + h))
 
 
 def read_image(path: str | Path) -> Image.Image:

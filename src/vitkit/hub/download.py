@@ -144,11 +144,15 @@ def _attempt(address: str, part: Path, state: Path, wait: float, progress: Progr
     incomplete answer (``last``: raises instead); HTTP errors and timeouts raise at once."""
     have = part.stat().st_size if part.is_file() else 0
     known = _read_state(state) if have else {}
+    if have and not known.get("etag"):
+        # Nothing can tell whether the file on the server is the one the partial bytes came from
+        # (If-Range needs a validator): appending could splice two versions. Start over.
+        _discard(part, state)
+        have = 0
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
-        if known.get("etag"):
-            headers["If-Range"] = known["etag"]
+        headers["If-Range"] = known["etag"]
     answer = _Answer(None, None, None, complete=False)
     try:
         with urllib.request.urlopen(urllib.request.Request(address, headers=headers), timeout=wait) as resp:

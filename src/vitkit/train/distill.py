@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CheckpointError, RecipeError
+from ..errors import RecipeError, VitkitError
 from ..eval.features import autocast
 from ..preprocessing import Preprocessing
 
@@ -71,11 +71,11 @@ class Teacher:
         device: torch.device,
         precision: str = "fp32",
     ) -> None:
-        from ..checkpoint.load import load_pretrained
+        from ..hub import load_pretrained  # a file, a run folder, or a name / address downloaded once
 
         try:
             model = load_pretrained(path)
-        except CheckpointError as e:
+        except VitkitError as e:  # a bad file, an unknown name, a failed download
             raise RecipeError(f"train.teacher: {e}") from None
         if model.num_classes != num_classes:
             raise RecipeError(
