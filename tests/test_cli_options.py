@@ -195,3 +195,18 @@ def test_overflowing_logits_are_refused_not_printed_as_nan(files, capsys):
     assert "outputs are not finite for image 1 of 1" in capsys.readouterr().err
     assert main(["eval", "big.safetensors", "--data", "synthetic", "--max-images", "32"]) == 2
     assert "logits are not finite for 32 of the 32 images scored" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "convert w.safetensors a_file/x.safetensors",
+        "predict w.safetensors img.png --json a_file/x.json",
+        "analyze w.safetensors --images img.png --out a_file/deeper/an",
+    ],
+)
+def test_writing_under_a_file_names_the_file_in_the_way(files, capsys, argv):
+    (files / "a_file").write_text("x")
+    assert main(argv.split()) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"vitkit {argv.split()[0]}: error: a_file: a file, not a folder: a_file/") and "\n" not in err

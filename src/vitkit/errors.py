@@ -54,11 +54,26 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
     command line prints it as ``path: No space left on device``."""
     try:
         yield
+    except (FileExistsError, NotADirectoryError) as e:  # a file where a folder of the path should be
+        blocker = _file_in_the_way(os.fspath(path))
+        if blocker is None:
+            raise
+        raise OSError(e.errno, f"a file, not a folder: {os.fspath(path)} cannot be written under it", blocker) from e
     except OSError as e:
         named = e.filename is not None and not _is_temporary(e.filename)
         if named or e.errno is None:
             raise
         raise OSError(e.errno, e.strerror or os.strerror(e.errno), os.fspath(path)) from e
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The nearest folder of ``path`` that exists as a file, if one does."""
+    parent = os.path.dirname(path)
+    while parent and parent != os.path.dirname(parent):
+        if os.path.exists(parent):
+            return parent if not os.path.isdir(parent) else None
+        parent = os.path.dirname(parent)
+    return None
 
 
 def _is_temporary(filename: object) -> bool:
