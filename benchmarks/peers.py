@@ -413,13 +413,14 @@ def main() -> None:
     # The allocator setting vitkit's trainer makes is a property of the process, not of a model:
     # every contender runs under it (vitkit/train/allocator.py), here and in the memory runs.
     kept = keep_freed_memory()
+    cpu = cpu_info()
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
-        "processor": _cpu_name(),
-        "cpu": cpu_info(),
+        "processor": cpu["model"],
+        "cpu": cpu,
         "contended": args.contended,
         "command": " ".join(sys.argv),
         "device": args.device,
@@ -477,16 +478,6 @@ def _run(args: argparse.Namespace) -> tuple[list[dict], dict]:
             memory[peer] = train_peak_memory(peer, "b16", 8, "bf16")
             print(f"{peer:<14} {memory[peer] if memory[peer] is not None else 'skipped'}")
     return results, memory
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

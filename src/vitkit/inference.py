@@ -18,6 +18,7 @@ and keeps the faster, remembering the decision per CPU model and shape for the p
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import math
@@ -417,7 +418,9 @@ _KERNEL_CHOICES: dict[tuple[Any, ...], str] = {}
 _DECISION_ROWS = 512  # rows of the input a decision is timed on: a few images' tokens
 
 
+@functools.cache
 def _cpu_model() -> str:
+    """The CPU's model name, read once (every layer's decision is keyed by it)."""
     return str(cpu_info()["model"])
 
 
