@@ -453,3 +453,53 @@ def test_distillation_run_with_checkpointing_and_layer_decay_resumes_bit_exact(t
     assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
     scales = sorted({g["lr_scale"] for g in b.optim_state["param_groups"]})
     assert scales == pytest.approx([0.8**3, 0.8**2, 0.8, 1.0])  # 2 blocks: layers 0..3 kept their scales
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos2d"])
+def test_a_plain_vit_file_fine_tunes_into_a_distilled_student_and_back(tmp_path, pos_embed):
+    """DeiT from a non-distilled checkpoint: the distillation token starts as a copy of the class
+    token (with its position row) and the distillation head as a copy of the head, so the two
+    heads start out identical and near the file's model (every token now also attends to the
+    copy: not exactly equal); dropping the token again gives the file's weights back."""
+    plain = randomise(tiny(pos_embed=pos_embed)).eval()
+    save_checkpoint(plain, tmp_path / "plain.safetensors")
+    student = vitkit.load_pretrained(tmp_path / "plain.safetensors", distill_token=True)
+    assert student.cfg.distill_token and any("distillation token added" in n for n in student.load_report.notes)
+    x = torch.randn(2, 3, *plain.cfg.img_size)
+    with torch.no_grad():
+        want = plain(x)
+        student.set_distilled_training(True)
+        student.train()
+        cls, dist = student(x)  # dropout is 0 in the tiny model: train mode changes nothing else
+    torch.testing.assert_close(cls, dist, atol=0, rtol=0)
+    assert (cls - want).norm() / want.norm() < 0.1
+    save_checkpoint(student.eval(), tmp_path / "student.safetensors")
+    back = vitkit.load_pretrained(tmp_path / "student.safetensors", distill_token=False)
+    assert not back.cfg.distill_token and any("removed" in n for n in back.load_report.notes)
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[k], v, atol=0, rtol=0)
+
+
+def test_switching_the_distillation_token_on_a_relative_position_model_is_refused(tmp_path):
+    save_checkpoint(tiny(pos_embed="relative"), tmp_path / "rel.safetensors")
+    with pytest.raises(vitkit.errors.UsageError, match="pos_embed='relative'"):
+        vitkit.load_pretrained(tmp_path / "rel.safetensors", distill_token=True)
+
+
+def test_init_from_a_plain_vit_trains_a_distilled_student(tmp_path, teacher_file):
+    """train.teacher with model.init_from a file that has no distillation token: the trainer's
+    load adds it (see above) instead of refusing the file, and both heads train."""
+    plain = randomise(tiny(num_classes=10, img_size=16))
+    save_checkpoint(plain, tmp_path / "plain.safetensors")
+    r = recipe(
+        tmp_path,
+        model__init_from=str(tmp_path / "plain.safetensors"),
+        model__overrides={"distill_token": True},
+        train__distill="soft",
+        train__teacher=str(teacher_file),
+        train__steps=2,
+    )
+    train(r, tmp_path / "run")
+    sd = load_train_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1]).model_state
+    assert not torch.equal(sd["head.weight"], sd["head_dist.weight"])  # the two heads moved apart
+    assert not torch.equal(sd["dist_token"], sd["cls_token"])

@@ -208,6 +208,50 @@ def _resize_positions(sd: dict[str, torch.Tensor], cfg: ViTConfig, grid: tuple[i
     return [f"position embeddings resized {old[0]}x{old[1]} -> {grid[0]}x{grid[1]} ({mode})"]
 
 
+def _adapt_distill_token(sd: dict[str, torch.Tensor], old: ViTConfig, new: ViTConfig) -> list[str]:
+    """DeiT fine-tuning across the distillation token, in place on ``sd``; the note that says so.
+
+    A file without the token, loaded with ``distill_token=True``, gets it as a copy of its class
+    token, with the class token's position row (when the class token has one), and a distillation
+    head as a copy of its head (when the head is kept): the two heads start out identical and
+    near the file's predictions (every token now also attends to the copy), and DeiT's training
+    pulls them apart. A distilled file loaded with
+    ``distill_token=False`` loses the token, its position row and its head."""
+    if old.distill_token == new.distill_token:
+        return []
+    if old.pos_embed == "relative":  # its offset tables count the prefix tokens
+        raise UsageError(
+            "distill_token cannot be switched on a model with pos_embed='relative': its offset tables "
+            "count the prefix tokens; build the model anew"
+        )
+    rows = old.pos_prefix_rows
+    if new.distill_token:
+        sd["dist_token"] = sd["cls_token"].clone()
+        if rows and "pos_embed" in sd:
+            pe = sd["pos_embed"]
+            sd["pos_embed"] = torch.cat([pe[:, :1], pe[:, :1], pe[:, 1:]], dim=1)
+        for part in ("weight", "bias"):
+            if f"head.{part}" in sd:
+                sd[f"head_dist.{part}"] = sd[f"head.{part}"].clone()
+        return ["distillation token added: a copy of the class token (its position row and head too)"]
+    sd.pop("dist_token", None)
+    sd.pop("head_dist.weight", None)
+    sd.pop("head_dist.bias", None)
+    if rows and "pos_embed" in sd:
+        pe = sd["pos_embed"]
+        sd["pos_embed"] = torch.cat([pe[:, :1], pe[:, 2:]], dim=1)
+    return ["distillation token removed, with its position row and head"]
+
+
+def _drop_replaced_heads(sd: dict[str, torch.Tensor], old: int, new: int) -> list[str]:
+    """A new class count: the heads' tensors leave ``sd`` (the model's zero-initialised ones stay)."""
+    if new == old:
+        return []
+    for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
+        sd.pop(key, None)
+    return [f"head replaced: {old} -> {new} classes" + (" (zero-initialised)" if new else " (removed)")]
+
+
 def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite: bool) -> None:
     """The file's tensors against the model its config describes, before any real model is built:
     the config may not ask for more blocks than the file has tensors (each costs memory), every
@@ -293,13 +337,9 @@ def load_pretrained(
     notes = list(loaded.notes)
     if isinstance(cfg, ViTConfig) and "img_size" in overrides:
         notes += _resize_positions(sd, cfg, target.grid_size, pos_embed_mode)
-    if new_classes != cfg.num_classes:
-        for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
-            sd.pop(key, None)
-        notes.append(
-            f"head replaced: {cfg.num_classes} -> {new_classes} classes"
-            + (" (zero-initialised)" if new_classes else " (removed)")
-        )
+    if isinstance(cfg, ViTConfig):
+        notes += _adapt_distill_token(sd, cfg, target)
+    notes += _drop_replaced_heads(sd, cfg.num_classes, new_classes)
     cfg = target
     model = build_model(cfg)
     own = model.state_dict()
