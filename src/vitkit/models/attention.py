@@ -28,6 +28,7 @@ in the query weights, as :func:`vitkit.inference.fold_attention_scale` puts it).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -150,8 +151,6 @@ def choose_training_path(
     a measurement (recompute beyond N > 3 head_dim) is where the saved memory traffic outweighs
     the second ``q k^T`` on the machines measured; the crossing moves with the CPU's cache and
     bandwidth, which is why the trainer measures it. Decided once per shape in a process."""
-    import time
-
     key = (dtype, batch, heads, tokens, head_dim)
     if key in _TRAINING_PATHS:
         return _TRAINING_PATHS[key]

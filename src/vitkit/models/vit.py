@@ -68,6 +68,11 @@ def sincos_pos_table(grid: tuple[int, int], width: int, prefix_rows: int) -> tor
     return pe[None]
 
 
+def kept_patches(patches: int, rate: float) -> int:
+    """How many of ``patches`` tokens an image keeps at patch drop ``rate`` (at least one)."""
+    return max(1, round(patches * (1.0 - rate)))
+
+
 def add_tokens_and_positions(
     patches: torch.Tensor, prefix: torch.Tensor | None, pos: torch.Tensor | None, cls_pos_embed: bool
 ) -> torch.Tensor:
@@ -385,7 +390,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         p = self.num_prefix_tokens
         prefix, patches = x[:, :p], x[:, p:]
         B, N, D = patches.shape
-        keep = max(1, round(N * (1.0 - self.patch_drop_rate)))
+        keep = kept_patches(N, self.patch_drop_rate)
         idx = torch.rand(B, N, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
         patches = patches.gather(1, idx[:, :, None].expand(B, keep, D))
         return torch.cat([prefix, patches], dim=1) if p else patches

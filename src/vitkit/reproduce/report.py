@@ -4,7 +4,6 @@ numbers (mean and spread over seeds), the figure, and one sentence on whether th
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu["model"],
         "cpu_flags": [f for f, on in cpu["flags"].items() if on],
-        "cores": os.cpu_count(),
+        "cores": cpu["cores"],
         "gpu": gpu,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -35,6 +35,7 @@ from ..models.attention import choose_training_path
 from ..models.config import ViTConfig
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
+from ..models.vit import kept_patches
 from ..preprocessing import Preprocessing
 from . import dist as D
 from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
@@ -183,7 +184,7 @@ def _time_attention_paths(r: Recipe, model: nn.Module, device: torch.device, inf
         return  # dropout on the weights or a logits bias: the explicit path keeps the weights anyway
     micro = max(1, r.train.batch_size // (info.world_size * r.train.accum_steps))
     patches = cfg.grid_size[0] * cfg.grid_size[1]
-    counts = {patches} | ({max(1, round(patches * (1.0 - r.train.patch_drop)))} if r.train.patch_drop else set())
+    counts = {patches} | ({kept_patches(patches, r.train.patch_drop)} if r.train.patch_drop else set())
     dtype = torch.bfloat16 if r.train.precision == "bf16" else torch.float32
     for n in sorted(counts):
         choose_training_path(micro, cfg.num_heads, cfg.num_prefix_tokens + n, cfg.width // cfg.num_heads, dtype)
