@@ -174,7 +174,11 @@ BAD_VALUES = [
     ("augment.area_min", 0, r"augment\.area_min must be in \(0, 1\], got 0\.0"),
     ("augment.eval_crop", 1.5, r"augment\.eval_crop must be in \(0, 1\]"),
     ("augment.pad", -2, r"augment\.pad must be >= 0"),
-    ("optim.name", "adamwx", r"^optim\.name must be one of adamw, adam, sgd, got 'adamwx'; did you mean 'adamw'\?$"),
+    (
+        "optim.name",
+        "adamwx",
+        r"^optim\.name must be one of adamw, adam, sgd, muon, got 'adamwx'; did you mean 'adamw'\?$",
+    ),
     ("optim.schedule", "cosin", r"optim\.schedule must be one of cosine, linear, constant, got 'cosin'"),
     ("train.precision", "fp16", r"train\.precision must be one of fp32, bf16, got 'fp16'"),
     ("train.loss", "hinge", r"train\.loss must be one of softmax, sigmoid"),

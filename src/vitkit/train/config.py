@@ -83,7 +83,7 @@ def checked(default: Any, spec: str = "", choices: tuple[str, ...] = (), **optio
 
 
 SEEDS = "[0, 4294967296)"  # what every generator seed takes (numpy's range too)
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
 LOSSES = ("softmax", "sigmoid")
@@ -147,6 +147,8 @@ class OptimSection:
     eps: float = checked(1e-8, ">= 0")
     momentum: float = checked(0.9, "[0, 1)")
     nesterov: bool = False
+    muon_momentum: float = checked(0.95, "[0, 1)")  # muon: the encoder matrices' momentum (Nesterov)
+    muon_lr_scale: float = checked(1.0, "> 0")  # muon: the encoder matrices' lr is lr times this
     # decoupled (AdamW); on weight matrices and kernels only: never on biases, norm scales, position
     # embeddings, relative-position tables, class or distillation tokens (optim.decays)
     weight_decay: float = checked(0.1, ">= 0")
@@ -329,6 +331,9 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     optim = section if isinstance(section, OptimSection) else None
     if optim is not None and optim.nesterov and optim.name.lower() == "sgd" and optim.momentum == 0:
         raise RecipeError(f"{where}.nesterov needs {where}.momentum above 0, got 0")
+    if isinstance(section, Recipe) and section.optim.name.lower() == "muon" and section.train.fsdp:
+        # FSDP holds a slice of each matrix per process; Muon's orthogonalisation needs it whole
+        raise RecipeError("optim.name muon orthogonalises whole matrices, which train.fsdp splits: use adamw with fsdp")
     return section
 
 

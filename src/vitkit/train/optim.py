@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import RecipeError
 from .config import OptimSection
+from .muon import MuonAdamW, is_muon_param
 
 # Parameters that get no weight decay besides every tensor of at most one dimension (biases, the
 # scales of LayerNorm and GroupNorm): position embeddings and the learned prefix tokens. Names
@@ -52,10 +53,21 @@ def layer_scales(depth: int, decay: float) -> list[float]:
     return [decay ** (depth + 1 - i) for i in range(depth + 2)]
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0, muon: bool = False) -> list[dict]:
     """The optimiser's parameter groups: with weight decay or without (:func:`decays`), and with
     ``layer_decay`` below 1 one pair per layer (:func:`layer_id`), each with its ``lr_scale``
-    (:func:`set_lr` multiplies the schedule's rate by it)."""
+    (:func:`set_lr` multiplies the schedule's rate by it). With ``muon`` the encoder's weight
+    matrices (:func:`~vitkit.train.muon.is_muon_param`) form groups of their own, marked
+    ``"muon": True``."""
+    if muon:
+        groups = []
+        for g in param_groups(model, weight_decay, layer_decay):
+            names = {id(p): n for n, p in model.named_parameters()}
+            split = {True: [], False: []}
+            for p in g["params"]:
+                split[is_muon_param(names[id(p)], p)].append(p)
+            groups += [{**g, "params": ps, "muon": m} for m, ps in ((True, split[True]), (False, split[False])) if ps]
+        return groups
     if layer_decay == 1.0:
         decay, no_decay = [], []
         for name, p in model.named_parameters():
@@ -86,13 +98,18 @@ def build_optimizer(model: nn.Module, cfg: OptimSection, fused: bool = False) ->
     """The recipe's optimiser over ``model``'s trainable parameters. ``fused`` (CUDA parameters
     only) runs Adam's update as one kernel per group instead of several per tensor."""
     name = cfg.name.lower()
-    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, muon=name == "muon")
+    if name == "muon":
+        for g in groups:
+            if g["muon"]:
+                g["lr_scale"] = g.get("lr_scale", 1.0) * cfg.muon_lr_scale
+        return MuonAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum)
     if name in ("adamw", "adam"):
         # The paper's Adam with "weight decay": we apply it decoupled, as big_vision does.
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    raise ValueError(f"unknown optimiser {cfg.name!r}: adamw, adam or sgd")
+    raise ValueError(f"unknown optimiser {cfg.name!r}: adamw, adam, sgd or muon")
 
 
 def lr_at(step: int, total: int, cfg: OptimSection) -> float:

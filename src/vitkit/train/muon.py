@@ -1,0 +1,154 @@
+"""Muon (Jordan et al., 2024) for the encoder's weight matrices, AdamW for the rest, in one optimiser.
+
+Muon replaces each weight matrix's momentum by the nearest semi-orthogonal matrix before the
+step: every direction of the update gets the same size, so the directions that plain gradients
+under-train move as fast as the dominant ones. Its authors found it reaches a given loss in
+fewer steps than AdamW on small Transformers; that is what a short CPU schedule needs (the
+demo's model underfits at its budget, see benchmarks/RESULTS.md). Muon is defined for matrices
+that map hidden features to hidden features only: the patch embedding, the head, position
+embeddings, tokens, biases and norm scales stay with AdamW (as its authors advise).
+
+The orthogonalisation is the quintic Newton-Schulz iteration of the Muon paper (coefficients
+3.4445, -4.7750, 2.0315, five steps, in bf16), run on all matrices of one shape at once as a
+batched matmul: on a CPU the per-op cost of many small matmuls would otherwise dominate. The
+update is scaled by ``0.2 * sqrt(max(rows, cols))`` (Liu et al., 2025, "Muon is scalable"), which
+gives it the root-mean-square size of a typical AdamW update, so one learning rate and one
+weight decay serve both kinds of parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """An approximately semi-orthogonal matrix with ``g``'s singular vectors (the Newton-Schulz
+    iteration drives the singular values towards 1, to within about 0.5-1.5 after five steps),
+    for each matrix of a batch ``(..., rows, cols)``. Returns fp32 in ``g``'s shape."""
+    a, b, c = NS_COEFFICIENTS
+    tall = g.size(-2) > g.size(-1)
+    x = (g.mT if tall else g).to(torch.bfloat16)  # iterate on the smaller Gram matrix
+    batch = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])
+    # Frobenius norm >= spectral norm: after this every singular value is at most 1
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        gram = torch.bmm(x, x.mT)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    x = x.reshape(*batch, *x.shape[-2:]).float()
+    return x.mT if tall else x
+
+
+def is_muon_param(name: str, param: torch.Tensor) -> bool:
+    """Whether Muon updates this parameter: a weight matrix inside an encoder block (attention's
+    qkv and output projections, the MLP's two layers). Everything else, including the patch
+    embedding and the heads, is AdamW's."""
+    from .optim import decays  # optim imports this module
+
+    return param.ndim == 2 and name.startswith("blocks.") and decays(name, param)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimiser over groups of two kinds: a group with ``"muon": True`` is updated by Muon
+    (momentum, Nesterov, orthogonalised, decoupled weight decay), every other group by AdamW.
+    Every group takes ``lr`` and ``weight_decay``; the state (Muon's momentum buffer, AdamW's two
+    moments and step count) is per parameter, so ``state_dict`` and resuming work as for torch's
+    optimisers."""
+
+    def __init__(
+        self,
+        params: Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            muon=False,
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            if group["muon"]:
+                bad = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
+                if bad:
+                    raise ValueError(f"Muon updates matrices only; this group holds tensors of shape {bad}")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                (self._muon if group["muon"] else self._adamw)(group, params)
+        return loss
+
+    def _muon(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+        grads = [p.grad.float() for p in params]
+        bufs = []
+        for p, g in zip(params, grads):
+            st = self.state[p]
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(g)
+            bufs.append(st["momentum_buffer"])
+        torch._foreach_lerp_(bufs, grads, 1 - mu)
+        updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
+        # One batched iteration per shape up to transposition (orthogonalising commutes with it):
+        # the MLP's (hidden, width) and (width, hidden) matrices go together, all made wide.
+        wide = [u if u.size(0) <= u.size(1) else u.T for u in updates]
+        by_shape: dict[torch.Size, list[int]] = {}
+        for i, u in enumerate(wide):
+            by_shape.setdefault(u.shape, []).append(i)
+        steps: list[torch.Tensor] = [torch.empty(0)] * len(params)
+        for idx in by_shape.values():
+            for i, o in zip(idx, orthogonalize(torch.stack([wide[i] for i in idx]), group["ns_steps"])):
+                steps[i] = o if wide[i] is updates[i] else o.T
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        for p, s in zip(params, steps):
+            p.add_(s, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+
+    def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        grads, avgs, sqs = [], [], []
+        for p in params:
+            st = self.state[p]
+            if "exp_avg" not in st:
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p)
+                st["exp_avg_sq"] = torch.zeros_like(p)
+            st["step"] += 1
+            grads.append(p.grad)
+            avgs.append(st["exp_avg"])
+            sqs.append(st["exp_avg_sq"])
+        step = float(self.state[params[0]]["step"])
+        torch._foreach_lerp_(avgs, grads, 1 - beta1)
+        torch._foreach_mul_(sqs, beta2)
+        torch._foreach_addcmul_(sqs, grads, grads, value=1 - beta2)
+        denom = torch._foreach_sqrt(sqs)
+        torch._foreach_div_(denom, math.sqrt(1 - beta2**step))
+        torch._foreach_add_(denom, eps)
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        torch._foreach_addcdiv_(params, avgs, denom, value=-lr / (1 - beta1**step))

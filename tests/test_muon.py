@@ -1,0 +1,145 @@
+"""Muon for the encoder's matrices, AdamW for the rest (``optim.name: muon``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import vitkit
+from _recipes import changed, stopped_and_resumed
+from vitkit.errors import RecipeError
+from vitkit.train import load_recipe, train
+from vitkit.train.config import OptimSection
+from vitkit.train.muon import MuonAdamW, is_muon_param, orthogonalize
+from vitkit.train.optim import build_optimizer, set_lr
+from vitkit.train.state import list_checkpoints, load_train_state
+
+SMALL = dict(img_size=16, patch_size=4, width=32, depth=3, num_heads=2, mlp_dim=64, num_classes=5)
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (96, 32), (32, 64), (3, 64, 32)])
+def test_orthogonalize_flattens_the_singular_values(shape):
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    # columns scaled over a decade; five steps lift a singular value of ~1/500 of the Frobenius norm
+    # to ~1 (the first step's slope is 3.4445), so far smaller ones would stay small
+    g = g * torch.logspace(-1, 0, shape[-1])
+    o = orthogonalize(g)
+    assert o.shape == g.shape and o.dtype == torch.float32
+    s = torch.linalg.svdvals(o)
+    # the quintic iteration stops short of 1 by design: its authors report 0.5-1.5 (Muon's docs)
+    assert s.min() > 0.3 and s.max() < 1.3, (s.min(), s.max())
+    # the singular vectors are g's: o is g's polar factor up to the singular values' errors
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    polar = u @ vh
+    cos = (o * polar).sum((-2, -1)) / (o.norm(dim=(-2, -1)) * polar.norm(dim=(-2, -1)))
+    assert (cos > 0.95).all(), cos
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = vitkit.create_model("vit_ti16", **SMALL)
+    opt = build_optimizer(model, OptimSection(name="muon", lr=1e-3, weight_decay=0.05))
+    assert isinstance(opt, MuonAdamW)
+    kind = {id(p): g["muon"] for g in opt.param_groups for p in g["params"]}
+    muon = {n for n, p in model.named_parameters() if kind[id(p)]}
+    want = {f"blocks.{i}.{m}.weight" for i in range(3) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
+    assert muon == want
+    assert all(is_muon_param(n, p) == (n in want) for n, p in model.named_parameters())
+    # every parameter once; weight decay as for AdamW (matrices only: no norms, biases, positions)
+    assert sorted(kind) == sorted(id(p) for p in model.parameters())
+    wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert wd[id(model.patch_embed.proj.weight)] == 0.05 and wd[id(model.blocks[0].norm1.weight)] == 0.0
+
+
+def test_a_muon_step_by_hand():
+    """Nesterov momentum, orthogonalised, scaled to AdamW's update size, decoupled weight decay."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(16, 48))
+    w0 = w.detach().clone()
+    opt = MuonAdamW([{"params": [w], "muon": True, "weight_decay": 0.1}], lr=0.01, momentum=0.9)
+    grads = [torch.randn(16, 48), torch.randn(16, 48)]
+    buf = torch.zeros(16, 48)
+    want = w0.clone()
+    for g in grads:
+        w.grad = g.clone()
+        opt.step()
+        buf = 0.9 * buf + 0.1 * g
+        update = 0.1 * g + 0.9 * buf  # Nesterov: the gradient pushed on by the new momentum
+        want = want * (1 - 0.01 * 0.1) - 0.01 * 0.2 * math.sqrt(48) * orthogonalize(update)
+    torch.testing.assert_close(w.detach(), want, atol=1e-6, rtol=1e-5)
+
+
+def test_the_adamw_groups_match_torchs_adamw():
+    torch.manual_seed(1)
+    a = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 4))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    ours = MuonAdamW([{"params": a, "weight_decay": 0.1}], lr=0.01, betas=(0.9, 0.99), eps=1e-8)
+    theirs = torch.optim.AdamW([{"params": b, "weight_decay": 0.1}], lr=0.01, betas=(0.9, 0.99), eps=1e-8)
+    for _ in range(5):
+        grads = [torch.randn_like(p) for p in a]
+        for p, q, g in zip(a, b, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
+
+
+def test_muon_lr_scale_scales_the_matrices_only():
+    model = vitkit.create_model("vit_ti16", **SMALL)
+    opt = build_optimizer(model, OptimSection(name="muon", lr=1e-3, muon_lr_scale=4.0, layer_decay=0.5))
+    set_lr(opt, 1e-3)
+    lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    # layer decay still applies: block 2 is layer 3 of 0..4, a factor 0.5 below the heads
+    assert lr[id(model.blocks[2].mlp.fc1.weight)] == pytest.approx(1e-3 * 0.5 * 4.0)
+    assert lr[id(model.blocks[2].mlp.fc1.bias)] == pytest.approx(1e-3 * 0.5)
+    assert lr[id(model.head.weight)] == pytest.approx(1e-3)
+
+
+def test_a_muon_group_of_a_vector_is_refused():
+    with pytest.raises(ValueError, match=r"Muon updates matrices only.*\(5,\)"):
+        MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(5))], "muon": True}])
+
+
+TINY = {
+    "seed": 5,
+    "model": {
+        "name": "vit_ti16",
+        "overrides": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64},
+    },
+    "data": {"name": "synthetic", "options": {"img_size": 16, "n": 128}},
+    "augment": {"crop": "pad", "pad": 2, "flip": True},
+    "optim": {"name": "muon", "lr": 3e-3, "warmup_steps": 2, "weight_decay": 0.05},
+    "train": {"steps": 8, "batch_size": 16, "precision": "fp32"},
+    "log": {"log_every": 1, "eval_every": 0, "checkpoint_every": 4, "keep_last": 5, "plot": False},
+}
+
+
+def recipe(tmp_path: Path, **changes):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(changed(TINY, **changes)))
+    return load_recipe(path)
+
+
+def test_a_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    r = recipe(tmp_path)
+    train(r, tmp_path / "a")
+    resumed = stopped_and_resumed(r, tmp_path / "b", 6, monkeypatch)
+    assert resumed.resumed_from == 4
+    a = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[-1])
+    b = load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1])
+    assert a.state.step == b.state.step == 8
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+    assert {g["muon"] for g in b.optim_state["param_groups"]} == {True, False}
+
+
+def test_muon_settings_are_checked(tmp_path):
+    with pytest.raises(RecipeError, match=r"optim.muon_lr_scale must be > 0, got 0"):
+        load_recipe(None, [("optim.name", "muon"), ("optim.muon_lr_scale", 0)])
+    with pytest.raises(RecipeError, match=r"optim.muon_momentum must be in \[0, 1\), got 1"):
+        load_recipe(None, [("optim.name", "muon"), ("optim.muon_momentum", 1)])
+    with pytest.raises(RecipeError, match="optim.name muon.*train.fsdp"):
+        load_recipe(None, [("optim.name", "muon"), ("train.fsdp", True)])
