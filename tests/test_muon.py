@@ -99,6 +99,15 @@ def test_muon_lr_scale_scales_the_matrices_only():
     assert lr[id(model.head.weight)] == pytest.approx(1e-3)
 
 
+def test_muon_on_a_model_without_encoder_blocks_is_refused():
+    from vitkit.models.config import ResNetConfig
+    from vitkit.models.registry import build_model
+
+    resnet = build_model(ResNetConfig(units=(1, 1), num_classes=3))
+    with pytest.raises(RecipeError, match="optim.name muon updates a ViT's encoder-block matrices; ResNet"):
+        build_optimizer(resnet, OptimSection(name="muon"))
+
+
 def test_a_muon_group_of_a_vector_is_refused():
     with pytest.raises(ValueError, match=r"Muon updates matrices only.*\(5,\)"):
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(5))], "muon": True}])

@@ -60,13 +60,16 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     matrices (:func:`~vitkit.train.muon.is_muon_param`) form groups of their own, marked
     ``"muon": True``."""
     if muon:
-        groups = []
+        groups, names = [], {id(p): n for n, p in model.named_parameters()}
         for g in param_groups(model, weight_decay, layer_decay):
-            names = {id(p): n for n, p in model.named_parameters()}
             split = {True: [], False: []}
             for p in g["params"]:
                 split[is_muon_param(names[id(p)], p)].append(p)
             groups += [{**g, "params": ps, "muon": m} for m, ps in ((True, split[True]), (False, split[False])) if ps]
+        if not any(g["muon"] for g in groups):
+            raise RecipeError(
+                f"optim.name muon updates a ViT's encoder-block matrices; {type(model).__name__} has none (use adamw)"
+            )
         return groups
     if layer_decay == 1.0:
         decay, no_decay = [], []
