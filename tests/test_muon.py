@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import vitkit
-from _recipes import changed, stopped_and_resumed
+from _recipes import stopped_and_resumed, tiny_recipe
 from vitkit.errors import RecipeError
 from vitkit.train import load_recipe, train
 from vitkit.train.config import OptimSection
@@ -113,28 +111,8 @@ def test_a_muon_group_of_a_vector_is_refused():
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(5))], "muon": True}])
 
 
-TINY = {
-    "seed": 5,
-    "model": {
-        "name": "vit_ti16",
-        "overrides": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64},
-    },
-    "data": {"name": "synthetic", "options": {"img_size": 16, "n": 128}},
-    "augment": {"crop": "pad", "pad": 2, "flip": True},
-    "optim": {"name": "muon", "lr": 3e-3, "warmup_steps": 2, "weight_decay": 0.05},
-    "train": {"steps": 8, "batch_size": 16, "precision": "fp32"},
-    "log": {"log_every": 1, "eval_every": 0, "checkpoint_every": 4, "keep_last": 5, "plot": False},
-}
-
-
-def recipe(tmp_path: Path, **changes):
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(changed(TINY, **changes)))
-    return load_recipe(path)
-
-
 def test_a_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    r = recipe(tmp_path)
+    r = tiny_recipe(tmp_path, optim__name="muon")
     train(r, tmp_path / "a")
     resumed = stopped_and_resumed(r, tmp_path / "b", 6, monkeypatch)
     assert resumed.resumed_from == 4

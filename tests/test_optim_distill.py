@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from safetensors.torch import load_file, save_file
 
 import vitkit
-from _recipes import changed, stopped_and_resumed
+from _recipes import stopped_and_resumed, tiny_recipe
 from vitkit.checkpoint import save_checkpoint
 from vitkit.errors import CheckpointError, RecipeError
 from vitkit.export import export_weights
@@ -331,24 +330,7 @@ def test_formats_without_a_distillation_token_refuse_it(tmp_path, to, suffix):
 # Teachers and training
 
 
-TINY = {
-    "seed": 5,
-    "model": {
-        "name": "vit_ti16",
-        "overrides": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64},
-    },
-    "data": {"name": "synthetic", "options": {"img_size": 16, "n": 128}},
-    "augment": {"crop": "pad", "pad": 2, "flip": True},
-    "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 2, "weight_decay": 0.05},
-    "train": {"steps": 8, "batch_size": 16, "precision": "fp32"},
-    "log": {"log_every": 1, "eval_every": 0, "checkpoint_every": 4, "keep_last": 5, "plot": False},
-}
-
-
-def recipe(tmp_path: Path, **changes):
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(changed(TINY, **changes)))
-    return load_recipe(path)
+recipe = tiny_recipe
 
 
 @pytest.fixture
