@@ -12,8 +12,8 @@ from _recipes import stopped_and_resumed, tiny_recipe
 from vitkit.errors import RecipeError
 from vitkit.train import load_recipe, train
 from vitkit.train.config import OptimSection
-from vitkit.train.muon import MuonAdamW, is_muon_param, orthogonalize
-from vitkit.train.optim import build_optimizer, set_lr
+from vitkit.train.muon import MuonAdamW, orthogonalize
+from vitkit.train.optim import build_optimizer, is_muon_param, set_lr
 from vitkit.train.state import list_checkpoints, load_train_state
 
 SMALL = dict(img_size=16, patch_size=4, width=32, depth=3, num_heads=2, mlp_dim=64, num_classes=5)

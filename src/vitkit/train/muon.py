@@ -46,15 +46,6 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     return x.mT if tall else x
 
 
-def is_muon_param(name: str, param: torch.Tensor) -> bool:
-    """Whether Muon updates this parameter: a weight matrix inside an encoder block (attention's
-    qkv and output projections, the MLP's two layers). Everything else, including the patch
-    embedding and the heads, is AdamW's."""
-    from .optim import decays  # optim imports this module
-
-    return param.ndim == 2 and name.startswith("blocks.") and decays(name, param)
-
-
 class MuonAdamW(torch.optim.Optimizer):
     """One optimiser over groups of two kinds: a group with ``"muon": True`` is updated by Muon
     (momentum, Nesterov, orthogonalised, decoupled weight decay), every other group by AdamW.
@@ -131,18 +122,19 @@ class MuonAdamW(torch.optim.Optimizer):
     def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        grads, avgs, sqs = [], [], []
+        grads, avgs, sqs, counts = [], [], [], []
         for p in params:
             st = self.state[p]
             if "exp_avg" not in st:
                 st["step"] = torch.zeros((), dtype=torch.float32)
                 st["exp_avg"] = torch.zeros_like(p)
                 st["exp_avg_sq"] = torch.zeros_like(p)
-            st["step"] += 1
             grads.append(p.grad)
             avgs.append(st["exp_avg"])
             sqs.append(st["exp_avg_sq"])
-        step = float(self.state[params[0]]["step"])
+            counts.append(st["step"])
+        torch._foreach_add_(counts, 1)
+        step = float(counts[0])
         torch._foreach_lerp_(avgs, grads, 1 - beta1)
         torch._foreach_mul_(sqs, beta2)
         torch._foreach_addcmul_(sqs, grads, grads, value=1 - beta2)

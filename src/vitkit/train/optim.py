@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import RecipeError
 from .config import OptimSection
-from .muon import MuonAdamW, is_muon_param
+from .muon import MuonAdamW
 
 # Parameters that get no weight decay besides every tensor of at most one dimension (biases, the
 # scales of LayerNorm and GroupNorm): position embeddings and the learned prefix tokens. Names
@@ -33,6 +33,13 @@ def decays(name: str, param: torch.Tensor) -> bool:
     nor to position embeddings, relative-position tables, class or distillation tokens, which are
     embeddings rather than weights (as big_vision, timm and DeiT do)."""
     return param.ndim > 1 and not any(n in name for n in _NO_DECAY_NAMES)
+
+
+def is_muon_param(name: str, param: torch.Tensor) -> bool:
+    """Whether ``optim.name=muon`` updates a parameter by Muon: a weight matrix inside an encoder
+    block (attention's qkv and output projections, the MLP's two layers). Everything else,
+    including the patch embedding and the heads, is AdamW's."""
+    return param.ndim == 2 and name.startswith("blocks.") and decays(name, param)
 
 
 def layer_id(name: str, depth: int) -> int:
@@ -57,15 +64,15 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     """The optimiser's parameter groups: with weight decay or without (:func:`decays`), and with
     ``layer_decay`` below 1 one pair per layer (:func:`layer_id`), each with its ``lr_scale``
     (:func:`set_lr` multiplies the schedule's rate by it). With ``muon`` the encoder's weight
-    matrices (:func:`~vitkit.train.muon.is_muon_param`) form groups of their own, marked
+    matrices (:func:`is_muon_param`) form groups of their own, marked
     ``"muon": True``."""
     if muon:
         groups, names = [], {id(p): n for n, p in model.named_parameters()}
         for g in param_groups(model, weight_decay, layer_decay):
-            split = {True: [], False: []}
-            for p in g["params"]:
-                split[is_muon_param(names[id(p)], p)].append(p)
-            groups += [{**g, "params": ps, "muon": m} for m, ps in ((True, split[True]), (False, split[False])) if ps]
+            for m in (True, False):
+                ps = [p for p in g["params"] if is_muon_param(names[id(p)], p) == m]
+                if ps:
+                    groups.append({**g, "params": ps, "muon": m})
         if not any(g["muon"] for g in groups):
             raise RecipeError(
                 f"optim.name muon updates a ViT's encoder-block matrices; {type(model).__name__} has none (use adamw)"
