@@ -141,11 +141,12 @@ _TRAINING_PATHS: dict[tuple[Any, ...], str] = {}
 
 
 def choose_training_path(
-    batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype = torch.float32, repeats: int = 3
+    batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype = torch.float32, repeats: int = 5
 ) -> str:
     """Which of the two explicit paths trains attention of this shape faster on this CPU, timed
     (forward and backward of q, k, v of shape (batch, heads, tokens, head_dim) in ``dtype``, the
-    best of ``repeats``): "math" keeps the weights, "recompute" recomputes them in the backward.
+    best of ``repeats``, the two paths taking turns): "math" keeps the weights, "recompute"
+    recomputes them in the backward.
     Both give the same numbers bit for bit, so the choice changes speed only, and a resumed run
     may choose differently and still end with the same weights. The rule ``auto`` follows without
     a measurement (recompute beyond N > 3 head_dim) is where the saved memory traffic outweighs
@@ -156,19 +157,18 @@ def choose_training_path(
         return _TRAINING_PATHS[key]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, tokens, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
-    best = {}
-    for impl in ("math", "recompute"):
-        times = []
-        for i in range(repeats + 1):
+    times: dict[str, list[float]] = {"math": [], "recompute": []}
+    for i in range(repeats + 1):
+        for impl in times:  # interleaved, so that a slow moment of a shared machine hits both
             start = time.perf_counter()
             with torch.enable_grad():
                 out, _ = attend(
                     q, k, v, scale=head_dim**-0.5, dropout_p=0.0, training=True, impl=impl, need_weights=False
                 )
                 out.float().sum().backward()
-            if i:  # the first is a warm-up
-                times.append(time.perf_counter() - start)
-        best[impl] = min(times)
+            if i:  # the first round is a warm-up
+                times[impl].append(time.perf_counter() - start)
+    best = {impl: min(t) for impl, t in times.items()}
     _TRAINING_PATHS[key] = min(best, key=best.get)
     return _TRAINING_PATHS[key]
 
