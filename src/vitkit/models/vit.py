@@ -392,21 +392,15 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         patches = gh * gw
         idx = self._kept_index(B, patches, x.device)
         # (B, C, gh, ph, gw, pw) -> (B, gh*gw, C*ph*pw): each row one patch, in the conv weight's order
-        pix = x[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
-        pix = pix.reshape(B, patches, C * ph * pw)
+        pix = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, patches, C * ph * pw)
         pix = pix.gather(1, idx[:, :, None].expand(-1, -1, pix.shape[-1]))
         proj = self.patch_embed.proj
         tokens = F.linear(pix, proj.weight.reshape(proj.out_channels, -1), proj.bias)  # (B, keep, D)
         pos = self.pos_embed_table((gh, gw))
-        prefix = self.prefix_tokens()
-        if pos is not None:
-            rows = pos.shape[1] - patches  # the prefix tokens' rows (none with cls_pos_embed False)
-            tokens = tokens + pos[0, rows:][idx]
-            if prefix is not None and rows:
-                prefix = prefix + pos[:, :rows]
-        if prefix is None:
-            return tokens
-        return torch.cat([prefix.expand(B, -1, -1), tokens], dim=1)
+        if pos is not None:  # the kept patches' rows, after the prefix tokens' (none with cls_pos_embed False)
+            rows = pos.shape[1] - patches
+            pos = torch.cat([pos[:, :rows].expand(B, -1, -1), pos[0, rows:][idx]], dim=1)
+        return add_tokens_and_positions(tokens, self.prefix_tokens(), pos, self.cfg.cls_pos_embed)
 
     def prefix_tokens(self) -> torch.Tensor | None:
         """The learned tokens put before the patches, (1, P, D): the class token, then the
