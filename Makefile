@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: venv data demo reproduce test test-all lint format bench clean
+.PHONY: venv data demo reproduce test test-all test-peers lint format bench clean
 
 $(BIN)/vitkit: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,17 @@ reproduce: venv data
 test: venv
 	$(BIN)/python -m pytest -q
 
+# The parity tests against timm's own models (they skip in `make test`: timm needs torchvision,
+# whose PyPI wheels need CUDA torch). timm and torchvision go into .peers/ without dependencies,
+# beside the venv's CPU torch; tests/peer_env/sitecustomize.py says why that imports.
+TIMM ?= timm==1.0.31
+TORCHVISION ?= torchvision==0.28.0
+test-peers: venv
+	$(BIN)/pip install -q --no-deps --upgrade --target .peers "$(TIMM)" "$(TORCHVISION)"
+	cp tests/peer_env/sitecustomize.py .peers/
+	PYTHONPATH=.peers $(BIN)/python -c "import timm"
+	PYTHONPATH=.peers $(BIN)/python -m pytest -q -k timm tests
+
 test-all: venv
 	$(BIN)/python -m pytest -q -m "slow or not slow"
 
@@ -46,4 +57,4 @@ bench: venv
 	$(BIN)/python benchmarks/peers.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .peers build dist src/*.egg-info .pytest_cache .ruff_cache
