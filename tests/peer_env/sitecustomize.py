@@ -8,10 +8,10 @@ Defining the two schemas first is enough for timm's models, which use none of to
 only the timm parity tests run in this environment.
 """
 
+import contextlib
+
 import torch
 
 for _name in ("nms", "qnms"):
-    try:
+    with contextlib.suppress(RuntimeError):  # defined already: torchvision's own ops did load
         torch.library.define(f"torchvision::{_name}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    except RuntimeError:  # defined already: torchvision's own ops did load
-        pass
