@@ -70,6 +70,35 @@ def test_a_muon_step_by_hand():
     torch.testing.assert_close(w.detach(), want, atol=1e-6, rtol=1e-5)
 
 
+def test_a_split_qkv_weight_steps_as_three_matrices():
+    """A fused qkv weight with a split of 3 takes the step that q, k and v would as three
+    parameters of their own (orthogonalised and scaled apart), and build_optimizer marks only
+    the qkv weights so under optim.muon_split_qkv."""
+    torch.manual_seed(2)
+    fused = torch.nn.Parameter(torch.randn(3 * 8, 8))
+    apart = [torch.nn.Parameter(b.detach().clone()) for b in fused.detach().chunk(3)]
+    other = torch.nn.Parameter(torch.randn(8, 16))  # unsplit, of another shape
+    a = MuonAdamW([{"params": [fused, other], "muon": True, "weight_decay": 0.1, "splits": [3, 1]}], lr=0.01)
+    b = MuonAdamW([{"params": [*apart, torch.nn.Parameter(other.detach().clone())], "muon": True,
+                    "weight_decay": 0.1}], lr=0.01)  # fmt: skip
+    for _ in range(3):
+        g, go = torch.randn(24, 8), torch.randn(8, 16)
+        fused.grad, other.grad = g.clone(), go.clone()
+        for p, gb in zip(apart, g.chunk(3)):
+            p.grad = gb.clone()
+        b.param_groups[0]["params"][3].grad = go.clone()
+        a.step()
+        b.step()
+    torch.testing.assert_close(fused.detach(), torch.cat([p.detach() for p in apart]), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(other.detach(), b.param_groups[0]["params"][3].detach(), atol=1e-6, rtol=1e-5)
+    model = vitkit.create_model("vit_ti16", **SMALL)
+    opt = build_optimizer(model, OptimSection(name="muon", muon_split_qkv=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+    split = {names[id(p)]: k for g in opt.param_groups if g["muon"] for p, k in zip(g["params"], g["splits"])}
+    assert {n for n, k in split.items() if k == 3} == {f"blocks.{i}.attn.qkv.weight" for i in range(3)}
+    assert set(split.values()) == {1, 3}
+
+
 def test_the_adamw_groups_match_torchs_adamw():
     torch.manual_seed(1)
     a = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 4))]

@@ -149,6 +149,7 @@ class OptimSection:
     nesterov: bool = False
     muon_momentum: float = checked(0.95, "[0, 1)")  # muon: the encoder matrices' momentum (Nesterov)
     muon_lr_scale: float = checked(1.0, "> 0")  # muon: the encoder matrices' lr is lr times this
+    muon_split_qkv: bool = False  # muon: orthogonalise a fused qkv weight as q, k and v apart
     # decoupled (AdamW); on weight matrices and kernels only: never on biases, norm scales, position
     # embeddings, relative-position tables, class or distillation tokens (optim.decays)
     weight_decay: float = checked(0.1, ">= 0")

@@ -49,7 +49,9 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 class MuonAdamW(torch.optim.Optimizer):
     """One optimiser over groups of two kinds: a group with ``"muon": True`` is updated by Muon
     (momentum, Nesterov, orthogonalised, decoupled weight decay), every other group by AdamW.
-    Every group takes ``lr`` and ``weight_decay``; the state (Muon's momentum buffer, AdamW's two
+    Every group takes ``lr`` and ``weight_decay``; a Muon group may also take ``splits``, one int
+    per parameter: how many equal blocks of rows to orthogonalise separately (3 for a fused qkv
+    weight, whose q, k and v are three maps). The state (Muon's momentum buffer, AdamW's two
     moments and step count) is per parameter, so ``state_dict`` and resuming work as for torch's
     optimisers."""
 
@@ -95,6 +97,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+        splits = dict(zip(map(id, group["params"]), group.get("splits") or [1] * len(group["params"])))
         grads = [p.grad.float() for p in params]
         bufs = []
         for p, g in zip(params, grads):
@@ -104,20 +107,27 @@ class MuonAdamW(torch.optim.Optimizer):
             bufs.append(st["momentum_buffer"])
         torch._foreach_lerp_(bufs, grads, 1 - mu)
         updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
+        # A matrix with a split of k is k matrices stacked by rows (a fused qkv weight: q, k and v),
+        # each orthogonalised and scaled as a matrix of its own.
+        pieces = [piece for p, u in zip(params, updates) for piece in u.chunk(splits[id(p)], dim=0)]
         # One batched iteration per shape up to transposition (orthogonalising commutes with it):
         # the MLP's (hidden, width) and (width, hidden) matrices go together, all made wide.
-        wide = [u if u.size(0) <= u.size(1) else u.T for u in updates]
+        wide = [u if u.size(0) <= u.size(1) else u.T for u in pieces]
         by_shape: dict[torch.Size, list[int]] = {}
         for i, u in enumerate(wide):
             by_shape.setdefault(u.shape, []).append(i)
-        steps: list[torch.Tensor] = [torch.empty(0)] * len(params)
+        steps: list[torch.Tensor] = [torch.empty(0)] * len(pieces)
         for idx in by_shape.values():
             for i, o in zip(idx, orthogonalize(torch.stack([wide[i] for i in idx]), group["ns_steps"])):
-                steps[i] = o if wide[i] is updates[i] else o.T
+                steps[i] = o if wide[i] is pieces[i] else o.T
         if wd:
             torch._foreach_mul_(params, 1 - lr * wd)
-        for p, s in zip(params, steps):
-            p.add_(s, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+        start = 0
+        for p in params:
+            k = splits[id(p)]
+            step = steps[start] if k == 1 else torch.cat(steps[start : start + k])
+            p.add_(step, alpha=-lr * 0.2 * math.sqrt(max(steps[start].shape)))  # the blocks are of one shape
+            start += k
 
     def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]

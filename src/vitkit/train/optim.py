@@ -60,12 +60,15 @@ def layer_scales(depth: int, decay: float) -> list[float]:
     return [decay ** (depth + 1 - i) for i in range(depth + 2)]
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0, muon: bool = False) -> list[dict]:
+def param_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float = 1.0, muon: bool = False, split_qkv: bool = False
+) -> list[dict]:
     """The optimiser's parameter groups: with weight decay or without (:func:`decays`), and with
     ``layer_decay`` below 1 one pair per layer (:func:`layer_id`), each with its ``lr_scale``
     (:func:`set_lr` multiplies the schedule's rate by it). With ``muon`` the encoder's weight
     matrices (:func:`is_muon_param`) form groups of their own, marked
-    ``"muon": True``."""
+    ``"muon": True``; with ``split_qkv`` as well, their ``splits`` make Muon orthogonalise a fused
+    qkv weight as three matrices, q, k and v (:class:`.muon.MuonAdamW`)."""
     if muon:
         groups, names = [], {id(p): n for n, p in model.named_parameters()}
         for g in param_groups(model, weight_decay, layer_decay):
@@ -73,6 +76,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
                 ps = [p for p in g["params"] if is_muon_param(names[id(p)], p) == m]
                 if ps:
                     groups.append({**g, "params": ps, "muon": m})
+                    if m and split_qkv:
+                        groups[-1]["splits"] = [3 if names[id(p)].endswith(".attn.qkv.weight") else 1 for p in ps]
         if not any(g["muon"] for g in groups):
             raise RecipeError(
                 f"optim.name muon updates a ViT's encoder-block matrices; {type(model).__name__} has none (use adamw)"
@@ -108,7 +113,7 @@ def build_optimizer(model: nn.Module, cfg: OptimSection, fused: bool = False) ->
     """The recipe's optimiser over ``model``'s trainable parameters. ``fused`` (CUDA parameters
     only) runs Adam's update as one kernel per group instead of several per tensor."""
     name = cfg.name.lower()
-    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, muon=name == "muon")
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, muon=name == "muon", split_qkv=cfg.muon_split_qkv)
     if name == "muon":
         for g in groups:
             if g["muon"]:
