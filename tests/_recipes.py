@@ -43,12 +43,10 @@ def changed(tree: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return out
 
 
-def stopped_and_resumed(recipe: Any, out: Any, stop_at: int, monkeypatch: Any, seed: int = 12345) -> Any:
-    """Train ``recipe`` into ``out`` until the step ``stop_at`` starts (an exception inside the
-    step, as a crash would leave it), then run it again: the resumed run's result. The process's
-    RNG is reseeded in between, so that the resumed run cannot lean on it."""
+def stopped(recipe: Any, out: Any, stop_at: int, monkeypatch: Any) -> None:
+    """Train ``recipe`` into ``out`` until the step ``stop_at`` starts, then stop it with an
+    exception inside the step, as a crash would leave it."""
     import pytest
-    import torch
 
     from vitkit.train import train
     from vitkit.train.loop import Trainer
@@ -67,5 +65,15 @@ def stopped_and_resumed(recipe: Any, out: Any, stop_at: int, monkeypatch: Any, s
     with pytest.raises(Stop):
         train(recipe, out)
     monkeypatch.setattr(Trainer, "train_step", real_step)
+
+
+def stopped_and_resumed(recipe: Any, out: Any, stop_at: int, monkeypatch: Any, seed: int = 12345) -> Any:
+    """:func:`stopped`, then run it again: the resumed run's result. The process's RNG is
+    reseeded in between, so that the resumed run cannot lean on it."""
+    import torch
+
+    from vitkit.train import train
+
+    stopped(recipe, out, stop_at, monkeypatch)
     torch.manual_seed(seed)
     return train(recipe, out)

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import vitkit
-from _recipes import stopped_and_resumed, tiny_recipe
+from _recipes import stopped, stopped_and_resumed, tiny_recipe
 from vitkit.checkpoint import save_checkpoint
-from vitkit.errors import CheckpointError, RecipeError
+from vitkit.errors import CheckpointError, RecipeError, TrainingError
 from vitkit.export import export_weights
 from vitkit.models.config import ResNetConfig
 from vitkit.models.registry import build_model
@@ -435,6 +435,31 @@ def test_distillation_run_with_checkpointing_and_layer_decay_resumes_bit_exact(t
     assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
     scales = sorted({g["lr_scale"] for g in b.optim_state["param_groups"]})
     assert scales == pytest.approx([0.8**3, 0.8**2, 0.8, 1.0])  # 2 blocks: layers 0..3 kept their scales
+
+
+def test_a_resumed_run_refuses_a_teacher_whose_weights_changed(tmp_path, teacher_file, monkeypatch):
+    """The recipe names the same file, but another teacher sits there now: one line, nothing
+    trained; with the first teacher back the run resumes to the uninterrupted run's weights."""
+    from vitkit.train.distill import weights_digest
+
+    r = recipe(tmp_path, train__distill="hard", train__teacher=str(teacher_file))
+    first = teacher_file.read_bytes()
+    train(r, tmp_path / "a")
+    a = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[-1])
+    assert a.state.teacher_digest == weights_digest(vitkit.load_pretrained(teacher_file))
+
+    stopped(r, tmp_path / "b", 6, monkeypatch)
+    other = randomise(vitkit.create_model("vit_ti16", **(SMALL | {"img_size": 24, "num_classes": 10})), seed=4)
+    save_checkpoint(other, teacher_file, Preprocessing((0.4, 0.45, 0.5), (0.2, 0.25, 0.3), (24, 24)))
+    with pytest.raises(TrainingError, match=r"^train.teacher .*teacher.safetensors: its weights changed since") as e:
+        train(r, tmp_path / "b")
+    assert "\n" not in str(e.value)
+    assert load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1]).state.step == 4
+    teacher_file.write_bytes(first)
+    resumed = train(r, tmp_path / "b")
+    assert resumed.resumed_from == 4
+    b = load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1])
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos2d"])

@@ -11,6 +11,7 @@ that its gradients keep their size as T changes (Hinton et al., 2015).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +58,18 @@ def distillation_loss(
     return (1 - alpha) * label_loss + alpha * term
 
 
+def weights_digest(model: nn.Module) -> str:
+    """sha256 over a model's state dict (names, dtypes, shapes, values, in name order): what the
+    trainer keeps to tell, on resuming, that the teacher is still the one the run started with,
+    however it was named (a file, a run folder whose best weights move on, a hub name)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 class Teacher:
     """A fixed teacher: any checkpoint :func:`vitkit.load_pretrained` reads (a CNN or a ViT), in
     eval mode, without gradients. It sees the student's augmented batch, brought to its own value
@@ -86,6 +99,7 @@ class Teacher:
             raise RecipeError(
                 f"train.teacher {path}: the teacher takes {model.cfg.in_chans} input channels, the model {in_chans}"
             )
+        self.digest = weights_digest(model)
         self.model: nn.Module = model.to(device).eval().requires_grad_(False)
         self.device, self.precision = device, precision
         theirs = model.preprocessing

@@ -280,7 +280,7 @@ class Trainer:
         fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
         self.optimizer = build_optimizer(self.model, r.optim, fused=fused)
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
-        self.state = TrainState()
+        self.state = TrainState(teacher_digest=self.teacher.digest if self.teacher is not None else None)
         self.resumed_from: int | None = None
         self._resume()
         self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
@@ -346,6 +346,18 @@ class Trainer:
                     "use another --out, or the same settings to resume"
                 )
 
+    def _check_same_teacher(self, saved: str | None) -> None:
+        """A resumed distillation run must learn from the teacher it started with: the recipe
+        names the teacher (checked by :meth:`_check_resume_recipe`), this its weights. A
+        checkpoint from before the digest was kept (None) cannot be checked."""
+        if self.teacher is None or saved is None or saved == self.teacher.digest:
+            return
+        raise TrainingError(
+            f"train.teacher {self.recipe.train.teacher}: its weights changed since this run started "
+            f"(sha256 {saved[:12]}... then, {self.teacher.digest[:12]}... now); put the first teacher back "
+            "to resume, or use another --out to start afresh"
+        )
+
     def _resume(self) -> None:
         if not list_checkpoints(self.out / "checkpoints"):
             return
@@ -373,7 +385,9 @@ class Trainer:
             torch.set_rng_state(loaded.rng["torch"])
         if "cuda" in loaded.rng and self.device.type == "cuda":
             torch.cuda.set_rng_state(loaded.rng["cuda"])
+        self._check_same_teacher(loaded.state.teacher_digest)
         self.state = loaded.state
+        self.state.teacher_digest = self.teacher.digest if self.teacher is not None else None
         self.resumed_from = loaded.state.step
         self.progress.message(f"resuming {self.out} from step {loaded.state.step}")
 

@@ -37,6 +37,7 @@ class TrainState:
     nonfinite_skipped: int = 0
     train_seconds: float = 0.0  # optimiser-step time so far (evaluation and checkpoints excluded)
     last_metric: float | None = None  # the latest evaluation's top-1
+    teacher_digest: str | None = None  # sha256 of the distillation teacher's weights (distill.Teacher)
 
 
 def _flatten_optim(osd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -105,6 +106,7 @@ def save_train_state(
                 "nonfinite_skipped": state.nonfinite_skipped,
                 "train_seconds": state.train_seconds,
                 "last_metric": state.last_metric,
+                "teacher_digest": state.teacher_digest,
                 "optimizer": opt_meta,
             }
         ),
@@ -148,6 +150,7 @@ def _train_state(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, s
         nonfinite_skipped=ts.get("nonfinite_skipped", 0),
         train_seconds=ts.get("train_seconds", 0.0),
         last_metric=ts.get("last_metric"),
+        teacher_digest=ts.get("teacher_digest"),
     )
     return LoadedTrainState(
         path, model_state, _unflatten_optim(tensors, ts["optimizer"]), ema, rng, state, meta.get("recipe", "")
