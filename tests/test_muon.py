@@ -99,6 +99,12 @@ def test_a_split_qkv_weight_steps_as_three_matrices():
     assert set(split.values()) == {1, 3}
 
 
+def test_a_split_that_does_not_divide_the_rows_is_refused():
+    w = torch.nn.Parameter(torch.randn(10, 4))
+    with pytest.raises(ValueError, match=r"a split of 3 does not divide the 10 rows of a \(10, 4\) matrix"):
+        MuonAdamW([{"params": [w], "muon": True, "splits": [3]}])
+
+
 def test_the_adamw_groups_match_torchs_adamw():
     torch.manual_seed(1)
     a = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 4))]

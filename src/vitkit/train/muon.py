@@ -82,6 +82,11 @@ class MuonAdamW(torch.optim.Optimizer):
                 bad = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
                 if bad:
                     raise ValueError(f"Muon updates matrices only; this group holds tensors of shape {bad}")
+                for p, k in zip(group["params"], group.get("splits") or []):
+                    if k < 1 or p.shape[0] % k:
+                        raise ValueError(
+                            f"a split of {k} does not divide the {p.shape[0]} rows of a {tuple(p.shape)} matrix"
+                        )
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
