@@ -348,13 +348,15 @@ class Trainer:
 
     def _check_same_teacher(self, saved: str | None) -> None:
         """A resumed distillation run must learn from the teacher it started with: the recipe
-        names the teacher (checked by :meth:`_check_resume_recipe`), this its weights. A
-        checkpoint from before the digest was kept (None) cannot be checked."""
-        if self.teacher is None or saved is None or saved == self.teacher.digest:
+        names the teacher (checked by :meth:`_check_resume_recipe`), this its weights (the digest
+        ``self.state`` holds from the start). A checkpoint from before the digest was kept (None)
+        cannot be checked."""
+        now = self.state.teacher_digest
+        if saved is None or saved == now:
             return
         raise TrainingError(
             f"train.teacher {self.recipe.train.teacher}: its weights changed since this run started "
-            f"(sha256 {saved[:12]}... then, {self.teacher.digest[:12]}... now); put the first teacher back "
+            f"(sha256 {saved[:12]}... then, {str(now)[:12]}... now); put the first teacher back "
             "to resume, or use another --out to start afresh"
         )
 
@@ -386,8 +388,8 @@ class Trainer:
         if "cuda" in loaded.rng and self.device.type == "cuda":
             torch.cuda.set_rng_state(loaded.rng["cuda"])
         self._check_same_teacher(loaded.state.teacher_digest)
+        loaded.state.teacher_digest = self.state.teacher_digest  # an older checkpoint's None too
         self.state = loaded.state
-        self.state.teacher_digest = self.teacher.digest if self.teacher is not None else None
         self.resumed_from = loaded.state.step
         self.progress.message(f"resuming {self.out} from step {loaded.state.step}")
 

@@ -102,7 +102,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
-        splits = dict(zip(map(id, group["params"]), group.get("splits") or [1] * len(group["params"])))
+        split_of = dict(zip(map(id, group["params"]), group.get("splits") or [1] * len(group["params"])))
+        splits = [split_of[id(p)] for p in params]
         grads = [p.grad.float() for p in params]
         bufs = []
         for p, g in zip(params, grads):
@@ -114,7 +115,7 @@ class MuonAdamW(torch.optim.Optimizer):
         updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
         # A matrix with a split of k is k matrices stacked by rows (a fused qkv weight: q, k and v),
         # each orthogonalised and scaled as a matrix of its own.
-        pieces = [piece for p, u in zip(params, updates) for piece in u.chunk(splits[id(p)], dim=0)]
+        pieces = [piece for u, k in zip(updates, splits) for piece in u.chunk(k, dim=0)]
         # One batched iteration per shape up to transposition (orthogonalising commutes with it):
         # the MLP's (hidden, width) and (width, hidden) matrices go together, all made wide.
         wide = [u if u.size(0) <= u.size(1) else u.T for u in pieces]
@@ -128,8 +129,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if wd:
             torch._foreach_mul_(params, 1 - lr * wd)
         start = 0
-        for p in params:
-            k = splits[id(p)]
+        for p, k in zip(params, splits):
             step = steps[start] if k == 1 else torch.cat(steps[start : start + k])
             p.add_(step, alpha=-lr * 0.2 * math.sqrt(max(steps[start].shape)))  # the blocks are of one shape
             start += k
