@@ -60,7 +60,7 @@ TINY = [
 ]
 
 
-def _batches(trainer, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches_of(trainer, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` batches of the recipe's training data, in its order (epochs wrap)."""
     r, out, epoch = trainer.recipe, [], 0
     while len(out) < count:
@@ -74,7 +74,7 @@ def _batches(trainer, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _time_steps(trainer, batches) -> float:
+def time_steps(trainer, batches) -> float:
     start = time.perf_counter()
     for images, labels in batches:
         trainer.train_step(images, labels)
@@ -129,15 +129,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vitkit-augbench-") as tmp:
         trainers = {n: Trainer(r, Path(tmp) / f"run{i}") for i, (n, r) in enumerate(recipes.items())}
         try:
-            batches = {n: _batches(t, args.warmup + args.steps) for n, t in trainers.items()}
+            batches = {n: batches_of(t, args.warmup + args.steps) for n, t in trainers.items()}
             for n, t in trainers.items():
                 t.model.train()
-                _time_steps(t, batches[n][: args.warmup])
+                time_steps(t, batches[n][: args.warmup])
             step_s: dict[str, list[float]] = {n: [] for n in names}
             augment_s: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(args.rounds):
                 for n, t in trainers.items():
-                    step_s[n].append(_time_steps(t, batches[n][args.warmup :]) / args.steps)
+                    step_s[n].append(time_steps(t, batches[n][args.warmup :]) / args.steps)
                     augment_s[n].append(_time_augment(t, batches[n][args.warmup :]) / args.steps)
         finally:
             for t in trainers.values():

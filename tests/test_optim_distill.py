@@ -510,3 +510,78 @@ def test_init_from_a_plain_vit_trains_a_distilled_student(tmp_path, teacher_file
     sd = load_train_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1]).model_state
     assert not torch.equal(sd["head.weight"], sd["head_dist.weight"])  # the two heads moved apart
     assert not torch.equal(sd["dist_token"], sd["cls_token"])
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16 weights (train.bf16_weights): the step computed by a bf16 copy, the fp32 weights stepped
+
+
+def test_bf16_weights_settings_are_checked():
+    with pytest.raises(RecipeError, match=r"train.bf16_weights needs train.precision=bf16, got fp32"):
+        load_recipe(None, [("train.bf16_weights", True)])
+    base = [("train.precision", "bf16"), ("train.bf16_weights", True)]
+    with pytest.raises(RecipeError, match=r"train.bf16_weights would sum train.accum_steps=2 micro-steps"):
+        load_recipe(None, [*base, ("train.accum_steps", 2)])
+    with pytest.raises(RecipeError, match=r"copies whole parameters, which train.fsdp shards: set one of them"):
+        load_recipe(None, [*base, ("train.fsdp", True)])
+
+
+def test_the_bf16_copys_gradients_reach_the_fp32_weights_close_to_fp32_ones():
+    from vitkit.train.loop import bf16_copy, copy_weights, grads_to_weights
+
+    model = randomise(tiny(), seed=3)  # a random head too: a zero one passes no gradient back
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 5, (8,), generator=g)
+    F.cross_entropy(model(x), y).backward()
+    exact = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    net = bf16_copy(model)
+    assert all(q.dtype == torch.bfloat16 for q in net.parameters())
+    F.cross_entropy(net(x.to(torch.bfloat16)).float(), y).backward()
+    grads_to_weights(net, model)
+    assert all(q.grad is None for q in net.parameters())
+    for n, p in model.named_parameters():
+        assert p.grad.dtype == torch.float32
+        cos = F.cosine_similarity(p.grad.flatten(), exact[n].flatten(), dim=0)
+        assert cos > 0.999, (n, float(cos))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4)  # new weights: the copy takes them, rounded to bf16
+    copy_weights(model, net)
+    assert all(torch.equal(q, p.detach().to(torch.bfloat16)) for p, q in zip(model.parameters(), net.parameters()))
+
+
+def test_a_bf16_weights_trainer_steps_the_fp32_weights_and_rounds_them_into_its_copy(tmp_path):
+    from vitkit.train.loop import Trainer
+
+    trainer = Trainer(tiny_recipe(tmp_path, train__precision="bf16", train__bf16_weights=True), tmp_path / "run")
+    seen: list[torch.dtype] = []
+    real_step = trainer.optimizer.step
+    trainer.optimizer.step = lambda: (seen.extend(p.grad.dtype for p in trainer.model.parameters()), real_step())
+    g = torch.Generator().manual_seed(0)
+    trainer.model.train(), trainer.net.train()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    for _ in range(3):
+        trainer.train_step(torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
+        trainer.state.step += 1
+    trainer.close()
+    assert trainer.net is not trainer.model and set(seen) == {torch.float32}
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))  # it did step
+    for (n, p), q in zip(trainer.model.named_parameters(), trainer.net.parameters(), strict=True):
+        assert p.dtype == torch.float32 and q.dtype == torch.bfloat16
+        assert torch.equal(q, p.detach().to(torch.bfloat16)), n  # the copy is the weights rounded
+    # the fp32 weights keep what rounding to bf16 would lose
+    w = dict(trainer.model.named_parameters())["blocks.0.mlp.fc1.weight"].detach()
+    assert not torch.equal(w, w.to(torch.bfloat16).float())
+
+
+def test_a_bf16_weights_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    r = tiny_recipe(tmp_path, optim__name="muon", train__precision="bf16", train__bf16_weights=True)
+    train(r, tmp_path / "a")
+    resumed = stopped_and_resumed(r, tmp_path / "b", 6, monkeypatch)
+    assert resumed.resumed_from == 4
+    a = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[-1])
+    b = load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1])
+    assert a.state.step == b.state.step == 8
+    assert all(b.model_state[k].dtype != torch.bfloat16 for k in b.model_state)  # fp32 weights are saved
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)

@@ -165,6 +165,7 @@ class TrainSection:
     batch_size: int = checked(128, ">= 1")  # global batch (all processes, all accumulation micro-steps)
     accum_steps: int = checked(1, ">= 1")
     precision: str = checked("fp32", choices=PRECISIONS)  # bf16: autocast, fp32 weights
+    bf16_weights: bool = False  # with bf16: forward and backward on a bf16 copy of the fp32 weights
     compile: bool = False
     grad_clip: float = checked(1.0, ">= 0")  # global norm; 0 disables
     label_smoothing: float = checked(0.0, "[0, 1)")
@@ -327,6 +328,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         check_data_section(section, where)
     if isinstance(section, TrainSection):
         check_distillation(section, where)
+        check_bf16_weights(section, where)
     if isinstance(section, AugmentSection):
         check_augment_section(section, where)
     optim = section if isinstance(section, OptimSection) else None
@@ -344,6 +346,23 @@ def check_distillation(t: TrainSection, where: str = "train") -> None:
         raise RecipeError(f"{where}.distill={t.distill} needs a teacher: set {where}.teacher to a checkpoint")
     if t.teacher and t.distill == "none":
         raise RecipeError(f"{where}.teacher is set but {where}.distill is none: set {where}.distill to hard or soft")
+
+
+def check_bf16_weights(t: TrainSection, where: str = "train") -> None:
+    """A bf16 copy of the weights computes in bf16 and hands its gradients to the fp32 weights
+    once a step: it needs bf16, one micro-step (gradients summed over micro-steps would add up in
+    bf16) and whole parameters (FSDP's are sharded)."""
+    if not t.bf16_weights:
+        return
+    if t.precision != "bf16":
+        raise RecipeError(f"{where}.bf16_weights needs {where}.precision=bf16, got {t.precision}")
+    if t.accum_steps > 1:
+        raise RecipeError(
+            f"{where}.bf16_weights would sum {where}.accum_steps={t.accum_steps} micro-steps' gradients in bf16; "
+            f"set {where}.accum_steps=1 or {where}.bf16_weights=false"
+        )
+    if t.fsdp:
+        raise RecipeError(f"{where}.bf16_weights copies whole parameters, which {where}.fsdp shards: set one of them")
 
 
 def check_augment_section(a: AugmentSection, where: str = "augment") -> None:

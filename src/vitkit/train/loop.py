@@ -9,6 +9,7 @@ learning rate is a function of the step.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 from collections.abc import Iterator
@@ -137,6 +138,28 @@ def _devices(r: Recipe) -> tuple[torch.device, D.DistInfo]:
             f"({info.world_size} x {r.train.accum_steps})"
         )
     return device, info
+
+
+def bf16_copy(model: nn.Module) -> nn.Module:
+    """A bf16 copy of ``model`` for ``train.bf16_weights``: its forward and backward run in bf16
+    end to end, without the casts autocast puts around every matrix multiply and residual add
+    (on the CPU a small model's step is mostly such small ops); the fp32 weights stay the
+    optimiser's, the checkpoints' and the evaluation's, so a step's update is not rounded to bf16."""
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+def grads_to_weights(net: nn.Module, model: nn.Module) -> None:
+    """Hand the bf16 copy's gradients to the fp32 weights, as fp32, for clipping and the step."""
+    for q, p in zip(net.parameters(), model.parameters(), strict=True):
+        p.grad = None if q.grad is None else q.grad.float()
+        q.grad = None
+
+
+@torch.no_grad()
+def copy_weights(model: nn.Module, net: nn.Module) -> None:
+    """Round the fp32 weights into the bf16 copy (after each step, and after resuming)."""
+    for p, q in zip(model.parameters(), net.parameters(), strict=True):
+        q.copy_(p)
 
 
 def _dataset(r: Recipe, split: str) -> Dataset:
@@ -269,6 +292,8 @@ class Trainer:
         _check_patch_drop(r, self.model)
         _set_model_modes(r, self.model)
         _time_attention_paths(r, self.model, self.device, self.info)
+        # what computes a training step: the model, or a bf16 copy of it (train.bf16_weights)
+        self.net = bf16_copy(self.model) if r.train.bf16_weights else self.model
         self.preprocessing = Preprocessing.for_config(self.model.cfg)
         self.tcfg = _transform_config(r, self.preprocessing)
         self.teacher = self._build_teacher()
@@ -276,13 +301,15 @@ class Trainer:
         if r.train.fsdp and r.train.ema_decay:
             raise RecipeError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
         # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
-        self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
+        self.wrapped = D.wrap_model(self.net, self.info, self.device, r.train.fsdp)
         fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
         self.optimizer = build_optimizer(self.model, r.optim, fused=fused)
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
         self.state = TrainState(teacher_digest=self.teacher.digest if self.teacher is not None else None)
         self.resumed_from: int | None = None
         self._resume()
+        if self.net is not self.model:
+            copy_weights(self.model, self.net)
         self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
         self._tb: Any = None
 
@@ -503,7 +530,7 @@ class Trainer:
                 device=self.device,
                 precision=r.train.precision,
                 max_images=r.data.eval_max_images,
-                forward=self.forward,
+                forward=self.forward if self.net is self.model else _unwrap(self.model),
                 transform=self.tcfg,
                 rank=self.info.rank,
                 world_size=self.info.world_size,
@@ -524,7 +551,7 @@ class Trainer:
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
         if r.train.patch_drop:
             on = step < r.train.patch_drop_until * r.train.steps
-            self.model.set_patch_drop(r.train.patch_drop if on else 0.0)
+            self.net.set_patch_drop(r.train.patch_drop if on else 0.0)
         micro = self._micro_batches(images, labels)
         total = torch.zeros((), device=self.device)
         in_chans = self.model.cfg.in_chans
@@ -537,11 +564,17 @@ class Trainer:
             sync = i == len(micro) - 1 or not hasattr(self.wrapped, "no_sync")
             ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
             with ctx:
-                with autocast(self.device, r.train.precision):
-                    logits = self.forward(x)
+                if self.net is self.model:
+                    with autocast(self.device, r.train.precision):
+                        logits = self.forward(x)
+                else:  # bf16 weights take bf16 images; the loss is computed in fp32
+                    out = self.forward(x.to(torch.bfloat16))
+                    logits = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
                 loss = self._loss(x, logits, y) / len(micro)
                 loss.backward()
             total += loss.detach()
+        if self.net is not self.model:
+            grads_to_weights(self.net, self.model)
         D.all_reduce_sum(total, self.info)  # the mean over processes is the loss of the global batch
         total /= self.info.world_size
         if not torch.isfinite(total).item():
@@ -560,6 +593,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model)
+        if self.net is not self.model:
+            copy_weights(self.model, self.net)
         return float(total.item())
 
     def _loss(
@@ -592,6 +627,7 @@ class Trainer:
         r, total = self.recipe, self.recipe.train.steps
         self._open_run()
         self.model.train()
+        self.net.train()
         self.progress.start(total, self.state.step)
         watch, window = Stopwatch(), Window()
         global_batch = (r.train.batch_size // self.info.world_size) * self.info.world_size
