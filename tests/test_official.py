@@ -124,3 +124,34 @@ def test_big_vision_variants(fixtures, tmp_path):
         # reference with that row zeroed.
         ref.pos_embed.data[:, 0] = 0
         torch.testing.assert_close(model(x), ref(x), atol=1e-6, rtol=0)
+
+
+def _as_bf16_bytes(a: np.ndarray) -> np.ndarray:
+    """A float array as JAX's bf16 arrays come back from ``np.savez``: 2-byte void entries."""
+    return torch.from_numpy(a).to(torch.bfloat16).view(torch.int16).numpy().view("V2")
+
+
+def test_bf16_values_stored_as_two_byte_voids_read_exactly():
+    from vitkit.checkpoint.io import bf16_to_float32
+
+    values = torch.tensor([0.0, -0.0, 1.0, -2.5, 3.140625, 1e-40, -1e38, float("inf"), float("-inf")])
+    got = bf16_to_float32(_as_bf16_bytes(values.numpy().reshape(3, 3)))
+    assert got.dtype == np.float32 and got.shape == (3, 3)
+    assert torch.equal(torch.from_numpy(got).flatten(), values.to(torch.bfloat16).float())
+    assert np.isnan(bf16_to_float32(_as_bf16_bytes(np.array([np.nan], np.float32)))).all()
+
+
+def test_a_big_vision_bf16_checkpoint_loads_as_the_weights_rounded_to_bf16(fixtures, tmp_path):
+    """big_vision's half-size files (PaliGemma's ``*.bf16.npz``) hold every float array as bf16,
+    which numpy reads back as 2-byte voids: they load as the fp32 checkpoint rounded to bf16."""
+    d = fixtures / "vit_tiny_token"
+    arrays = dict(np.load(d / "params_linen.npz"))
+    np.savez(tmp_path / "half.bf16.npz", **{k: _as_bf16_bytes(v) for k, v in arrays.items()})
+    model = vitkit.load_pretrained(tmp_path / "half.bf16.npz")
+    ref = vitkit.load_pretrained(d / "params_linen.npz")
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in ref.state_dict().items()}
+    got = model.state_dict()
+    assert got.keys() == rounded.keys()
+    assert all(got[k].dtype == torch.float32 and torch.equal(got[k], rounded[k]) for k in got)
+    _, _, logits = run(model, d)
+    assert np.abs(logits - np.load(d / "logits.npy")).max() < 0.05  # bf16 weights: about 3 digits

@@ -142,7 +142,22 @@ def _read_npy_member(path: Path, name: str, f: Any, stored: int) -> np.ndarray:
             f"but the archive holds {stored - f.tell()} bytes for it"
         )
     f.seek(0)
-    return npy.read_array(f, allow_pickle=False)
+    arr = npy.read_array(f, allow_pickle=False)
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None:
+        return bf16_to_float32(arr)
+    return arr
+
+
+def bf16_to_float32(arr: np.ndarray) -> np.ndarray:
+    """bf16 values stored as 2-byte void entries, as float32, exactly.
+
+    numpy has no bf16 type: JAX's (ml_dtypes') bfloat16 arrays saved with ``np.savez`` come back
+    as ``|V2``, the raw bytes of each value. That is how big_vision's half-size checkpoints
+    (PaliGemma's ``*.bf16.npz``) store their weights. A bf16 value is the top half of the
+    float32 of the same value, so shifting its 16 bits up is the exact conversion; the bytes are
+    little-endian, as written on the x86 and ARM machines that make these files."""
+    bits = np.ascontiguousarray(arr).view("<u2").astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(arr.shape)
 
 
 def _mib(n: int) -> str:
