@@ -434,6 +434,79 @@ def test_shards_skip_bad_samples(tmp_path: Path, reader: str) -> None:
         assert why in reasons
 
 
+def _write_shards_with_an_unreadable_run(folder: Path) -> str:
+    """Two shards of 8 samples, of which shard 001's last 4 do not decode: split between two
+    ranks at 4 images a rank, rank 1's second share of the epoch is unreadable whole."""
+    _write_shards(folder, n_shards=1, per_shard=8)
+    with tarfile.open(folder / "train-001.tar", "w") as tar:
+        for i in range(8):
+            _add(tar, f"{100 + i:05d}.png", _sample_image(100 + i) if i < 4 else b"not an image")
+            _add(tar, f"{100 + i:05d}.cls", b"1\n")
+    return str(folder / "train-{000..001}.tar")
+
+
+def test_a_ranks_unreadable_share_of_a_batch_comes_out_empty_in_its_place(tmp_path: Path) -> None:
+    """Alone, a batch left with no readable image is not yielded; one of several ranks yields it
+    empty, so that its batches stay paired with the other ranks' (the trainer drops it on all)."""
+    ds = ShardDataset(_write_shards_with_an_unreadable_run(tmp_path), load_size=4, reader="tarfile", num_classes=3)
+    r0 = [len(y) for _, y in ds.batches(8, rank=0, world_size=2)]
+    r1 = [len(y) for _, y in ds.batches(8, rank=1, world_size=2)]
+    assert r0 == [4, 4] and r1 == [4, 0]
+    x, _ = list(ds.batches(8, rank=1, world_size=2))[1]
+    assert x.shape == (0, 3, 4, 4) and x.dtype == torch.uint8
+    assert [_ids(x) for x, _ in ds.batches(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [100, 101, 102, 103]]
+
+
+def test_two_processes_train_on_through_a_batch_one_of_them_cannot_read(tmp_path: Path) -> None:
+    """Each epoch rank 1's second share is unreadable: both processes drop that batch, so they
+    stay in the same epoch at the same batch. Before, rank 1 went on to its next epoch's first
+    batch, paired with rank 0's second: the ranks trained on batches the plan never put together,
+    and the checkpoint (rank 0's place in the data) was not where rank 1 stood."""
+    import subprocess
+
+    import yaml
+
+    from vitkit.train.state import list_checkpoints, load_train_state
+
+    recipe = {
+        "seed": 1,
+        "model": {
+            "name": "vit_ti16",
+            "overrides": {"img_size": 8, "patch_size": 4, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32},
+        },
+        "data": {
+            "name": _write_shards_with_an_unreadable_run(tmp_path / "shards"),
+            # no shuffle buffer: whichever rank draws shard 001 has its second share unreadable
+            "options": {"img_size": 8, "reader": "tarfile", "num_classes": 3, "shuffle_buffer": 0},
+            "eval_split": "",
+        },
+        "augment": {"crop": "none", "flip": False},
+        "optim": {"name": "sgd", "lr": 0.1},
+        "train": {"steps": 3, "batch_size": 8, "precision": "fp32"},
+        "log": {"log_every": 1, "eval_every": 0, "checkpoint_every": 0, "plot": False, "tensorboard": False},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531"]
+    cmd += [
+        "-m",
+        "vitkit",
+        "train",
+        "--config",
+        str(tmp_path / "r.yaml"),
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    steps = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(steps) == 3
+    state = load_train_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1]).state
+    assert (state.epoch, state.batch_in_epoch) == (2, 1)  # one step an epoch: its second batch dropped
+
+
 def test_shard_classes_and_bad_labels(tmp_path: Path) -> None:
     _write_shards(tmp_path, n_shards=2, per_shard=3)
     pattern = str(tmp_path / "train-{000..001}.tar")

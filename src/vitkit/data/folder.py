@@ -143,7 +143,7 @@ class ImageFolder(StreamingDataset):
             [(path, label, path) for path, label in map(self.samples.__getitem__, local.tolist())]
             for local in plan.index_batches(len(self))
         )
-        return self.decode_batches(items, num_workers)
+        return self.decode_batches(items, num_workers, keep_empty=plan.world_size > 1)
 
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageFolder"]

@@ -333,7 +333,7 @@ class ShardDataset(StreamingDataset):
             raise DataError(f"{self.name}: {len(self.shards)} shards cannot be split among {plan.world_size} ranks")
         sizes = plan.local_sizes(len(self))  # this rank's share of every global batch (the last may be short)
         stream = _repeated(self._rank_stream(plan), plan.repeats)
-        return self.decode_batches(_cut(stream, sizes, plan.start_batch), num_workers)
+        return self.decode_batches(_cut(stream, sizes, plan.start_batch), num_workers, keep_empty=plan.world_size > 1)
 
     def _rank_stream(self, plan: BatchPlan) -> Iterator[Item]:
         """This rank's samples for the epoch, endless: the shards are started over when done."""

@@ -128,12 +128,14 @@ class StreamingDataset(Dataset):
         self.skips = SkipCounter()
 
     def decode_batches(
-        self, item_batches: Iterable[list[Item]], num_workers: int = 0
+        self, item_batches: Iterable[list[Item]], num_workers: int = 0, keep_empty: bool = False
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Decode each batch of items to (uint8 (B, C, H, W), int64 (B,)), in the order given.
 
         Items that fail to decode are dropped from their batch and added to ``skips``; a batch
-        left empty is not yielded.
+        left empty is not yielded, unless ``keep_empty``: a rank of several must yield one batch
+        for each of the plan's, or its batches would pair with other ranks' later ones and it
+        would run out first (the trainer drops a batch that is empty on any rank, on all).
         """
         # A DataLoader draws its workers' base seed when an epoch's iterator is made, from the
         # global RNG unless it has a generator of its own. A run resumed mid-epoch makes that
@@ -149,7 +151,7 @@ class StreamingDataset(Dataset):
         for images, labels, failed in loader:
             for why in failed:
                 self.skips.add(why)
-            if len(labels):
+            if len(labels) or keep_empty:
                 yield images, labels
 
 

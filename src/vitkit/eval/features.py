@@ -88,7 +88,8 @@ def _batches(
             if world_size == 1:
                 images, labels = images[:left], labels[:left]
             left -= labels.numel() if world_size == 1 else batch_size
-        yield images, labels
+        if labels.numel():  # a rank's batch whose images could not be read is yielded empty
+            yield images, labels
         if left is not None and left <= 0:
             return  # before the source reads another batch
 

@@ -26,6 +26,7 @@ from ..checkpoint.native import save_weights
 from ..data import Dataset, TransformConfig, build_dataset, step_generator, train_transform
 from ..data.mix import MixConfig, mix_batch
 from ..data.randaugment import RandAugmentConfig
+from ..data.streaming import StreamingDataset
 from ..data.transforms import EraseConfig, match_channels
 from ..errors import DataError, RecipeError, TrainingError, VitkitError
 from ..eval import evaluate
@@ -686,6 +687,8 @@ class Trainer:
             )
             yielded = False
             for index, batch in enumerate(batches, start=start):
+                if self._empty_on_a_process(batch):
+                    continue
                 yielded = True
                 yield index, batch
                 if self.state.step >= r.train.steps:
@@ -697,6 +700,16 @@ class Trainer:
             if skipped:
                 self.progress.message(f"epoch {self.state.epoch}: skipped {skipped} unreadable images, e.g. {examples}")
             self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+
+    def _empty_on_a_process(self, batch: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """Whether some process's share of this batch came out empty (none of its images could
+        be read): then every process drops the batch, so that all take the same steps; one rank
+        stepping alone would wait for the others' gradients forever. One small collective a step,
+        for sources that decode only (an in-memory split never empties a batch)."""
+        if self.info.world_size == 1 or not isinstance(self.train_ds, StreamingDataset):
+            return len(batch[1]) == 0
+        empty = torch.tensor(float(len(batch[1]) == 0), device=self.device)
+        return D.all_reduce_sum(empty, self.info).item() > 0
 
     def _open_run(self) -> None:
         if not self.info.is_main:
