@@ -58,6 +58,33 @@ def test_truncated_safetensors(tmp_path):
         vitkit.load_pretrained(path)
 
 
+def test_a_flipped_bit_in_a_weight_is_caught_by_its_crc32(tmp_path):
+    """safetensors checks headers and sizes, not values: vitkit writes each tensor's CRC32 into
+    the metadata and checks it on reading, so a changed value is named, not loaded."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from vitkit.checkpoint.io import CHECKSUM_KEY, read_safetensors, tensor_crc32
+
+    m = vitkit.create_model("vit_ti16", img_size=32, depth=1)
+    path = vitkit.save_checkpoint(m, tmp_path / "m.safetensors")
+    tensors, meta = read_safetensors(path)
+    sums = json.loads(meta[CHECKSUM_KEY])
+    assert sums.keys() == tensors.keys() and sums["head.weight"] == tensor_crc32(m.state_dict()["head.weight"])
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10  # inside the last tensor's bytes: the file still parses
+    (tmp_path / "flip.safetensors").write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"flip\.safetensors: tensor '.+' does not match the CRC32 written"):
+        vitkit.load_pretrained(tmp_path / "flip.safetensors")
+    # a table that leaves a tensor out is refused; another writer's file (no table) reads unchecked
+    save_file(tensors, tmp_path / "short.safetensors", {**meta, CHECKSUM_KEY: json.dumps({"head.weight": "0"})})
+    with pytest.raises(CheckpointError, match=r"short\.safetensors: tensors and vitkit_crc32 table disagree"):
+        read_safetensors(tmp_path / "short.safetensors")
+    save_file(tensors, tmp_path / "plain.safetensors", {k: v for k, v in meta.items() if k != CHECKSUM_KEY})
+    assert vitkit.load_pretrained(tmp_path / "plain.safetensors").cfg.depth == 1
+
+
 def test_foreign_file(tmp_path):
     p = tmp_path / "notes.safetensors"
     p.write_text("hello")

@@ -419,6 +419,23 @@ def test_resume_skips_a_checkpoint_with_nonfinite_weights(tmp_path):
     )
 
 
+def test_resume_skips_a_checkpoint_with_a_changed_value(tmp_path):
+    """A flipped bit in a weight leaves a file that parses and is finite: the CRC32 table written
+    with it catches the change, and the run resumes from the checkpoint before."""
+    train(tiny(), tmp_path / "run")
+    newest = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 0x01
+    newest.write_bytes(data)
+    messages = Messages()
+    result = train(tiny(), tmp_path / "run", messages)
+    assert result.resumed_from == 2 and result.step == 4
+    line = messages.lines[0]
+    assert line.startswith("skipped checkpoint step_0000004.safetensors (damaged: tensor '"), line
+    assert "does not match the CRC32 written with it" in line
+    assert line.endswith("); resuming from step_0000002.safetensors"), line
+
+
 # -- 4. a torn metrics log -------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import tokenize
@@ -20,16 +21,29 @@ from safetensors.torch import save as safetensors_save
 from ..errors import CheckpointError
 from ..files import atomic_write
 
+# Metadata key of the CRC32 of each tensor's bytes, written with every file vitkit writes.
+# safetensors checks a file's header and sizes but not its values: a flipped bit in a weight
+# would load without a word. Other writers' files have no such table and are read unchecked.
+CHECKSUM_KEY = "vitkit_crc32"
+
+
+def tensor_crc32(t: torch.Tensor) -> str:
+    """The CRC32 of a (contiguous, CPU) tensor's bytes, as 8 hex digits."""
+    return f"{zlib.crc32(t.reshape(-1).view(torch.uint8).numpy()):08x}"
+
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """Atomically write tensors (made contiguous, on the CPU) with string metadata."""
+    """Atomically write tensors (made contiguous, on the CPU) with string metadata and the
+    CRC32 of each tensor (:data:`CHECKSUM_KEY`, checked by :func:`read_safetensors`)."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    blob = safetensors_save(tensors, metadata=metadata)
+    sums = json.dumps({k: tensor_crc32(v) for k, v in sorted(tensors.items())}, separators=(",", ":"))
+    blob = safetensors_save(tensors, metadata={**metadata, CHECKSUM_KEY: sums})
     atomic_write(path, lambda f: f.write(blob))
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and metadata of a safetensors file; a damaged file is a :class:`CheckpointError`."""
+    """Tensors and metadata of a safetensors file; a damaged file is a :class:`CheckpointError`:
+    one safetensors refuses, or one whose tensors do not match the CRC32s written with them."""
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -37,7 +51,29 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({_one_line(e)})") from None
+    if CHECKSUM_KEY in meta:
+        _check_sums(path, tensors, meta[CHECKSUM_KEY])
     return tensors, meta
+
+
+def _check_sums(path: Path, tensors: dict[str, torch.Tensor], table: str) -> None:
+    damaged = "the file is damaged: use another copy, or an earlier checkpoint"
+    try:
+        sums = json.loads(table)
+        if not isinstance(sums, dict):
+            raise ValueError("not a table")
+    except ValueError:
+        raise CheckpointError(f"{path}: its {CHECKSUM_KEY} metadata does not read as a table; {damaged}") from None
+    if sums.keys() != tensors.keys():
+        odd = sorted(sums.keys() ^ tensors.keys())
+        raise CheckpointError(f"{path}: tensors and {CHECKSUM_KEY} table disagree on {odd[:3]}; {damaged}")
+    for name, tensor in tensors.items():
+        got = tensor_crc32(tensor)
+        if got != sums[name]:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} does not match the CRC32 written with it "
+                f"({got}, written {sums[name]}); {damaged}"
+            )
 
 
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
