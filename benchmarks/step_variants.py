@@ -1,6 +1,6 @@
 """Training throughput of recipe variants, side by side: the demo recipe with ``--set`` changes.
 
-    python benchmarks/step_variants.py --variant "autocast=" --variant "bf16 weights=train.bf16_weights=true"
+    python benchmarks/step_variants.py --variant "autocast=train.bf16_weights=false" --variant "bf16 weights="
     python benchmarks/step_variants.py --full ...        # every patch, as the last 10% of the demo's steps
     python benchmarks/step_variants.py --tiny ...        # a check that it runs (seconds)
 

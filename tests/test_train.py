@@ -249,7 +249,8 @@ def test_finetune_from_official_npz_resizes_and_replaces_head(tmp_path, fixtures
 @pytest.mark.parametrize("fsdp, bf16", [(False, False), (True, False), (False, True)], ids=["ddp", "fsdp", "ddp-bf16"])
 def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16):
     """DDP (or FSDP2) over gloo with 2 processes: the first losses equal a 1-process run with the
-    same global batch (to bf16's precision with ``train.bf16_weights``, whose bf16 copy DDP wraps),
+    same global batch (to bf16's precision with ``train.bf16_weights``, whose copy's gradients are
+    averaged in fp32 without DDP),
     and the checkpoint loads in one process."""
     bf16_sets = {"train__precision": "bf16", "train__bf16_weights": True} if bf16 else {}
     recipe = write_recipe(

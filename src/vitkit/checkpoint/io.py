@@ -57,7 +57,10 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def _check_sums(path: Path, tensors: dict[str, torch.Tensor], table: str) -> None:
-    damaged = "the file is damaged: use another copy, or an earlier checkpoint"
+    damaged = (
+        "the file is damaged: use another copy, or an earlier checkpoint (if its tensors were "
+        f"changed on purpose, write it again without the {CHECKSUM_KEY} metadata)"
+    )
     try:
         sums = json.loads(table)
         if not isinstance(sums, dict):

@@ -355,7 +355,10 @@ def check_bf16_weights(t: TrainSection, where: str = "train") -> None:
     if not t.bf16_weights:
         return
     if t.precision != "bf16":
-        raise RecipeError(f"{where}.bf16_weights needs {where}.precision=bf16, got {t.precision}")
+        raise RecipeError(
+            f"{where}.bf16_weights needs {where}.precision=bf16, got {t.precision}; "
+            f"set {where}.bf16_weights=false for {t.precision}"
+        )
     if t.accum_steps > 1:
         raise RecipeError(
             f"{where}.bf16_weights would sum {where}.accum_steps={t.accum_steps} micro-steps' gradients in bf16; "

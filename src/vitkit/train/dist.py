@@ -74,6 +74,32 @@ def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: boo
     return DistributedDataParallel(model, device_ids=ids)
 
 
+def broadcast_weights(model: nn.Module, info: DistInfo) -> None:
+    """Every process takes rank 0's parameters and buffers (what DDP does when it wraps a model),
+    for a model that is not wrapped."""
+    if info.enabled:
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t, src=0)
+
+
+def average_gradients(model: nn.Module, info: DistInfo) -> None:
+    """The mean over processes of ``model``'s gradients, in their own dtype, in one all-reduce
+    (for a model that is not wrapped in DDP). Every process has gradients for the same parameters."""
+    if not info.enabled:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= info.world_size
+    start = 0
+    for g in grads:
+        g.copy_(flat[start : start + g.numel()].view_as(g))
+        start += g.numel()
+
+
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -158,9 +158,13 @@ def grads_to_weights(net: nn.Module, model: nn.Module) -> None:
 
 @torch.no_grad()
 def copy_weights(model: nn.Module, net: nn.Module) -> None:
-    """Round the fp32 weights into the bf16 copy (after each step, and after resuming)."""
+    """Round the fp32 weights, and floating buffers, into the bf16 copy (after each step, and
+    after resuming)."""
     for p, q in zip(model.parameters(), net.parameters(), strict=True):
         q.copy_(p)
+    for a, b in zip(model.buffers(), net.buffers(), strict=True):
+        if a.is_floating_point():
+            b.copy_(a)
 
 
 def _dataset(r: Recipe, split: str) -> Dataset:
@@ -302,7 +306,12 @@ class Trainer:
         if r.train.fsdp and r.train.ema_decay:
             raise RecipeError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
         # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
-        self.wrapped = D.wrap_model(self.net, self.info, self.device, r.train.fsdp)
+        # A bf16 copy is not wrapped: its gradients are averaged over processes in fp32, once
+        # they are the fp32 weights' (train_step), and the weights come from rank 0 (below).
+        if self.net is self.model:
+            self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
+        else:
+            self.wrapped = self.net
         fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
         self.optimizer = build_optimizer(self.model, r.optim, fused=fused)
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
@@ -310,6 +319,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self._resume()
         if self.net is not self.model:
+            D.broadcast_weights(self.model, self.info)
             copy_weights(self.model, self.net)
         self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
         self._tb: Any = None
@@ -531,6 +541,7 @@ class Trainer:
                 device=self.device,
                 precision=r.train.precision,
                 max_images=r.data.eval_max_images,
+                # with a bf16 copy, the fp32 weights, uncompiled (train.compile compiles the copy)
                 forward=self.forward if self.net is self.model else _unwrap(self.model),
                 transform=self.tcfg,
                 rank=self.info.rank,
@@ -576,6 +587,7 @@ class Trainer:
             total += loss.detach()
         if self.net is not self.model:
             grads_to_weights(self.net, self.model)
+            D.average_gradients(self.model, self.info)
         D.all_reduce_sum(total, self.info)  # the mean over processes is the loss of the global batch
         total /= self.info.world_size
         if not torch.isfinite(total).item():

@@ -182,7 +182,7 @@ def latest_loadable(folder: Path, skipped: list[str] | None = None) -> LoadedTra
         try:
             loaded = load_train_state(path)
         except CheckpointError as e:  # "PATH: what is wrong; what to do": what is wrong
-            why = "damaged: " + str(e).removeprefix(f"{path}: ").split("; ")[0]
+            why = str(e).removeprefix(f"{path}: ").split("; ")[0]
         else:
             bad = nonfinite_names(loaded.model_state) + nonfinite_names(loaded.ema_state or {})
             optim = loaded.optim_state["state"]
