@@ -57,6 +57,7 @@ TINY = [
     "model.overrides.mlp_dim=64",
     "train.batch_size=32",
     "train.precision=fp32",
+    "train.bf16_weights=false",
 ]
 
 
@@ -112,7 +113,6 @@ def main() -> None:
     if args.tiny:
         args.steps, args.warmup, args.rounds = 2, 1, 2
 
-    from vitkit.files import write_json
     from vitkit.train import load_recipe, parse_set
     from vitkit.train.dist import resolve_device
     from vitkit.train.loop import Trainer
@@ -166,13 +166,20 @@ def main() -> None:
     for r in results:
         ips, ratio, ms = r["images_per_s"], r["ratio_to_first"], r["augment_ms_per_batch"]
         print(f"{r['variant']:<28} {ips:>9.1f} {ratio:>9.3f} {ms:>17.2f}")
+    write_results(args, results, batch_size=batch)
+
+
+def write_results(args: argparse.Namespace, results: list[dict], **meta: object) -> None:
+    """The JSON of a step benchmark: its settings, the machine's, and ``results``."""
+    from vitkit.files import write_json
+
     meta = {
         "config": args.config,
         "tiny": args.tiny,
         "steps": args.steps,
         "warmup": args.warmup,
         "rounds": args.rounds,
-        "batch_size": batch,
+        **meta,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),

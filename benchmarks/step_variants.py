@@ -16,8 +16,6 @@ the demo's first 90% of steps; ``--full`` turns it off for all of them. Writes J
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -26,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from augment_throughput import TINY, batches_of, time_steps
+from augment_throughput import TINY, batches_of, time_steps, write_results
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -53,7 +51,6 @@ def main() -> None:
     if len(variants) != len(args.variant):
         ap.error("two --variant share a name")
 
-    from vitkit.files import write_json
     from vitkit.train import load_recipe, parse_set
     from vitkit.train.dist import resolve_device
     from vitkit.train.loop import Trainer
@@ -102,22 +99,7 @@ def main() -> None:
     print("-" * len(header))
     for r in results:
         print(f"{r['variant']:<28} {r['median_step_ms']:>9.2f} {r['images_per_s']:>9.1f} {r['speed_vs_first']:>22.3f}")
-    meta = {
-        "config": args.config,
-        "full": args.full,
-        "tiny": args.tiny,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "rounds": args.rounds,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cpus": os.cpu_count(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.json, {"meta": meta, "results": results})
-    print(f"\nwrote {args.json}")
+    write_results(args, results, full=args.full)
 
 
 if __name__ == "__main__":

@@ -146,8 +146,12 @@ def test_a_muon_group_of_a_vector_is_refused():
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(5))], "muon": True}])
 
 
-def test_a_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    r = tiny_recipe(tmp_path, optim__name="muon")
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-weights"])
+def test_a_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch, bf16):
+    """Also with train.bf16_weights: the checkpoints hold the fp32 weights, and the copy is
+    rounded from them again on resuming."""
+    extra = {"train__precision": "bf16", "train__bf16_weights": True} if bf16 else {}
+    r = tiny_recipe(tmp_path, optim__name="muon", **extra)
     train(r, tmp_path / "a")
     resumed = stopped_and_resumed(r, tmp_path / "b", 6, monkeypatch)
     assert resumed.resumed_from == 4
@@ -155,6 +159,7 @@ def test_a_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     b = load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1])
     assert a.state.step == b.state.step == 8
     assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+    assert all(v.dtype == torch.float32 for v in b.model_state.values() if v.is_floating_point())
     assert {g["muon"] for g in b.optim_state["param_groups"]} == {True, False}
 
 

@@ -573,15 +573,3 @@ def test_a_bf16_weights_trainer_steps_the_fp32_weights_and_rounds_them_into_its_
     # the fp32 weights keep what rounding to bf16 would lose
     w = dict(trainer.model.named_parameters())["blocks.0.mlp.fc1.weight"].detach()
     assert not torch.equal(w, w.to(torch.bfloat16).float())
-
-
-def test_a_bf16_weights_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    r = tiny_recipe(tmp_path, optim__name="muon", train__precision="bf16", train__bf16_weights=True)
-    train(r, tmp_path / "a")
-    resumed = stopped_and_resumed(r, tmp_path / "b", 6, monkeypatch)
-    assert resumed.resumed_from == 4
-    a = load_train_state(list_checkpoints(tmp_path / "a" / "checkpoints")[-1])
-    b = load_train_state(list_checkpoints(tmp_path / "b" / "checkpoints")[-1])
-    assert a.state.step == b.state.step == 8
-    assert all(b.model_state[k].dtype != torch.bfloat16 for k in b.model_state)  # fp32 weights are saved
-    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)

@@ -218,6 +218,26 @@ def test_failed_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]  # no temporary left behind
 
 
+def test_precision_fp32_on_the_command_line_turns_the_bf16_copy_off(tmp_path, monkeypatch):
+    """The default recipe (the demo's) computes with a bf16 copy of the weights, which needs bf16:
+    ``--precision fp32`` means fp32 throughout, not a refusal."""
+    import vitkit.train
+    from vitkit.cli import main
+
+    seen = []
+    monkeypatch.setattr(vitkit.train, "train", lambda recipe, out, progress: seen.append(recipe) or _Done())
+    assert main(["train", "--precision", "fp32", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    assert (seen[0].train.precision, seen[0].train.bf16_weights) == ("fp32", False)
+    assert main(["train", "--precision", "bf16", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    assert (seen[1].train.precision, seen[1].train.bf16_weights) == ("bf16", True)
+
+
+class _Done:
+    final_top1 = None
+    step = 1
+    out_dir = "run"
+
+
 def test_damaged_newest_checkpoint_falls_back(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path, train__steps=8))
     train(recipe, tmp_path / "run")

@@ -81,7 +81,9 @@ def recipe_arguments(p: argparse.ArgumentParser, default_config: str | None) -> 
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument(
+        "--precision", choices=["fp32", "bf16"], help="bf16: autocast, or the recipe's bf16 weights; fp32: neither"
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
 
 
@@ -96,6 +98,8 @@ def train_from_args(args: argparse.Namespace, extra_sets: list[tuple[str, Any]])
 
     sets = parse_set(args.set or []) + extra_sets
     sets += [(key, getattr(args, a)) for a, key in FLAG_KEYS.items() if getattr(args, a, None) is not None]
+    if args.precision == "fp32":  # fp32 throughout: no bf16 copy of the weights (the demo recipe has one)
+        sets.append(("train.bf16_weights", False))
     if args.compile:
         sets.append(("train.compile", True))
     recipe = load_recipe(find_recipe(args.config), sets)
