@@ -27,6 +27,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -98,6 +99,34 @@ def _time_augment(trainer, batches) -> float:
     return time.perf_counter() - start
 
 
+def time_variants(
+    recipes: dict, steps: int, warmup: int, rounds: int, also: Callable | None = None
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds a step takes for each recipe, one Trainer each, ``rounds`` blocks of ``steps`` in
+    turns after ``warmup`` untimed steps; and the seconds a step of ``also(trainer, batches)``
+    takes, timed after each block (empty lists without it)."""
+    from vitkit.train.loop import Trainer
+
+    step_s: dict[str, list[float]] = {n: [] for n in recipes}
+    also_s: dict[str, list[float]] = {n: [] for n in recipes}
+    with tempfile.TemporaryDirectory(prefix="vitkit-stepbench-") as tmp:
+        trainers = {n: Trainer(r, Path(tmp) / f"run{i}") for i, (n, r) in enumerate(recipes.items())}
+        try:
+            batches = {n: batches_of(t, warmup + steps) for n, t in trainers.items()}
+            for n, t in trainers.items():
+                t.model.train(), t.net.train()
+                time_steps(t, batches[n][:warmup])
+            for _ in range(rounds):
+                for n, t in trainers.items():
+                    step_s[n].append(time_steps(t, batches[n][warmup:]) / steps)
+                    if also is not None:
+                        also_s[n].append(also(t, batches[n][warmup:]) / steps)
+        finally:
+            for t in trainers.values():
+                t.close()
+    return step_s, also_s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/fmnist_vit.yaml")
@@ -115,7 +144,6 @@ def main() -> None:
 
     from vitkit.train import load_recipe, parse_set
     from vitkit.train.dist import resolve_device
-    from vitkit.train.loop import Trainer
     from vitkit.train.process import configure_process
 
     names = args.only or list(VARIANTS)
@@ -126,22 +154,7 @@ def main() -> None:
     recipes = {n: load_recipe(args.config, parse_set([*base, *VARIANTS[n], "log.tensorboard=false"])) for n in names}
     configure_process(resolve_device(recipes[names[0]].train.device))
 
-    with tempfile.TemporaryDirectory(prefix="vitkit-augbench-") as tmp:
-        trainers = {n: Trainer(r, Path(tmp) / f"run{i}") for i, (n, r) in enumerate(recipes.items())}
-        try:
-            batches = {n: batches_of(t, args.warmup + args.steps) for n, t in trainers.items()}
-            for n, t in trainers.items():
-                t.model.train()
-                time_steps(t, batches[n][: args.warmup])
-            step_s: dict[str, list[float]] = {n: [] for n in names}
-            augment_s: dict[str, list[float]] = {n: [] for n in names}
-            for _ in range(args.rounds):
-                for n, t in trainers.items():
-                    step_s[n].append(time_steps(t, batches[n][args.warmup :]) / args.steps)
-                    augment_s[n].append(_time_augment(t, batches[n][args.warmup :]) / args.steps)
-        finally:
-            for t in trainers.values():
-                t.close()
+    step_s, augment_s = time_variants(recipes, args.steps, args.warmup, args.rounds, _time_augment)
 
     batch = recipes[names[0]].train.batch_size
     base_ips = batch / statistics.median(step_s[names[0]])

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from augment_throughput import TINY, batches_of, time_steps, write_results
+from augment_throughput import TINY, time_variants, write_results
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -53,27 +52,13 @@ def main() -> None:
 
     from vitkit.train import load_recipe, parse_set
     from vitkit.train.dist import resolve_device
-    from vitkit.train.loop import Trainer
     from vitkit.train.process import configure_process
 
     base = [*(TINY if args.tiny else []), *(["train.patch_drop=0"] if args.full else []), "log.tensorboard=false"]
     recipes = {n: load_recipe(args.config, parse_set([*base, *sets])) for n, sets in variants.items()}
     names = list(recipes)
     configure_process(resolve_device(recipes[names[0]].train.device))
-    with tempfile.TemporaryDirectory(prefix="vitkit-stepbench-") as tmp:
-        trainers = {n: Trainer(r, Path(tmp) / f"run{i}") for i, (n, r) in enumerate(recipes.items())}
-        try:
-            batches = {n: batches_of(t, args.warmup + args.steps) for n, t in trainers.items()}
-            for n, t in trainers.items():
-                t.model.train(), t.net.train()
-                time_steps(t, batches[n][: args.warmup])
-            step_s: dict[str, list[float]] = {n: [] for n in names}
-            for _ in range(args.rounds):
-                for n, t in trainers.items():
-                    step_s[n].append(time_steps(t, batches[n][args.warmup :]) / args.steps)
-        finally:
-            for t in trainers.values():
-                t.close()
+    step_s, _ = time_variants(recipes, args.steps, args.warmup, args.rounds)
 
     results = []
     first = statistics.median(step_s[names[0]])
