@@ -143,9 +143,10 @@ def _devices(r: Recipe) -> tuple[torch.device, D.DistInfo]:
 
 def bf16_copy(model: nn.Module) -> nn.Module:
     """A bf16 copy of ``model`` for ``train.bf16_weights``: its forward and backward run in bf16
-    end to end, without the casts autocast puts around every matrix multiply and residual add
-    (on the CPU a small model's step is mostly such small ops); the fp32 weights stay the
-    optimiser's, the checkpoints' and the evaluation's, so a step's update is not rounded to bf16."""
+    end to end, without the casts autocast puts around every matrix multiply and residual add and
+    with LayerNorm and GELU on half the bytes (on the CPU, where such ops take a large share of a
+    step that matmuls do not fill); the fp32 weights stay the optimiser's, the checkpoints' and
+    the evaluation's, so a step's update is not rounded to bf16."""
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
