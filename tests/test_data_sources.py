@@ -507,6 +507,39 @@ def test_two_processes_train_on_through_a_batch_one_of_them_cannot_read(tmp_path
     assert (state.epoch, state.batch_in_epoch) == (2, 1)  # one step an epoch: its second batch dropped
 
 
+def test_evaluation_with_one_process_unable_to_read_its_share_scores_the_others(tmp_path: Path) -> None:
+    """Shard 001, rank 1's, does not decode at all. Rank 1 scores nothing and says so to the
+    others instead of stopping alone (which left them waiting in the all-reduce): the metrics are
+    rank 0's. With nothing readable anywhere, every process raises the same one line."""
+    import vitkit
+    from vitkit.errors import UsageError
+    from vitkit.eval import evaluate
+
+    _write_shards(tmp_path, n_shards=1, per_shard=8)
+    with tarfile.open(tmp_path / "train-001.tar", "w") as tar:
+        for i in range(8):
+            _add(tar, f"{100 + i:05d}.png", b"not an image")
+            _add(tar, f"{100 + i:05d}.cls", b"1\n")
+    ds = ShardDataset(str(tmp_path / "train-{000..001}.tar"), load_size=8, reader="tarfile", num_classes=3)
+    model = vitkit.create_model(
+        "vit_ti16", img_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3
+    )
+    sent: list[torch.Tensor] = []  # what rank 0 contributes to each all-reduce, in order
+
+    def rank0_reduce(t: torch.Tensor) -> torch.Tensor:
+        sent.append(t.clone())
+        return t
+
+    alone = evaluate(model, ds, batch_size=8, rank=0, world_size=2)
+    first = evaluate(model, ds, batch_size=8, rank=0, world_size=2, reduce=rank0_reduce)
+    calls = iter(sent)
+    second = evaluate(model, ds, batch_size=8, rank=1, world_size=2, reduce=lambda t: t + next(calls))
+    assert second["top1"] == first["top1"] == alone["top1"] and second["confusion"] == alone["confusion"]
+    assert sum(map(sum, second["confusion"])) == 8 and second["skipped"] == 8  # rank 1's 8, rank 0's none
+    with pytest.raises(UsageError, match=r"no images to evaluate on any of the processes"):
+        evaluate(model, ds, batch_size=8, rank=1, world_size=2, reduce=lambda t: t * 0)
+
+
 def test_shard_classes_and_bad_labels(tmp_path: Path) -> None:
     _write_shards(tmp_path, n_shards=2, per_shard=3)
     pattern = str(tmp_path / "train-{000..001}.tar")

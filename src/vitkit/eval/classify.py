@@ -154,9 +154,14 @@ def evaluate(
     res = model_outputs(
         model, dataset, "logits", batch_size, device, precision, img_size, max_images, 0, progress, **options
     )
-    if res.outputs.shape[1] != dataset.num_classes:
+    scored = res.labels.numel()
+    if reduce is not None and not int(reduce(torch.tensor([scored], dtype=torch.int64))[0]):
+        # every process asks, so all of them raise together (one alone would leave the rest waiting)
+        raise UsageError(f"{dataset.name}: no images to evaluate on any of the processes")
+    if scored and res.outputs.shape[1] != dataset.num_classes:
         raise UsageError(f"the model gives {res.outputs.shape[1]} logits but {dataset.name} has {dataset.num_classes}")
-    counts = classification_counts(res.outputs, res.labels)
+    k = dataset.num_classes
+    counts = classification_counts(res.outputs, res.labels) if scored else torch.zeros(k * k + 2, dtype=torch.int64)
     skipped = skips.skipped - before[0] if skips is not None else 0
     examples = list(skips.examples[before[1] :]) if skips is not None else []
     nonfinite = int((~torch.isfinite(res.outputs).all(dim=1)).sum())

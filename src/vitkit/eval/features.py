@@ -173,6 +173,7 @@ def model_outputs(
     if max_images is not None and max_images < 1:
         raise UsageError(f"max_images must be positive, got {max_images}")
     dev = torch.device(device)
+    world_size = options.get("world_size", 1)
     runner = options.pop("forward", None)
     runner = model if runner is None else runner  # not `or`: a compiled module has no truth value
     batches = model_inputs(model, dataset, batch_size, dev, img_size, max_images, sample_seed, **options)
@@ -195,6 +196,8 @@ def model_outputs(
     finally:
         runner.train(was_training)
     seconds = time.perf_counter() - start
+    if not outs and world_size > 1:  # one process's share, empty: whether all are is the caller's to ask
+        return ModelOutputs(torch.empty(0, 0), torch.empty(0, dtype=torch.int64), seconds)
     if not outs:
         skips = getattr(dataset, "skips", None)
         unread = skips.skipped if skips is not None else 0
