@@ -27,9 +27,14 @@ from ..files import atomic_write
 CHECKSUM_KEY = "vitkit_crc32"
 
 
+def tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    """A tensor's raw bytes as a flat uint8 array (no copy for a contiguous CPU tensor), for checksums."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 def tensor_crc32(t: torch.Tensor) -> str:
-    """The CRC32 of a (contiguous, CPU) tensor's bytes, as 8 hex digits."""
-    return f"{zlib.crc32(t.reshape(-1).view(torch.uint8).numpy()):08x}"
+    """The CRC32 of a tensor's bytes, as 8 hex digits."""
+    return f"{zlib.crc32(tensor_bytes(t)):08x}"
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

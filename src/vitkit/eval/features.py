@@ -196,9 +196,9 @@ def model_outputs(
     finally:
         runner.train(was_training)
     seconds = time.perf_counter() - start
-    if not outs and world_size > 1:  # one process's share, empty: whether all are is the caller's to ask
-        return ModelOutputs(torch.empty(0, 0), torch.empty(0, dtype=torch.int64), seconds)
     if not outs:
+        if world_size > 1:  # one process's share, empty: whether all are is the caller's to ask
+            return ModelOutputs(torch.empty(0, 0), torch.empty(0, dtype=torch.int64), seconds)
         skips = getattr(dataset, "skips", None)
         unread = skips.skipped if skips is not None else 0
         why = f" ({unread} could not be read, e.g. {'; '.join(skips.examples[:3])})" if unread else ""

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checkpoint.io import tensor_bytes
 from ..errors import RecipeError, VitkitError
 from ..eval.features import autocast
 from ..preprocessing import Preprocessing
@@ -64,9 +65,8 @@ def weights_digest(model: nn.Module) -> str:
     however it was named (a file, a run folder whose best weights move on, a hub name)."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(tensor_bytes(t))
     return h.hexdigest()
 
 

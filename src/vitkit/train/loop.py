@@ -720,7 +720,7 @@ class Trainer:
         stepping alone would wait for the others' gradients forever. One small collective a step,
         for sources that decode only (an in-memory split never empties a batch)."""
         if self.info.world_size == 1 or not isinstance(self.train_ds, StreamingDataset):
-            return len(batch[1]) == 0
+            return False  # a lone process is never handed an empty batch (decode_batches' keep_empty)
         empty = torch.tensor(float(len(batch[1]) == 0), device=self.device)
         return D.all_reduce_sum(empty, self.info).item() > 0
 
