@@ -329,6 +329,47 @@ def test_patch_dropout_keeps_a_subset_of_patches_in_training_only(classifier):
         model.set_patch_drop(1.0)
 
 
+def test_patch_dropout_flat_weight_prefers_patches_with_content():
+    """A flat weight below 1 keeps flat patches (an empty background) less often; at 1 the draw
+    is the uniform one, the same subset as before the weight existed."""
+    model = vitkit.create_model(
+        "vit_ti16", img_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, in_chans=1, classifier="gap"
+    )
+    model.train()
+    x = torch.full((64, 1, 32, 32), -1.0)  # 16 patches of 8x8: an empty background ...
+    content = [0, 5, 6, 9, 10, 15]  # ... but for these six patches, in raster order
+    for i in content:
+        r, c = divmod(i, 4)
+        x[:, :, r * 8 : r * 8 + 8, c * 8 : c * 8 + 8] = torch.rand(64, 1, 8, 8) * 2 - 1
+
+    def kept(rate, weight, seed=0):
+        model.set_patch_drop(rate, weight)
+        torch.manual_seed(seed)
+        tokens = model.embed(x)
+        full = model.eval().embed(x)
+        model.train()
+        return [torch.cdist(tokens[b], full[b]).argmin(dim=1).tolist() for b in range(len(x))]
+
+    # keeping as many patches as have content, a tiny flat weight keeps exactly those
+    assert all(k == content for k in kept(10 / 16, 1e-6))
+    # keeping more than have content: every content patch, and flat ones to fill up
+    assert all(set(content) < set(k) and len(k) == 8 for k in kept(0.5, 1e-6))
+    # a weight of 0.25: about a quarter as likely as a content patch, per draw
+    counts = torch.zeros(16)
+    for seed in range(20):
+        for k in kept(0.75, 0.25, seed):
+            counts[k] += 1
+    flat_rate = counts[[i for i in range(16) if i not in content]].mean() / counts[content].mean()
+    assert 0.15 < flat_rate < 0.4
+    # weight 1 is the uniform draw of before, subset for subset
+    torch.manual_seed(3)
+    before = torch.rand(len(x), 16).argsort(dim=1)[:, :8].sort(dim=1).values.tolist()
+    assert kept(0.5, 1.0, seed=3) == before
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="patch drop flat weight must be in"):
+            model.set_patch_drop(0.5, bad)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

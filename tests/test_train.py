@@ -115,7 +115,15 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
 
 
 def test_patch_drop_runs_for_its_share_of_the_steps(tmp_path):
-    recipe = load_recipe(write_recipe(tmp_path, train__steps=4, train__patch_drop=0.5, train__patch_drop_until=0.5))
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path,
+            train__steps=4,
+            train__patch_drop=0.5,
+            train__patch_drop_until=0.5,
+            train__patch_drop_flat_weight=0.5,
+        )
+    )
     from vitkit.train.loop import Trainer
 
     trainer = Trainer(recipe, tmp_path / "run")
@@ -123,8 +131,11 @@ def test_patch_drop_runs_for_its_share_of_the_steps(tmp_path):
     trainer.model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]) if m.training else None)
     trainer.run()
     assert seen == [1 + 8, 1 + 8, 1 + 16, 1 + 16]  # class token + half of the 4x4 patches, then all
+    assert trainer.net.patch_drop_flat_weight == 0.5
     with pytest.raises(ValueError, match=r"train.patch_drop must be in \[0, 1\)"):
         Trainer(load_recipe(write_recipe(tmp_path, train__patch_drop=1.0)), tmp_path / "bad")
+    with pytest.raises(ValueError, match=r"train.patch_drop_flat_weight must be in \(0, 1\]"):
+        load_recipe(write_recipe(tmp_path, train__patch_drop_flat_weight=0.0))
 
 
 def test_tensorboard_gets_every_logged_scalar(tmp_path, monkeypatch):

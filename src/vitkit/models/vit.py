@@ -69,6 +69,11 @@ def sincos_pos_table(grid: tuple[int, int], width: int, prefix_rows: int) -> tor
     return pe[None]
 
 
+# A patch whose pixels span at most this much (normalised units: [-1, 1] spans 2, so ~2.5 grey
+# levels of 255) counts as flat for patch dropout's flat weight (VisionTransformer.set_patch_drop).
+FLAT_PATCH_RANGE = 0.02
+
+
 def kept_patches(patches: int, rate: float) -> int:
     """How many of ``patches`` tokens an image keeps at patch drop ``rate`` (at least one)."""
     return max(1, round(patches * (1.0 - rate)))
@@ -269,6 +274,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             self.pos_embed_prefix = nn.Parameter(torch.empty(1, prefix_rows, D)) if prefix_rows else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.patch_drop_rate = 0.0  # training only; see set_patch_drop
+        self.patch_drop_flat_weight = 1.0  # how likely a flat patch is kept, against one with content
         self.grad_checkpointing = False  # see set_grad_checkpointing
         self.distilled_training = False  # see set_distilled_training
 
@@ -375,10 +381,21 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             x = self._drop_patches(x)
         return self.pos_drop(x)
 
-    def _kept_index(self, batch: int, patches: int, device: torch.device) -> torch.Tensor:
-        """Which patches each image keeps under patch dropout, (B, keep), ascending (raster order)."""
+    def _kept_index(
+        self, batch: int, patches: int, device: torch.device, flat: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Which patches each image keeps under patch dropout, (B, keep), ascending (raster order).
+
+        ``flat`` (B, patches) marks the patches without content; with a flat weight below 1
+        (:meth:`set_patch_drop`) each is that much less likely to be kept than one with content:
+        a weighted draw without replacement (Efraimidis and Spirakis: the ``keep`` largest of
+        ``u ** (1 / w)``, here as ``log(u) / w``)."""
         keep = kept_patches(patches, self.patch_drop_rate)
-        return torch.rand(batch, patches, device=device).argsort(dim=1)[:, :keep].sort(dim=1).values
+        u = torch.rand(batch, patches, device=device)
+        if flat is None or self.patch_drop_flat_weight == 1.0:
+            return u.argsort(dim=1)[:, :keep].sort(dim=1).values
+        w = torch.where(flat, self.patch_drop_flat_weight, 1.0)
+        return (u.log() / w).topk(keep, dim=1).indices.sort(dim=1).values
 
     def _embed_kept_patches(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`embed` under patch dropout for a plain (non-hybrid) patch embedding: the same
@@ -390,9 +407,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         ph, pw = self.patch_embed.patch_size
         gh, gw = H // ph, W // pw
         patches = gh * gw
-        idx = self._kept_index(B, patches, x.device)
         # (B, C, gh, ph, gw, pw) -> (B, gh*gw, C*ph*pw): each row one patch, in the conv weight's order
         pix = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, patches, C * ph * pw)
+        flat = None
+        if self.patch_drop_flat_weight != 1.0:
+            flat = (pix.amax(dim=-1) - pix.amin(dim=-1)) <= FLAT_PATCH_RANGE
+        idx = self._kept_index(B, patches, x.device, flat)
         pix = pix.gather(1, idx[:, :, None].expand(-1, -1, pix.shape[-1]))
         proj = self.patch_embed.proj
         tokens = F.linear(pix, proj.weight.reshape(proj.out_channels, -1), proj.bias)  # (B, keep, D)
@@ -549,11 +569,20 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         if self.attn_pool is not None:
             self.attn_pool.impl = impl
 
-    def set_patch_drop(self, rate: float) -> None:
+    def set_patch_drop(self, rate: float, flat_weight: float = 1.0) -> None:
         """Drop this fraction of the patch tokens of every training image (0 disables). Not with
-        relative positions, which are the kept tokens' places in the sequence, not in the grid."""
+        relative positions, which are the kept tokens' places in the sequence, not in the grid.
+
+        ``flat_weight`` < 1 keeps flat patches (every pixel within :data:`FLAT_PATCH_RANGE` of
+        the others: an empty background) that much less often than patches with content, so the
+        kept tokens carry more of the image where it has a plain background (Fashion-MNIST: ~31%
+        of the 4x4 patches are empty); on photographs almost no patch is flat and the draw is
+        the uniform one. A plain patch embedding only: a hybrid's tokens are drawn uniformly."""
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
+        if not 0.0 < flat_weight <= 1.0:
+            raise ValueError(f"patch drop flat weight must be in (0, 1], got {flat_weight}")
+        self.patch_drop_flat_weight = float(flat_weight)
         if rate and self.cfg.pos_embed == "relative":
             raise ValueError(
                 "patch dropout needs absolute position embeddings: with pos_embed='relative' the kept "

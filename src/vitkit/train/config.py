@@ -176,6 +176,7 @@ class TrainSection:
     fsdp: bool = False  # shard parameters with FSDP2 (torch.distributed.fsdp.fully_shard)
     patch_drop: float = checked(0.0, "[0, 1)")  # fraction of patch tokens dropped per training image
     patch_drop_until: float = checked(1.0, "[0, 1]")  # ... during this fraction of the steps; all tokens after
+    patch_drop_flat_weight: float = checked(1.0, "(0, 1]")  # a flat patch's chance to be kept, against one with content
     attention: str = checked("auto", choices=ATTENTION_IMPLS)  # Attention's docstring says which runs where
     grad_checkpointing: bool = False  # recompute each encoder block in the backward pass (less memory)
     teacher: str | None = None  # DeiT distillation: a checkpoint load_pretrained reads (CNN or ViT)

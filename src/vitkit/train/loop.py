@@ -564,7 +564,7 @@ class Trainer:
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
         if r.train.patch_drop:
             on = step < r.train.patch_drop_until * r.train.steps
-            self.net.set_patch_drop(r.train.patch_drop if on else 0.0)
+            self.net.set_patch_drop(r.train.patch_drop if on else 0.0, r.train.patch_drop_flat_weight)
         micro = self._micro_batches(images, labels)
         total = torch.zeros((), device=self.device)
         in_chans = self.model.cfg.in_chans
