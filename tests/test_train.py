@@ -171,6 +171,9 @@ def test_resume_with_another_recipe_is_refused(tmp_path):
     train(load_recipe(write_recipe(tmp_path, train__steps=4)), tmp_path / "run")
     with pytest.raises(TrainingError, match=r"different recipe \(changed: optim.lr"):
         train(load_recipe(write_recipe(tmp_path, train__steps=4, optim__lr=0.5)), tmp_path / "run")
+    # a reworded description is prose, not a recipe change: the finished run is taken as it is
+    result = train(load_recipe(write_recipe(tmp_path, train__steps=4, description="reworded")), tmp_path / "run")
+    assert result.step == 4
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

@@ -378,7 +378,8 @@ class Trainer:
                     f"{saved}: the recipe of the run in this folder does not read back ({why}); "
                     "fix it, or use another --out"
                 ) from None
-            changed = [k for k in diff_recipes(old, self.recipe) if not k.startswith("log.")]
+            # logging and the description's prose change nothing the weights depend on
+            changed = [k for k in diff_recipes(old, self.recipe) if not k.startswith("log.") and k != "description"]
             if changed:
                 raise TrainingError(
                     f"{self.out} holds a run with a different recipe (changed: {', '.join(changed[:6])}); "
