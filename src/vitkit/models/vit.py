@@ -386,13 +386,13 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     ) -> torch.Tensor:
         """Which patches each image keeps under patch dropout, (B, keep), ascending (raster order).
 
-        ``flat`` (B, patches) marks the patches without content; with a flat weight below 1
-        (:meth:`set_patch_drop`) each is that much less likely to be kept than one with content:
+        ``flat`` (B, patches), given with a flat weight below 1 (:meth:`set_patch_drop`), marks
+        the patches without content; each is that much less likely to be kept than one with content:
         a weighted draw without replacement (Efraimidis and Spirakis: the ``keep`` largest of
         ``u ** (1 / w)``, here as ``log(u) / w``)."""
         keep = kept_patches(patches, self.patch_drop_rate)
         u = torch.rand(batch, patches, device=device)
-        if flat is None or self.patch_drop_flat_weight == 1.0:
+        if flat is None:
             return u.argsort(dim=1)[:, :keep].sort(dim=1).values
         w = torch.where(flat, self.patch_drop_flat_weight, 1.0)
         return (u.log() / w).topk(keep, dim=1).indices.sort(dim=1).values
@@ -582,13 +582,13 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
         if not 0.0 < flat_weight <= 1.0:
             raise ValueError(f"patch drop flat weight must be in (0, 1], got {flat_weight}")
-        self.patch_drop_flat_weight = float(flat_weight)
         if rate and self.cfg.pos_embed == "relative":
             raise ValueError(
                 "patch dropout needs absolute position embeddings: with pos_embed='relative' the kept "
                 "patches would lose their places in the grid"
             )
         self.patch_drop_rate = float(rate)
+        self.patch_drop_flat_weight = float(flat_weight)
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the position embeddings (in place) for another input resolution: the learned
