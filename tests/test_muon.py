@@ -105,7 +105,16 @@ def test_a_split_that_does_not_divide_the_rows_is_refused():
         MuonAdamW([{"params": [w], "muon": True, "splits": [3]}])
 
 
-def test_the_adamw_groups_match_torchs_adamw():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_the_adamw_groups_match_torchs_adamw(fused, monkeypatch):
+    """On the CPU the AdamW groups take torch's fused kernel; elsewhere (or where it is missing)
+    the foreach ops: both are torch's AdamW."""
+    calls = []
+    if fused:
+        kernel = torch._fused_adamw_
+        monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    else:
+        monkeypatch.setattr(vitkit.train.muon, "_fusable", lambda *lists: False)
     torch.manual_seed(1)
     a = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 4))]
     b = [torch.nn.Parameter(p.detach().clone()) for p in a]
@@ -117,6 +126,7 @@ def test_the_adamw_groups_match_torchs_adamw():
             p.grad, q.grad = g.clone(), g.clone()
         ours.step()
         theirs.step()
+    assert len(calls) == (5 if fused else 0)
     for p, q in zip(a, b):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
 
