@@ -114,7 +114,7 @@ def test_the_adamw_groups_match_torchs_adamw(fused, monkeypatch):
         kernel = torch._fused_adamw_
         monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     else:
-        monkeypatch.setattr(vitkit.train.muon, "_fusable", lambda *lists: False)
+        monkeypatch.setattr(vitkit.train.muon, "_fusable", lambda params: False)
     torch.manual_seed(1)
     a = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 4))]
     b = [torch.nn.Parameter(p.detach().clone()) for p in a]

@@ -161,9 +161,8 @@ def grads_to_weights(net: nn.Module, model: nn.Module) -> None:
 def copy_weights(model: nn.Module, net: nn.Module) -> None:
     """Round the fp32 weights, and floating buffers, into the bf16 copy (after each step, and
     after resuming)."""
-    pairs = list(zip(net.parameters(), model.parameters(), strict=True))
     # one call for all of them: for tensors this small, a Python loop's per-call cost exceeds the copying
-    torch._foreach_copy_([q for q, _ in pairs], [p for _, p in pairs])
+    torch._foreach_copy_(list(net.parameters()), list(model.parameters()))
     for a, b in zip(model.buffers(), net.buffers(), strict=True):
         if a.is_floating_point():
             b.copy_(a)

@@ -46,16 +46,16 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     return x.mT if tall else x
 
 
-def _fusable(*lists: list[torch.Tensor]) -> bool:
-    """Whether torch's fused AdamW kernel takes these parameters, gradients and state: dense
-    floating tensors of one dtype on the CPU, where the step counts (CPU scalars) live too."""
-    *tensors, counts = lists
-    dtype = tensors[0][0].dtype
+def _fusable(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW kernel takes this group: floating parameters of one dtype on
+    the CPU. Their gradients and moments share the dtype and device (torch enforces it for
+    gradients; the moments are made like the parameters), and the step counts are CPU float32
+    scalars as the kernel wants them."""
+    dtype = params[0].dtype
     return (
         hasattr(torch, "_fused_adamw_")
         and dtype in (torch.float32, torch.bfloat16, torch.float16)
-        and all(t.device.type == "cpu" and t.dtype == dtype and t.layout == torch.strided for ts in tensors for t in ts)
-        and all(isinstance(c, torch.Tensor) and c.device.type == "cpu" and c.dtype == torch.float32 for c in counts)
+        and all(p.device.type == "cpu" and p.dtype == dtype for p in params)
     )
 
 
@@ -162,7 +162,7 @@ class MuonAdamW(torch.optim.Optimizer):
             sqs.append(st["exp_avg_sq"])
             counts.append(st["step"])
         torch._foreach_add_(counts, 1)
-        if _fusable(params, grads, avgs, sqs, counts):
+        if _fusable(params):
             # One call for the whole group: on a CPU the foreach ops below are a loop of small
             # ops per tensor (and a scalar wrapped per tensor), a measurable share of the step
             # for the ~50 biases and norm scales a ViT hands to AdamW. Same update, same state.
