@@ -138,6 +138,51 @@ def test_patch_drop_runs_for_its_share_of_the_steps(tmp_path):
         load_recipe(write_recipe(tmp_path, train__patch_drop_flat_weight=0.0))
 
 
+def test_patch_drop_stages_follow_the_first(tmp_path):
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path,
+            train__steps=4,
+            train__patch_drop=0.5,
+            train__patch_drop_until=0.25,
+            train__patch_drop_stages=[[0.75, 0.25]],
+        )
+    )
+    from vitkit.train.loop import Trainer
+
+    trainer = Trainer(recipe, tmp_path / "run")
+    seen = []
+    trainer.model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]) if m.training else None)
+    trainer.run()
+    assert seen == [1 + 8, 1 + 12, 1 + 12, 1 + 16]  # half of the 4x4 patches, then three quarters, then all
+    assert load_recipe(tmp_path / "run" / "config.yaml").train.patch_drop_stages == ((0.75, 0.25),)
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (
+            {"train__patch_drop_stages": [[0.8, 0.5]]},
+            r"train.patch_drop_stages\[0\] ends at 0.8: it must end after train.patch_drop_until \(0.9\)",
+        ),
+        (
+            {"train__patch_drop_stages": [[0.95, 0.5], [0.95, 0.2]]},
+            r"train.patch_drop_stages\[1\] ends at 0.95: it must end after train.patch_drop_stages\[0\]",
+        ),
+        (
+            {"train__patch_drop_stages": [[0.95, 1.0]]},
+            r"train.patch_drop_stages\[0\] drops 1.0 of the patches: it must be in \[0, 1\)",
+        ),
+        ({"train__patch_drop_stages": [[0.95]]}, r"train.patch_drop_stages\[0\]: expected 2 values"),
+        ({"train__patch_drop_stages": 0.5}, r"train.patch_drop_stages: expected a list"),
+        ({"train__patch_drop": 0.0, "train__patch_drop_stages": [[0.95, 0.5]]}, r"follow train.patch_drop, which is 0"),
+    ],
+)
+def test_bad_patch_drop_stages_are_named(tmp_path, sets, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(write_recipe(tmp_path, **{"train__patch_drop": 0.5, "train__patch_drop_until": 0.9, **sets}))
+
+
 def test_tensorboard_gets_every_logged_scalar(tmp_path, monkeypatch):
     from vitkit.train import loop
 

@@ -177,6 +177,9 @@ class TrainSection:
     patch_drop: float = checked(0.0, "[0, 1)")  # fraction of patch tokens dropped per training image
     patch_drop_until: float = checked(1.0, "[0, 1]")  # ... during this fraction of the steps; all tokens after
     patch_drop_flat_weight: float = checked(1.0, "(0, 1]")  # a flat patch's chance to be kept, against one with content
+    # later stages, [[until, rate], ...]: each from where the one before ends (patch_drop_until for the
+    # first) to this fraction of the steps, dropping this fraction; every patch after the last
+    patch_drop_stages: tuple[tuple[float, float], ...] = ()
     attention: str = checked("auto", choices=ATTENTION_IMPLS)  # Attention's docstring says which runs where
     grad_checkpointing: bool = False  # recompute each encoder block in the backward pass (less memory)
     teacher: str | None = None  # DeiT distillation: a checkpoint load_pretrained reads (CNN or ViT)
@@ -214,6 +217,7 @@ class Recipe:
         d["optim"]["betas"] = list(self.optim.betas)
         d["augment"]["erase_area"] = list(self.augment.erase_area)
         d["augment"]["erase_aspect"] = list(self.augment.erase_aspect)
+        d["train"]["patch_drop_stages"] = [list(s) for s in self.train.patch_drop_stages]
         return d
 
 
@@ -258,6 +262,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, (dict, list, tuple)):
             raise RecipeError(f"{where}: expected a string, got {value!r}")
         return str(value)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # any number of one kind
+        if not isinstance(value, (list, tuple)):
+            raise RecipeError(f"{where}: expected a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise RecipeError(f"{where}: expected {len(args)} values, got {value!r}")
@@ -330,6 +338,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if isinstance(section, TrainSection):
         check_distillation(section, where)
         check_bf16_weights(section, where)
+        check_patch_drop_stages(section, where)
     if isinstance(section, AugmentSection):
         check_augment_section(section, where)
     optim = section if isinstance(section, OptimSection) else None
@@ -347,6 +356,35 @@ def check_distillation(t: TrainSection, where: str = "train") -> None:
         raise RecipeError(f"{where}.distill={t.distill} needs a teacher: set {where}.teacher to a checkpoint")
     if t.teacher and t.distill == "none":
         raise RecipeError(f"{where}.teacher is set but {where}.distill is none: set {where}.distill to hard or soft")
+
+
+def check_patch_drop_stages(t: TrainSection, where: str = "train") -> None:
+    """Later patch-drop stages follow the first (``patch_drop`` until ``patch_drop_until``) in
+    order: each ends after the one before, within the run, and drops a fraction in [0, 1)."""
+    if not t.patch_drop_stages:
+        return
+    if not t.patch_drop:
+        raise RecipeError(f"{where}.patch_drop_stages follow {where}.patch_drop, which is 0: set it (the first stage)")
+    start, name = t.patch_drop_until, f"{where}.patch_drop_until"
+    for i, (until, rate) in enumerate(t.patch_drop_stages):
+        at = f"{where}.patch_drop_stages[{i}]"
+        if not start < until <= 1:
+            raise RecipeError(f"{at} ends at {until!r}: it must end after {name} ({start!r}) and by 1")
+        if not 0 <= rate < 1:
+            raise RecipeError(f"{at} drops {rate!r} of the patches: it must be in [0, 1)")
+        start, name = until, at
+
+
+def patch_drop_at(t: TrainSection, step: int) -> float:
+    """The fraction of patch tokens dropped at ``step`` (0-based): ``patch_drop`` before
+    ``patch_drop_until`` of the steps, then each of ``patch_drop_stages`` in turn, then 0."""
+    if not t.patch_drop:
+        return 0.0
+    stages = ((t.patch_drop_until, t.patch_drop), *t.patch_drop_stages)
+    for until, rate in stages:
+        if step < until * t.steps:
+            return rate
+    return 0.0
 
 
 def check_bf16_weights(t: TrainSection, where: str = "train") -> None:

@@ -40,7 +40,7 @@ from ..models.registry import create_model
 from ..models.vit import kept_patches
 from ..preprocessing import Preprocessing
 from . import dist as D
-from .config import Recipe, diff_recipes, dump_recipe, recipe_from_dict
+from .config import Recipe, diff_recipes, dump_recipe, patch_drop_at, recipe_from_dict
 from .distill import Teacher, distillation_loss
 from .optim import build_optimizer, lr_at, set_lr
 from .process import configure_process
@@ -213,7 +213,8 @@ def _time_attention_paths(r: Recipe, model: nn.Module, device: torch.device, inf
         return  # dropout on the weights or a logits bias: the explicit path keeps the weights anyway
     micro = max(1, r.train.batch_size // (info.world_size * r.train.accum_steps))
     patches = cfg.grid_size[0] * cfg.grid_size[1]
-    counts = {patches} | ({kept_patches(patches, r.train.patch_drop)} if r.train.patch_drop else set())
+    rates = (r.train.patch_drop, *(rate for _, rate in r.train.patch_drop_stages)) if r.train.patch_drop else ()
+    counts = {patches} | {kept_patches(patches, rate) for rate in rates}
     dtype = torch.bfloat16 if r.train.precision == "bf16" else torch.float32
     for n in sorted(counts):
         choose_training_path(micro, cfg.num_heads, cfg.num_prefix_tokens + n, cfg.width // cfg.num_heads, dtype)
@@ -564,8 +565,7 @@ class Trainer:
         step = self.state.step
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
         if r.train.patch_drop:
-            on = step < r.train.patch_drop_until * r.train.steps
-            self.net.set_patch_drop(r.train.patch_drop if on else 0.0, r.train.patch_drop_flat_weight)
+            self.net.set_patch_drop(patch_drop_at(r.train, step), r.train.patch_drop_flat_weight)
         micro = self._micro_batches(images, labels)
         total = torch.zeros((), device=self.device)
         in_chans = self.model.cfg.in_chans
