@@ -70,6 +70,10 @@ def _pillow(op: str, im: Image.Image, arg: float) -> Image.Image:
         "equalize": lambda: ImageOps.equalize(im),
         "posterize": lambda: ImageOps.posterize(im, int(arg)),
         "solarize": lambda: ImageOps.solarize(im, int(arg)),
+        "invert": lambda: ImageOps.invert(im),
+        "solarize_add": lambda: im.point(
+            [min(255, i + int(arg)) if i < 128 else i for i in range(256)] * len(im.getbands())
+        ),
         "rotate": lambda: im.rotate(arg, **kw),
     }[op]()
 
@@ -85,12 +89,20 @@ ARGS = {
     "equalize": [0],
     "posterize": [1, 2, 3, 4],  # Pillow refuses 0 bits; see test_posterize_to_no_bits_is_black
     "solarize": [0, 64, 128, 230, 256],
+    "invert": [0],
+    "solarize_add": [0, 27, 55, 99, 110],
     **{op: [0.1, 0.55, 1.0, 1.72, 1.9] for op in ("color", "contrast", "brightness", "sharpness")},
     "rotate": [-30, -7.5, 15, 27],
     **{op: [-0.3, -0.075, 0.15, 0.27] for op in ("shear_x", "shear_y")},
     **{op: [-0.45, -0.1125, 0.225, 0.405] for op in ("translate_x", "translate_y")},
 }
-EXACT = ("equalize", "posterize", "solarize")  # integer in, integer out: no rounding to differ
+EXACT = (
+    "equalize",
+    "posterize",
+    "solarize",
+    "invert",
+    "solarize_add",
+)  # integer in, integer out: no rounding to differ
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -152,6 +164,7 @@ def test_magnitude_to_argument_is_timms() -> None:
     assert arg("shear_x") == pytest.approx(0.27) and arg("translate_y", minus) == pytest.approx(-0.405)
     assert arg("posterize") == 3 and arg("posterize", inc=True) == 1
     assert arg("solarize") == 230 and arg("solarize", inc=True) == 26
+    assert arg("solarize_add") == 99 and arg("solarize_add", inc=True) == 99 and arg("invert") == 0
     assert arg("contrast") == pytest.approx(1.72)
     assert arg("contrast", plus, True) == pytest.approx(1.81) and arg("color", minus, True) == pytest.approx(0.19)
 

@@ -20,15 +20,18 @@ shear x, y        m/10 * 0.3, random sign       (the same)
 translate x, y    m/10 * 0.45 of the side, +-   (the same)
 posterize         int(m/10 * 4) bits kept       4 - int(m/10 * 4)
 solarize          threshold int(m/10 * 256)     256 - int(m/10 * 256)
+solarize add      int(m/10 * 110) added below   (the same)
+                  level 128
 colour, contrast, factor m/10 * 1.8 + 0.1       max(0.1, 1 +- m/10 * 0.9)
 brightness,
 sharpness
 auto-contrast,    none                          none
-equalize
+equalize, invert
 ================  ============================  =========================================
 
-The op set is the one of the issue and of the RandAugment paper minus timm's ``Invert`` and
-``SolarizeAdd`` (which timm adds). Geometric ops fill uncovered pixels with the mean colour (as
+The op set is timm's default: the RandAugment paper's ops (but identity) plus ``Invert`` and
+``SolarizeAdd``, which timm and the TensorFlow RandAugment of AugReg both add (``ops`` chooses
+fewer). Geometric ops fill uncovered pixels with the mean colour (as
 timm does: the normalisation mean times 255, rounded) and resample bilinearly. On grey images
 (C = 1) the colour op is the identity; the others act on the one channel as Pillow's "L" mode does.
 
@@ -47,12 +50,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-OPS = (
+OPS = (  # timm's _RAND_TRANSFORMS, in its order
     "auto_contrast",
     "equalize",
+    "invert",
     "rotate",
     "posterize",
     "solarize",
+    "solarize_add",
     "color",
     "contrast",
     "brightness",
@@ -188,6 +193,17 @@ def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= threshold.view(-1, 1, 1, 1).to(x.dtype), 255 - x, x)
 
 
+def invert(x: torch.Tensor, _arg: torch.Tensor | None = None) -> torch.Tensor:
+    """``ImageOps.invert``: every level l becomes 255 - l."""
+    return 255 - x
+
+
+def solarize_add(x: torch.Tensor, add: torch.Tensor) -> torch.Tensor:
+    """timm's ``solarize_add`` (a look-up table through ``Image.point``): ``add`` added to the
+    levels below 128, capped at 255; the others unchanged."""
+    return torch.where(x < 128, (x + add.view(-1, 1, 1, 1).to(x.dtype)).clamp(max=255), x)
+
+
 def color(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``ImageEnhance.Color``: blend with the grey image; a grey batch is left as it is."""
     if x.shape[1] == 1:
@@ -278,6 +294,8 @@ _COLOUR_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "equalize": equalize,
     "posterize": posterize,
     "solarize": solarize,
+    "invert": invert,
+    "solarize_add": solarize_add,
     "color": color,
     "contrast": contrast,
     "brightness": brightness,
@@ -301,9 +319,11 @@ def op_argument(op: str, magnitude: float, sign: float = 1.0, increasing: bool =
     if op == "solarize":
         threshold = math.floor(level * 256)
         return 256 - threshold if increasing else threshold
+    if op == "solarize_add":
+        return math.floor(level * 110)
     if op in ("color", "contrast", "brightness", "sharpness"):
         return max(0.1, 1 + level * 0.9 * sign) if increasing else level * 1.8 + 0.1
-    return 0.0  # auto_contrast, equalize: no argument
+    return 0.0  # auto_contrast, equalize, invert: no argument
 
 
 def apply_op(x: torch.Tensor, op: str, args: list[float] | float, fill: torch.Tensor) -> torch.Tensor:
