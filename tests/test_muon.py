@@ -180,3 +180,41 @@ def test_muon_settings_are_checked(tmp_path):
         load_recipe(None, [("optim.name", "muon"), ("optim.muon_momentum", 1)])
     with pytest.raises(RecipeError, match="optim.name muon.*train.fsdp"):
         load_recipe(None, [("optim.name", "muon"), ("train.fsdp", True)])
+
+
+def _share_orthogonalization(rank: int, world: int, port: int, out: str) -> None:
+    """A process of the test below: the shared iteration of stacks of 1-5 matrices, and how many
+    matrices this process iterated on itself."""
+    import os
+
+    import torch.distributed as dist
+
+    from vitkit.train import muon
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    iterated = []
+    plain = muon.orthogonalize
+    muon.orthogonalize = lambda g, steps=5: (iterated.append(g.shape[0]), plain(g, steps))[1]
+    opt = MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], process_group=dist.group.WORLD)
+    stacks = [torch.randn(n, 16, 32, generator=torch.Generator().manual_seed(n)) for n in range(1, 6)]
+    shared = [opt._orthogonalize(s, 5) for s in stacks]
+    torch.save({"shared": shared, "iterated": iterated}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_data_parallel_processes_share_the_iteration(tmp_path):
+    """Two processes given their group each iterate on half of a stack (a lone matrix: both on
+    it) and end with the whole stack, equal to one process's iteration to bf16's rounding."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "shares")
+    mp.spawn(_share_orthogonalization, args=(2, 29581, out), nprocs=2)
+    ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+    for r in ranks:
+        assert r["iterated"] == [1, 1, 2, 2, 3]  # n = 1 whole; then ceil(n / 2) each, zero-padded
+        for n, o in enumerate(r["shared"], start=1):
+            want = orthogonalize(torch.randn(n, 16, 32, generator=torch.Generator().manual_seed(n)))
+            assert o.shape == want.shape and o.dtype == want.dtype
+            assert (o - want).abs().max() < 1e-2  # bf16 iteration: batched over other stacks
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["shared"], ranks[1]["shared"]))

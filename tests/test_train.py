@@ -325,13 +325,19 @@ def test_finetune_from_official_npz_resizes_and_replaces_head(tmp_path, fixtures
     assert state.model_state["head.weight"].shape == (10, 32)
 
 
-@pytest.mark.parametrize("fsdp, bf16", [(False, False), (True, False), (False, True)], ids=["ddp", "fsdp", "ddp-bf16"])
-def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16):
+@pytest.mark.parametrize(
+    "fsdp, bf16, muon",
+    [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
+    ids=["ddp", "fsdp", "ddp-bf16", "ddp-muon"],
+)
+def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
     """DDP (or FSDP2) over gloo with 2 processes: the first losses equal a 1-process run with the
     same global batch (to bf16's precision with ``train.bf16_weights``, whose copy's gradients are
-    averaged in fp32 without DDP),
-    and the checkpoint loads in one process."""
+    averaged in fp32 without DDP, and with Muon, whose bf16 iteration each process runs on half
+    of the matrices), and the checkpoint loads in one process."""
     bf16_sets = {"train__precision": "bf16", "train__bf16_weights": True} if bf16 else {}
+    if muon:
+        bf16_sets["optim__name"] = "muon"
     recipe = write_recipe(
         tmp_path,
         augment__crop="none",
@@ -353,7 +359,7 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16):
             "--nproc-per-node",
             "2",
             "--master-port",
-            str(29517 + int(fsdp) + 2 * int(bf16)),
+            str(29517 + int(fsdp) + 2 * int(bf16) + 3 * int(muon)),
             *base,
             "--out",
             str(tmp_path / "two"),
@@ -369,7 +375,7 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16):
 
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(one) == len(two) == 4
-    assert max(abs(a - b) for a, b in zip(one, two)) < (2e-3 if bf16 else 1e-5)
+    assert max(abs(a - b) for a, b in zip(one, two)) < (2e-3 if bf16 or muon else 1e-5)
     model = vitkit.load_pretrained(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
     assert model.cfg.depth == 2
 

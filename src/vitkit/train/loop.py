@@ -315,7 +315,9 @@ class Trainer:
         else:
             self.wrapped = self.net
         fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
-        self.optimizer = build_optimizer(self.model, r.optim, fused=fused)
+        # data parallel (not FSDP's shards): every process steps on the same averaged gradients
+        group = torch.distributed.group.WORLD if self.info.enabled and not r.train.fsdp else None
+        self.optimizer = build_optimizer(self.model, r.optim, fused=fused, process_group=group)
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
         self.state = TrainState(teacher_digest=self.teacher.digest if self.teacher is not None else None)
         self.resumed_from: int | None = None

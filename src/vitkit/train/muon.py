@@ -14,6 +14,11 @@ batched matmul: on a CPU the per-op cost of many small matmuls would otherwise d
 update is scaled by ``0.2 * sqrt(max(rows, cols))`` (Liu et al., 2025, "Muon is scalable"), which
 gives it the root-mean-square size of a typical AdamW update, so one learning rate and one
 weight decay serve both kinds of parameter.
+
+Under data parallelism every process holds the same averaged gradients and would repeat the same
+iteration; given the data-parallel ``process_group``, each of W processes iterates on 1/W of the
+matrices of each shape and gathers the others' results (as modded-nanogpt distributes it), so
+the iteration's cost is divided by W for one all-gather of the updates.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -78,7 +84,11 @@ class MuonAdamW(torch.optim.Optimizer):
         momentum: float = 0.95,
         nesterov: bool = True,
         ns_steps: int = 5,
+        process_group: Any = None,
     ) -> None:
+        # The data-parallel group whose processes share the orthogonalisation (module docstring);
+        # None: this process does all of it. Its members must hold the same gradients.
+        self.process_group = process_group
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -137,7 +147,7 @@ class MuonAdamW(torch.optim.Optimizer):
             by_shape.setdefault(u.shape, []).append(i)
         steps: list[torch.Tensor] = [torch.empty(0)] * len(pieces)
         for idx in by_shape.values():
-            for i, o in zip(idx, orthogonalize(torch.stack([wide[i] for i in idx]), group["ns_steps"])):
+            for i, o in zip(idx, self._orthogonalize(torch.stack([wide[i] for i in idx]), group["ns_steps"])):
                 steps[i] = o if wide[i] is pieces[i] else o.T
         if wd:
             torch._foreach_mul_(params, 1 - lr * wd)
@@ -146,6 +156,25 @@ class MuonAdamW(torch.optim.Optimizer):
             step = steps[start] if k == 1 else torch.cat(steps[start : start + k])
             p.add_(step, alpha=-lr * 0.2 * math.sqrt(max(steps[start].shape)))  # the blocks are of one shape
             start += k
+
+    def _orthogonalize(self, stack: torch.Tensor, steps: int) -> torch.Tensor:
+        """:func:`orthogonalize` of a stack of matrices (n, r, c), shared among the processes of
+        ``process_group``: each takes a contiguous 1/W of the stack (the last ones padded with
+        zero matrices, which the iteration leaves zero) and all of them gather every share."""
+        pg = self.process_group
+        world = dist.get_world_size(pg) if pg is not None else 1
+        n = stack.shape[0]
+        if world == 1 or n == 1:
+            return orthogonalize(stack, steps)
+        per = -(-n // world)
+        rank = dist.get_rank(pg)
+        mine = stack[rank * per : (rank + 1) * per]
+        if mine.shape[0] < per:
+            mine = torch.cat([mine, mine.new_zeros(per - mine.shape[0], *stack.shape[1:])])
+        mine = orthogonalize(mine, steps).contiguous()
+        shares = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(shares, mine, group=pg)
+        return torch.cat(shares)[:n]
 
     def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import torch
 from torch import nn
@@ -109,16 +110,22 @@ def param_groups(
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimSection, fused: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimSection, fused: bool = False, process_group: Any = None
+) -> torch.optim.Optimizer:
     """The recipe's optimiser over ``model``'s trainable parameters. ``fused`` (CUDA parameters
-    only) runs Adam's update as one kernel per group instead of several per tensor."""
+    only) runs Adam's update as one kernel per group instead of several per tensor.
+    ``process_group``: the data-parallel group (every member with the same averaged gradients)
+    among which Muon shares its orthogonalisation; other optimisers ignore it."""
     name = cfg.name.lower()
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, muon=name == "muon", split_qkv=cfg.muon_split_qkv)
     if name == "muon":
         for g in groups:
             if g["muon"]:
                 g["lr_scale"] = g.get("lr_scale", 1.0) * cfg.muon_lr_scale
-        return MuonAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum)
+        return MuonAdamW(
+            groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum, process_group=process_group
+        )
     if name in ("adamw", "adam"):
         # The paper's Adam with "weight decay": we apply it decoupled, as big_vision does.
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
