@@ -25,7 +25,7 @@ demo: venv data
 
 # The same recipe for a 5-minute budget: half the steps (issue 16's 91% in 5).
 demo-5min: venv data
-	$(BIN)/vitkit train --config configs/fmnist_vit.yaml --out runs/demo_5min --set train.steps=2000
+	$(BIN)/vitkit train --config configs/fmnist_vit.yaml --out runs/demo_5min --set train.steps=2228
 
 # The paper's findings at desktop scale (vitkit reproduce): under 2 hours on 2 CPU cores.
 reproduce: venv data
