@@ -375,16 +375,16 @@ def check_patch_drop_stages(t: TrainSection, where: str = "train") -> None:
         start, name = until, at
 
 
+def patch_drop_schedule(t: TrainSection) -> tuple[tuple[float, float], ...]:
+    """The patch-drop stages in order, (until, rate) each: ``patch_drop`` until
+    ``patch_drop_until``, then ``patch_drop_stages``; none without ``patch_drop``."""
+    return ((t.patch_drop_until, t.patch_drop), *t.patch_drop_stages) if t.patch_drop else ()
+
+
 def patch_drop_at(t: TrainSection, step: int) -> float:
-    """The fraction of patch tokens dropped at ``step`` (0-based): ``patch_drop`` before
-    ``patch_drop_until`` of the steps, then each of ``patch_drop_stages`` in turn, then 0."""
-    if not t.patch_drop:
-        return 0.0
-    stages = ((t.patch_drop_until, t.patch_drop), *t.patch_drop_stages)
-    for until, rate in stages:
-        if step < until * t.steps:
-            return rate
-    return 0.0
+    """The fraction of patch tokens dropped at ``step`` (0-based): the rate of the first stage of
+    :func:`patch_drop_schedule` that ends after it, 0 after the last."""
+    return next((rate for until, rate in patch_drop_schedule(t) if step < until * t.steps), 0.0)
 
 
 def check_bf16_weights(t: TrainSection, where: str = "train") -> None:

@@ -40,7 +40,7 @@ from ..models.registry import create_model
 from ..models.vit import kept_patches
 from ..preprocessing import Preprocessing
 from . import dist as D
-from .config import Recipe, diff_recipes, dump_recipe, patch_drop_at, recipe_from_dict
+from .config import Recipe, diff_recipes, dump_recipe, patch_drop_at, patch_drop_schedule, recipe_from_dict
 from .distill import Teacher, distillation_loss
 from .optim import build_optimizer, lr_at, set_lr
 from .process import configure_process
@@ -213,8 +213,7 @@ def _time_attention_paths(r: Recipe, model: nn.Module, device: torch.device, inf
         return  # dropout on the weights or a logits bias: the explicit path keeps the weights anyway
     micro = max(1, r.train.batch_size // (info.world_size * r.train.accum_steps))
     patches = cfg.grid_size[0] * cfg.grid_size[1]
-    rates = (r.train.patch_drop, *(rate for _, rate in r.train.patch_drop_stages)) if r.train.patch_drop else ()
-    counts = {patches} | {kept_patches(patches, rate) for rate in rates}
+    counts = {patches} | {kept_patches(patches, rate) for _, rate in patch_drop_schedule(r.train)}
     dtype = torch.bfloat16 if r.train.precision == "bf16" else torch.float32
     for n in sorted(counts):
         choose_training_path(micro, cfg.num_heads, cfg.num_prefix_tokens + n, cfg.width // cfg.num_heads, dtype)
