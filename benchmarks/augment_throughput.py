@@ -114,7 +114,7 @@ def time_variants(
         try:
             batches = {n: batches_of(t, warmup + steps) for n, t in trainers.items()}
             for n, t in trainers.items():
-                t.model.train(), t.net.train()
+                t.model.train(), t.compute.net.train()
                 time_steps(t, batches[n][:warmup])
             for _ in range(rounds):
                 for n, t in trainers.items():

@@ -10,6 +10,7 @@ import torch
 import vitkit
 from _recipes import stopped_and_resumed, tiny_recipe
 from vitkit.errors import RecipeError
+from vitkit.precision import resolve_precision
 from vitkit.train import load_recipe, train
 from vitkit.train.config import OptimSection
 from vitkit.train.muon import MuonAdamW, orthogonalize
@@ -195,7 +196,7 @@ def _share_orthogonalization(rank: int, world: int, port: int, out: str) -> None
     dist.init_process_group("gloo", rank=rank, world_size=world)
     iterated = []
     plain = muon.orthogonalize
-    muon.orthogonalize = lambda g, steps=5: (iterated.append(g.shape[0]), plain(g, steps))[1]
+    muon.orthogonalize = lambda g, steps=5, **kw: (iterated.append(g.shape[0]), plain(g, steps, **kw))[1]
     opt = MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], process_group=dist.group.WORLD)
     stacks = [torch.randn(n, 16, 32, generator=torch.Generator().manual_seed(n)) for n in range(1, 6)]
     shared = [opt._orthogonalize(s, 5) for s in stacks]
@@ -214,7 +215,8 @@ def test_data_parallel_processes_share_the_iteration(tmp_path):
     for r in ranks:
         assert r["iterated"] == [1, 1, 2, 2, 3]  # n = 1 whole; then ceil(n / 2) each, zero-padded
         for n, o in enumerate(r["shared"], start=1):
-            want = orthogonalize(torch.randn(n, 16, 32, generator=torch.Generator().manual_seed(n)))
+            g = torch.randn(n, 16, 32, generator=torch.Generator().manual_seed(n))
+            want = orthogonalize(g, dtype=resolve_precision("auto").dtype)  # as the optimiser's default
             assert o.shape == want.shape and o.dtype == want.dtype
             assert (o - want).abs().max() < 1e-2  # bf16 iteration: batched over other stacks
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["shared"], ranks[1]["shared"]))

@@ -517,8 +517,10 @@ def test_init_from_a_plain_vit_trains_a_distilled_student(tmp_path, teacher_file
 
 
 def test_bf16_weights_settings_are_checked():
-    with pytest.raises(RecipeError, match=r"train.bf16_weights needs train.precision=bf16, got fp32"):
-        load_recipe(None, [("train.bf16_weights", True)])
+    with pytest.raises(RecipeError, match=r"train.bf16_weights needs train.precision bf16 or auto, got fp32"):
+        load_recipe(None, [("train.precision", "fp32"), ("train.bf16_weights", True)])
+    # auto: a copy where it resolves to bf16, none where to fp32
+    assert load_recipe(None, [("train.bf16_weights", True)]).train.precision == "auto"
     base = [("train.precision", "bf16"), ("train.bf16_weights", True)]
     with pytest.raises(RecipeError, match=r"train.bf16_weights would sum train.accum_steps=2 micro-steps"):
         load_recipe(None, [*base, ("train.accum_steps", 2)])
@@ -527,7 +529,7 @@ def test_bf16_weights_settings_are_checked():
 
 
 def test_the_bf16_copys_gradients_reach_the_fp32_weights_close_to_fp32_ones():
-    from vitkit.train.loop import bf16_copy, copy_weights, grads_to_weights
+    from vitkit.train.compute import bf16_copy, copy_weights, grads_to_weights
 
     model = randomise(tiny(), seed=3)  # a random head too: a zero one passes no gradient back
     g = torch.Generator().manual_seed(0)
@@ -559,15 +561,15 @@ def test_a_bf16_weights_trainer_steps_the_fp32_weights_and_rounds_them_into_its_
     real_step = trainer.optimizer.step
     trainer.optimizer.step = lambda: (seen.extend(p.grad.dtype for p in trainer.model.parameters()), real_step())
     g = torch.Generator().manual_seed(0)
-    trainer.model.train(), trainer.net.train()
+    trainer.model.train(), trainer.compute.net.train()
     before = [p.detach().clone() for p in trainer.model.parameters()]
     for _ in range(3):
         trainer.train_step(torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
         trainer.state.step += 1
     trainer.close()
-    assert trainer.net is not trainer.model and set(seen) == {torch.float32}
+    assert trainer.compute.net is not trainer.model and set(seen) == {torch.float32}
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))  # it did step
-    for (n, p), q in zip(trainer.model.named_parameters(), trainer.net.parameters(), strict=True):
+    for (n, p), q in zip(trainer.model.named_parameters(), trainer.compute.net.parameters(), strict=True):
         assert p.dtype == torch.float32 and q.dtype == torch.bfloat16
         assert torch.equal(q, p.detach().to(torch.bfloat16)), n  # the copy is the weights rounded
     # the fp32 weights keep what rounding to bf16 would lose

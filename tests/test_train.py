@@ -131,7 +131,7 @@ def test_patch_drop_runs_for_its_share_of_the_steps(tmp_path):
     trainer.model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]) if m.training else None)
     trainer.run()
     assert seen == [1 + 8, 1 + 8, 1 + 16, 1 + 16]  # class token + half of the 4x4 patches, then all
-    assert trainer.net.patch_drop_flat_weight == 0.5
+    assert trainer.compute.net.patch_drop_flat_weight == 0.5
     with pytest.raises(ValueError, match=r"train.patch_drop must be in \[0, 1\)"):
         Trainer(load_recipe(write_recipe(tmp_path, train__patch_drop=1.0)), tmp_path / "bad")
     with pytest.raises(ValueError, match=r"train.patch_drop_flat_weight must be in \(0, 1\]"):

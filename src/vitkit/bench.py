@@ -31,6 +31,7 @@ from .inference import (
 )
 from .models.flops import count_params, model_flops
 from .models.registry import create_model
+from .precision import resolve_precision
 from .train.allocator import keep_freed_memory
 
 
@@ -198,8 +199,12 @@ def bench_model(
     measure_ceiling: bool = True,
     model: nn.Module | None = None,
 ) -> BenchResult:
-    """Benchmark a named vitkit model (or ``model``) in inference or training."""
+    """Benchmark a named vitkit model (or ``model``) in inference or training. ``precision``:
+    "auto" (what :mod:`vitkit.precision` resolves on ``device``), "fp32", "bf16" or "int8"; the
+    result names the precision that ran."""
     dev = torch.device(device)
+    if precision == "auto":
+        precision = resolve_precision("auto", dev).name
     if dev.type == "cpu":
         torch.set_flush_denormal(True)
     baseline_kb = peak_rss_kb()

@@ -34,6 +34,7 @@ from torch import nn
 
 from .cpu import cpu_info
 from .models.vit import Attention, Mlp
+from .precision import bf16_support, resolve_precision
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 log = logging.getLogger("vitkit")
@@ -499,6 +500,21 @@ def pack_linears(
     return count
 
 
+def _serving_dtypes(model: nn.Module, precision: str, on_cpu: bool) -> tuple[str, torch.dtype, bool]:
+    """(the precision "auto" resolves to on the model's device, the dtype of everything but int8
+    layers, whether oneDNN has the packed kernels for it)."""
+    if precision == "auto":
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        precision = resolve_precision("auto", device).name
+    if precision == "int8" and not on_cpu:
+        device = next(p.device for p in model.parameters() if p.device.type != "cpu")
+        raise ValueError(f"int8 serving runs on the CPU's int8 kernels; the model is on {device} (use bf16 there)")
+    if precision == "int8":
+        native = bf16_support("cpu").native and onednn_linear_available(torch.bfloat16)
+        return precision, torch.bfloat16 if native else torch.float32, onednn_int8_available()
+    return precision, _DTYPES[precision], onednn_linear_available(_DTYPES[precision])
+
+
 def prepare_inference(
     model: nn.Module,
     precision: str = "fp32",
@@ -509,10 +525,12 @@ def prepare_inference(
     """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
     in place when ``copy_model`` is False (saves memory when the original is not needed).
 
-    ``precision``: "fp32"; "bf16" (bf16 weights); "int8" (dynamic quantisation of the linear
-    layers: int8 weights per output channel, activations quantised per batch, on the CPU's int8
-    dot-product instructions; with oneDNN the rest of the model runs in bf16 where the CPU has
-    bf16 kernels, else in fp32). Feed inputs of the returned model's ``input_dtype``. ``pack``
+    ``precision``: "auto" (bf16 where the model's device computes it natively and fast, fp32
+    elsewhere: :mod:`vitkit.precision`); "fp32"; "bf16" (bf16 weights); "int8" (dynamic
+    quantisation of the linear layers: int8 weights per output channel, activations quantised
+    per batch, on the CPU's int8 dot-product instructions; with oneDNN the rest of the model runs
+    in bf16 where the CPU computes bf16 natively, else in fp32). Feed inputs of the returned
+    model's ``input_dtype``. ``pack``
     uses :class:`PackedLinear` / :class:`Int8Linear` (True: every layer; False: none, fp32 and
     bf16 keep ``nn.Linear`` and int8 uses ``torch.ao.quantization.quantize_dynamic``). The default,
     on a CPU whose oneDNN has the kernels, packs int8 layers and, in fp32 and bf16, each layer
@@ -528,20 +546,12 @@ def prepare_inference(
     kernel, and Inductor fuses what lies between them (with static int8 scales, each activation's
     quantisation into the LayerNorm or attention before it).
     """
-    if precision not in ("fp32", "bf16", "int8"):
-        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+    if precision not in ("auto", "fp32", "bf16", "int8"):
+        raise ValueError(f"precision must be auto, fp32, bf16 or int8, got {precision!r}")
     if any(isinstance(m, (PackedLinear, Int8Linear)) for m in model.modules()):
         raise ValueError("this model was prepared for inference already; prepare the original model instead")
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    if precision == "int8" and not on_cpu:
-        device = next(p.device for p in model.parameters() if p.device.type != "cpu")
-        raise ValueError(f"int8 serving runs on the CPU's int8 kernels; the model is on {device} (use bf16 there)")
-    if precision == "int8":
-        rest = torch.bfloat16 if onednn_linear_available(torch.bfloat16) else torch.float32
-        available = onednn_int8_available()
-    else:
-        rest = _DTYPES[precision]
-        available = onednn_linear_available(rest)
+    precision, rest, available = _serving_dtypes(model, precision, on_cpu)
     choose = pack is None and precision != "int8"
     if pack is None:
         pack = on_cpu and available

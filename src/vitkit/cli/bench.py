@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import count, parse_device
+from .common import chosen_precision, count, parse_device, precision_argument
 
 HELP = "images/s, GFLOP/s and the fraction of the machine's matmul ceiling"
 
@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="vit_b16")
     p.add_argument("--batch", type=count(1), default=8)
     p.add_argument("--mode", choices=["infer", "train"], default="infer")
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32")
+    precision_argument(p, "int8")
     p.add_argument("--img-size", type=count(1), default=None)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--device", type=parse_device, default="cpu")
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         args.model,
         batch=args.batch,
         mode=args.mode,
-        precision=args.precision,
+        precision=chosen_precision(args.precision, args.device),
         img_size=args.img_size,
         compile=args.compile,
         device=args.device,

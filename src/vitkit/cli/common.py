@@ -191,9 +191,31 @@ def model_arguments(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
 
 
+def precision_argument(p: argparse.ArgumentParser, *extra: str, help: str | None = None) -> None:
+    """``--precision``: auto (the default: bf16 where the device computes it natively and fast,
+    fp32 elsewhere), fp32, bf16, and the command's ``extra`` choices."""
+    text = help or "auto: bf16 where this device computes it natively and fast, else fp32; fp32; bf16 (autocast)"
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", *extra], default="auto", help=text)
+
+
+def chosen_precision(requested: str, device: Any) -> str:
+    """What ``requested`` computes in on ``device`` ("fp32" or "bf16"; other choices, int8, pass
+    through), saying on stderr, once, when an explicit bf16 is emulated here."""
+    from ..precision import resolve_precision, take_warning
+
+    if requested not in ("auto", "fp32", "bf16"):
+        return requested
+    choice = resolve_precision(requested, device)
+    warning = take_warning(choice)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    return choice.name
+
+
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
-    """How fewshot and probe run the model: ``batch_size``, ``device``, ``precision``."""
-    return {"batch_size": args.batch_size, "device": args.device, "precision": args.precision}
+    """How fewshot and probe run the model: ``batch_size``, ``device``, ``precision`` (resolved)."""
+    precision = chosen_precision(args.precision, args.device)
+    return {"batch_size": args.batch_size, "device": args.device, "precision": precision}
 
 
 def split_arguments(p: argparse.ArgumentParser, max_train: int | None, max_train_help: str) -> None:

@@ -9,7 +9,17 @@ from typing import Any
 
 from ..errors import writing
 from ..files import slug
-from .common import count, describe, load_model, model_arguments, pct, progress, size_of
+from .common import (
+    chosen_precision,
+    count,
+    describe,
+    load_model,
+    model_arguments,
+    pct,
+    precision_argument,
+    progress,
+    size_of,
+)
 
 HELP = "top-1/top-5, per-class accuracy and confusion matrix of a classifier"
 MAX_CLASS_ROWS = 50  # longer per-class tables print only the weakest classes
@@ -17,8 +27,11 @@ MAX_CLASS_ROWS = 50  # longer per-class tables print only the weakest classes
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     model_arguments(p)
-    text = "fp32; bf16 (autocast, or bf16 weights with --serve); int8 (served, CPU only)"
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32", help=text)
+    text = (
+        "auto (default): bf16 where this device computes it natively and fast, else fp32; fp32; bf16 (autocast, "
+        "or bf16 weights with --serve); int8 (served, CPU only)"
+    )
+    precision_argument(p, "int8", help=text)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
     p.add_argument("--calib", type=count(0), default=512, help="int8: images that calibrate static scales (0: dynamic)")
@@ -52,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import build_dataset
     from ..eval import evaluate, write_confusion_matrix
 
+    args.precision = chosen_precision(args.precision, args.device)  # auto: what this device computes fast
     model = load_model(args.ckpt, args.img_size)
     dataset = build_dataset(args.data, args.split)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import argparse
 
-from .common import count, describe, load_model, model_arguments, num, progress, real, run_options, split_arguments
+from .common import (
+    count,
+    describe,
+    load_model,
+    model_arguments,
+    num,
+    precision_argument,
+    progress,
+    real,
+    run_options,
+    split_arguments,
+)
 
 HELP = "few-shot linear accuracy (closed-form least squares, as the paper)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     model_arguments(p)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    precision_argument(p)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     split_arguments(
         p, None, "a random subset of the train split (default: all; in-memory data embeds only the sampled images)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import WEIGHTS_HELP, count, describe, load_model, parse_device
+from .common import WEIGHTS_HELP, chosen_precision, count, describe, load_model, parse_device, precision_argument
 
 HELP = "top-k classes of image files"
 
@@ -14,6 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", help="image files (anything Pillow reads)")
     p.add_argument("--top-k", type=count(1), default=5)
     p.add_argument("--device", type=parse_device, default="cpu")
+    precision_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")
 
 
@@ -26,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     if not model.cfg.num_classes:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
-    predictions = predict(model, images.inputs, top_k=args.top_k, device=args.device)
+    precision = chosen_precision(args.precision, args.device)
+    predictions = predict(model, images.inputs, top_k=args.top_k, device=args.device, precision=precision)
     for path, preds in zip(args.images, predictions):
         print(path)
         for r in preds:

@@ -5,14 +5,25 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
-from .common import count, describe, load_model, model_arguments, pct, progress, real, run_options, split_arguments
+from .common import (
+    count,
+    describe,
+    load_model,
+    model_arguments,
+    pct,
+    precision_argument,
+    progress,
+    real,
+    run_options,
+    split_arguments,
+)
 
 HELP = "linear-probe (logistic regression) and k-NN accuracy of frozen features"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     model_arguments(p)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    precision_argument(p)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     split_arguments(p, 10000, "a random subset of the train split (default: 10000)")
     p.add_argument(

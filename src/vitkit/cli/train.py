@@ -82,7 +82,10 @@ def recipe_arguments(p: argparse.ArgumentParser, default_config: str | None) -> 
     p.add_argument("--lr", type=float)
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
     p.add_argument(
-        "--precision", choices=["fp32", "bf16"], help="bf16: autocast, or the recipe's bf16 weights; fp32: neither"
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        help="auto: bf16 where this device computes it natively, else fp32; bf16: autocast, or the recipe's bf16 "
+        "weights; fp32: neither",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
 

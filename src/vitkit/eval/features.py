@@ -19,9 +19,10 @@ from torch import nn
 from ..data.base import Dataset
 from ..data.transforms import TransformConfig, eval_transform, match_channels
 from ..errors import UsageError
+from ..precision import resolve_precision
 from ..preprocessing import Preprocessing
 
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["auto", "fp32", "bf16"]
 Head = Literal["logits", "pre_logits"]
 
 
@@ -59,12 +60,15 @@ def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None
 
 
 def autocast(device: torch.device, precision: str) -> Any:
-    """The autocast context of a precision: none for "fp32", bf16 autocast for "bf16"."""
+    """The autocast context of a precision: none for "fp32", bf16 autocast for "bf16", and for
+    "auto" the one of what the precision policy resolves it to on ``device`` (:mod:`vitkit.precision`)."""
+    if precision == "auto":
+        precision = resolve_precision("auto", device).name
     if precision == "fp32":
         return nullcontext()
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise UsageError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    raise UsageError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
 
 
 def _dataset_len(dataset: Dataset) -> int | None:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, UsageError
+from .features import autocast
 
 
 def class_names(model: nn.Module) -> list[str]:
@@ -42,10 +43,12 @@ def predict(
     top_k: int = 5,
     classes: Sequence[str] | None = None,
     device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> list[list[dict[str, Any]]]:
     """The ``top_k`` most probable classes of each image of a preprocessed batch (B, C, H, W)
     (:func:`vitkit.load_images` makes one): per image, ``{"class", "index", "prob"}`` rows, most
-    probable first. ``classes`` names the classes (default: :func:`class_names` of the model)."""
+    probable first. ``classes`` names the classes (default: :func:`class_names` of the model).
+    ``precision``: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`)."""
     k_model = int(getattr(model, "num_classes", 0) or 0)
     if not k_model:
         raise UsageError("the model has no classification head (num_classes=0); nothing to predict")
@@ -58,7 +61,8 @@ def predict(
     was_training = model.training
     model.eval().to(dev)
     try:
-        logits = torch.cat([model(x[None].to(dev)).float().cpu() for x in images])  # (B, K)
+        with torch.inference_mode(), autocast(dev, precision):
+            logits = torch.cat([model(x[None].to(dev)).float().cpu() for x in images])  # (B, K)
     finally:
         model.train(was_training)
     bad = (~torch.isfinite(logits).all(dim=1)).nonzero().flatten().tolist()

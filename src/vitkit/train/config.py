@@ -24,6 +24,7 @@ import yaml
 
 from ..errors import RecipeError
 from ..models.attention import ATTENTION_IMPLS
+from ..precision import PRECISIONS
 
 _RANGE = re.compile(r"([\[(])\s*(\S+?)\s*,\s*(\S+?)\s*([\])])|(>=|>)\s*(\S+)")
 
@@ -85,7 +86,6 @@ def checked(default: Any, spec: str = "", choices: tuple[str, ...] = (), **optio
 SEEDS = "[0, 4294967296)"  # what every generator seed takes (numpy's range too)
 OPTIMIZERS = ("adamw", "adam", "sgd", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
-PRECISIONS = ("fp32", "bf16")
 LOSSES = ("softmax", "sigmoid")
 ON_NONFINITE = ("stop", "skip")
 CROPS = ("inception", "pad", "none")
@@ -164,8 +164,10 @@ class TrainSection:
     steps: int = checked(1000, ">= 1")
     batch_size: int = checked(128, ">= 1")  # global batch (all processes, all accumulation micro-steps)
     accum_steps: int = checked(1, ">= 1")
-    precision: str = checked("fp32", choices=PRECISIONS)  # bf16: autocast, fp32 weights
-    bf16_weights: bool = False  # with bf16: forward and backward on a bf16 copy of the fp32 weights
+    # auto: bf16 where the device computes it natively and fast, else fp32 (vitkit.precision);
+    # bf16: autocast with fp32 weights
+    precision: str = checked("auto", choices=PRECISIONS)
+    bf16_weights: bool = False  # when the step computes in bf16: forward and backward on a bf16 copy of the weights
     compile: bool = False
     grad_clip: float = checked(1.0, ">= 0")  # global norm; 0 disables
     label_smoothing: float = checked(0.0, "[0, 1)")
@@ -389,13 +391,14 @@ def patch_drop_at(t: TrainSection, step: int) -> float:
 
 def check_bf16_weights(t: TrainSection, where: str = "train") -> None:
     """A bf16 copy of the weights computes in bf16 and hands its gradients to the fp32 weights
-    once a step: it needs bf16, one micro-step (gradients summed over micro-steps would add up in
-    bf16) and whole parameters (FSDP's are sharded)."""
+    once a step: it needs bf16 or auto (which computes with the copy where it resolves to bf16),
+    one micro-step (gradients summed over micro-steps would add up in bf16) and whole parameters
+    (FSDP's are sharded)."""
     if not t.bf16_weights:
         return
-    if t.precision != "bf16":
+    if t.precision == "fp32":  # auto: a copy when auto resolves to bf16, none when to fp32
         raise RecipeError(
-            f"{where}.bf16_weights needs {where}.precision=bf16, got {t.precision}; "
+            f"{where}.bf16_weights needs {where}.precision bf16 or auto, got {t.precision}; "
             f"set {where}.bf16_weights=false for {t.precision}"
         )
     if t.accum_steps > 1:

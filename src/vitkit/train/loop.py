@@ -9,7 +9,6 @@ learning rate is a function of the step.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import yaml
 from torch import nn
 
 from ..checkpoint.native import save_weights
+from ..cpu import cpu_info
 from ..data import Dataset, TransformConfig, build_dataset, step_generator, train_transform
 from ..data.mix import MixConfig, mix_batch
 from ..data.randaugment import RandAugmentConfig
@@ -31,15 +31,16 @@ from ..data.transforms import EraseConfig, match_channels
 from ..errors import DataError, RecipeError, TrainingError, VitkitError
 from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
-from ..eval.features import autocast
 from ..files import write_text
 from ..models.attention import choose_training_path
 from ..models.config import ViTConfig
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from ..models.vit import kept_patches
+from ..precision import PrecisionChoice, resolve_precision, take_warning
 from ..preprocessing import Preprocessing
 from . import dist as D
+from .compute import StepCompute, step_compute
 from .config import Recipe, diff_recipes, dump_recipe, patch_drop_at, patch_drop_schedule, recipe_from_dict
 from .distill import Teacher, distillation_loss
 from .optim import build_optimizer, lr_at, set_lr
@@ -141,33 +142,6 @@ def _devices(r: Recipe) -> tuple[torch.device, D.DistInfo]:
     return device, info
 
 
-def bf16_copy(model: nn.Module) -> nn.Module:
-    """A bf16 copy of ``model`` for ``train.bf16_weights``: its forward and backward run in bf16
-    end to end, without the casts autocast puts around every matrix multiply and residual add and
-    with LayerNorm and GELU on half the bytes (on the CPU, where such ops take a large share of a
-    step that matmuls do not fill); the fp32 weights stay the optimiser's, the checkpoints' and
-    the evaluation's, so a step's update is not rounded to bf16."""
-    return copy.deepcopy(model).to(torch.bfloat16)
-
-
-def grads_to_weights(net: nn.Module, model: nn.Module) -> None:
-    """Hand the bf16 copy's gradients to the fp32 weights, as fp32, for clipping and the step."""
-    for q, p in zip(net.parameters(), model.parameters(), strict=True):
-        p.grad = None if q.grad is None else q.grad.float()
-        q.grad = None
-
-
-@torch.no_grad()
-def copy_weights(model: nn.Module, net: nn.Module) -> None:
-    """Round the fp32 weights, and floating buffers, into the bf16 copy (after each step, and
-    after resuming)."""
-    # one call for all of them: for tensors this small, a Python loop's per-call cost exceeds the copying
-    torch._foreach_copy_(list(net.parameters()), list(model.parameters()))
-    for a, b in zip(model.buffers(), net.buffers(), strict=True):
-        if a.is_floating_point():
-            b.copy_(a)
-
-
 def _dataset(r: Recipe, split: str) -> Dataset:
     """A split of the recipe's data, carved (``data.minival``, ``data.subset``) as the recipe says."""
     d = r.data
@@ -202,7 +176,9 @@ def _set_model_modes(r: Recipe, model: nn.Module) -> None:
         model.set_distilled_training(True)
 
 
-def _time_attention_paths(r: Recipe, model: nn.Module, device: torch.device, info: D.DistInfo) -> None:
+def _time_attention_paths(
+    r: Recipe, model: nn.Module, device: torch.device, info: D.DistInfo, precision: PrecisionChoice
+) -> None:
     """On the CPU with ``train.attention: auto``, time the two explicit attention paths (weights
     kept or recomputed: the same numbers bit for bit) on the shapes this run trains on, full and
     patch-dropped sequences, so that ``auto`` takes the faster on this CPU (choose_training_path)."""
@@ -214,9 +190,10 @@ def _time_attention_paths(r: Recipe, model: nn.Module, device: torch.device, inf
     micro = max(1, r.train.batch_size // (info.world_size * r.train.accum_steps))
     patches = cfg.grid_size[0] * cfg.grid_size[1]
     counts = {patches} | {kept_patches(patches, rate) for _, rate in patch_drop_schedule(r.train)}
-    dtype = torch.bfloat16 if r.train.precision == "bf16" else torch.float32
     for n in sorted(counts):
-        choose_training_path(micro, cfg.num_heads, cfg.num_prefix_tokens + n, cfg.width // cfg.num_heads, dtype)
+        choose_training_path(
+            micro, cfg.num_heads, cfg.num_prefix_tokens + n, cfg.width // cfg.num_heads, precision.dtype
+        )
 
 
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
@@ -288,6 +265,12 @@ class Trainer:
                     f"{self.out}: removed {len(removed)} temporary files a killed run left ({', '.join(removed[:3])})"
                 )
         self._check_resume_recipe()
+        # what the step computes in: the recipe's precision as this device resolves it
+        self.precision = resolve_precision(r.train.precision, self.device)
+        self.progress.message(self.precision.describe())
+        warning = take_warning(self.precision)
+        if warning:
+            self.progress.message(f"warning: {warning}")
         torch.manual_seed(r.seed)
         self.train_ds = _dataset(r, r.data.train_split)
         _check_batch_fits(r, self.train_ds)
@@ -297,34 +280,30 @@ class Trainer:
             self.model.set_attention_impl(r.train.attention)
         _check_patch_drop(r, self.model)
         _set_model_modes(r, self.model)
-        _time_attention_paths(r, self.model, self.device, self.info)
-        # what computes a training step: the model, or a bf16 copy of it (train.bf16_weights)
-        self.net = bf16_copy(self.model) if r.train.bf16_weights else self.model
+        _time_attention_paths(r, self.model, self.device, self.info, self.precision)
         self.preprocessing = Preprocessing.for_config(self.model.cfg)
         self.tcfg = _transform_config(r, self.preprocessing)
         self.teacher = self._build_teacher()
         self.mix = _mix_config(r, self.info)
         if r.train.fsdp and r.train.ema_decay:
             raise RecipeError("train.ema_decay is not supported with train.fsdp yet; use DDP for EMA runs")
-        # FSDP shards the parameters in place: the optimiser must be built on the sharded ones.
-        # A bf16 copy is not wrapped: its gradients are averaged over processes in fp32, once
-        # they are the fp32 weights' (train_step), and the weights come from rank 0 (below).
-        if self.net is self.model:
-            self.wrapped = D.wrap_model(self.model, self.info, self.device, r.train.fsdp)
-        else:
-            self.wrapped = self.net
+        # what computes a step in the chosen precision (the model under autocast, or a bf16 copy of
+        # it); FSDP shards the parameters in place, so the optimiser is built after, on the shards
+        self.compute: StepCompute = step_compute(
+            self.model, self.precision, r.train.bf16_weights, self.info, self.device, r.train.fsdp, r.train.compile
+        )
         fused = self.device.type == "cuda" and not r.train.fsdp  # FSDP's sharded parameters: foreach
         # data parallel (not FSDP's shards): every process steps on the same averaged gradients
         group = torch.distributed.group.WORLD if self.info.enabled and not r.train.fsdp else None
-        self.optimizer = build_optimizer(self.model, r.optim, fused=fused, process_group=group)
+        self.optimizer = build_optimizer(
+            self.model, r.optim, fused=fused, process_group=group, precision=self.precision.name
+        )
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
-        self.state = TrainState(teacher_digest=self.teacher.digest if self.teacher is not None else None)
+        digest = self.teacher.digest if self.teacher is not None else None
+        self.state = TrainState(teacher_digest=digest, precision=self.precision.name)
         self.resumed_from: int | None = None
         self._resume()
-        if self.net is not self.model:
-            D.broadcast_weights(self.model, self.info)
-            copy_weights(self.model, self.net)
-        self.forward = torch.compile(self.wrapped) if r.train.compile else self.wrapped
+        self.compute.weights_loaded(self.info)
         self._tb: Any = None
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -367,7 +346,7 @@ class Trainer:
         if r.train.distill == "none":
             return None
         cfg, t = self.model.cfg, r.train
-        return Teacher(t.teacher, cfg.num_classes, cfg.in_chans, self.preprocessing, self.device, t.precision)
+        return Teacher(t.teacher, cfg.num_classes, cfg.in_chans, self.preprocessing, self.device, self.precision.name)
 
     def _check_resume_recipe(self) -> None:
         saved = self.out / "config.yaml"
@@ -431,6 +410,13 @@ class Trainer:
             torch.cuda.set_rng_state(loaded.rng["cuda"])
         self._check_same_teacher(loaded.state.teacher_digest)
         loaded.state.teacher_digest = self.state.teacher_digest  # an older checkpoint's None too
+        before = loaded.state.precision
+        if before is not None and before != self.precision.name:  # the weights on disk are fp32 either way
+            self.progress.message(
+                f"resuming in {self.precision.name} a run whose steps so far computed in {before} "
+                f"({self.precision.describe()})"
+            )
+        loaded.state.precision = self.precision.name
         self.state = loaded.state
         self.resumed_from = loaded.state.step
         self.progress.message(f"resuming {self.out} from step {loaded.state.step}")
@@ -543,10 +529,9 @@ class Trainer:
                 _unwrap(self.model),
                 self.eval_ds,
                 device=self.device,
-                precision=r.train.precision,
+                precision=self.precision.name,
                 max_images=r.data.eval_max_images,
-                # with a bf16 copy, the fp32 weights, uncompiled (train.compile compiles the copy)
-                forward=self.forward if self.net is self.model else _unwrap(self.model),
+                forward=self.compute.evaluation_forward(),
                 transform=self.tcfg,
                 rank=self.info.rank,
                 world_size=self.info.world_size,
@@ -566,7 +551,7 @@ class Trainer:
         step = self.state.step
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
         if r.train.patch_drop:
-            self.net.set_patch_drop(patch_drop_at(r.train, step), r.train.patch_drop_flat_weight)
+            self.compute.net.set_patch_drop(patch_drop_at(r.train, step), r.train.patch_drop_flat_weight)
         micro = self._micro_batches(images, labels)
         total = torch.zeros((), device=self.device)
         in_chans = self.model.cfg.in_chans
@@ -576,21 +561,12 @@ class Trainer:
             y = y.to(self.device, non_blocking=True)
             if self.mix.enabled:  # soft targets (B, K) that hold the label smoothing
                 x, y = mix_batch(x, y, self.model.num_classes, self.mix, g)[:2]
-            sync = i == len(micro) - 1 or not hasattr(self.wrapped, "no_sync")
-            ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
-            with ctx:
-                if self.net is self.model:
-                    with autocast(self.device, r.train.precision):
-                        logits = self.forward(x)
-                else:  # bf16 weights take bf16 images; the loss is computed in fp32
-                    out = self.forward(x.to(torch.bfloat16))
-                    logits = tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
+            with self.compute.no_sync(last=i == len(micro) - 1):
+                logits = self.compute.forward(x)
                 loss = self._loss(x, logits, y) / len(micro)
                 loss.backward()
             total += loss.detach()
-        if self.net is not self.model:
-            grads_to_weights(self.net, self.model)
-            D.average_gradients(self.model, self.info)
+        self.compute.gradients_ready(self.info)
         D.all_reduce_sum(total, self.info)  # the mean over processes is the loss of the global batch
         total /= self.info.world_size
         if not torch.isfinite(total).item():
@@ -609,8 +585,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model)
-        if self.net is not self.model:
-            copy_weights(self.model, self.net)
+        self.compute.weights_changed()
         return float(total.item())
 
     def _loss(
@@ -643,7 +618,7 @@ class Trainer:
         r, total = self.recipe, self.recipe.train.steps
         self._open_run()
         self.model.train()
-        self.net.train()
+        self.compute.net.train()
         self.progress.start(total, self.state.step)
         watch, window = Stopwatch(), Window()
         global_batch = (r.train.batch_size // self.info.world_size) * self.info.world_size
@@ -732,7 +707,10 @@ class Trainer:
         step, best = self.state.step, self.state.best_step
         self.out.mkdir(parents=True, exist_ok=True)
         with self.folder.writing(self.out / "config.yaml", "write the recipe", step, best):
-            write_text(self.out / "config.yaml", dump_recipe(self.recipe))
+            # the recipe, headed by what its precision resolved to on this machine
+            where = cpu_info()["model"] if self.device.type == "cpu" else self.device
+            header = f"# {self.precision.describe()}; on {where}\n"
+            write_text(self.out / "config.yaml", header + dump_recipe(self.recipe))
         with self.folder.writing(self.folder.metrics, "cut the log back to the resumed step", step, best):
             self.folder.truncate_metrics(step)
         self._tb = _tensorboard(self.out) if self.recipe.log.tensorboard else None

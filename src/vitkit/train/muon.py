@@ -9,8 +9,10 @@ that map hidden features to hidden features only: the patch embedding, the head,
 embeddings, tokens, biases and norm scales stay with AdamW (as its authors advise).
 
 The orthogonalisation is the quintic Newton-Schulz iteration of the Muon paper (coefficients
-3.4445, -4.7750, 2.0315, five steps, in bf16), run on all matrices of one shape at once as a
-batched matmul: on a CPU the per-op cost of many small matmuls would otherwise dominate. The
+3.4445, -4.7750, 2.0315, five steps), in bf16 where the device computes bf16 natively and fast and
+in fp32 elsewhere (the precision policy, :mod:`vitkit.precision`: on a CPU that emulates bf16 the
+iteration would be ~100x slower), run on all matrices of one shape at once as a batched matmul:
+on a CPU the per-op cost of many small matmuls would otherwise dominate. The
 update is scaled by ``0.2 * sqrt(max(rows, cols))`` (Liu et al., 2025, "Muon is scalable"), which
 gives it the root-mean-square size of a typical AdamW update, so one learning rate and one
 weight decay serve both kinds of parameter.
@@ -30,16 +32,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..precision import resolve_precision
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalize(
+    g: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """An approximately semi-orthogonal matrix with ``g``'s singular vectors (the Newton-Schulz
-    iteration drives the singular values towards 1, to within about 0.5-1.5 after five steps),
-    for each matrix of a batch ``(..., rows, cols)``. Returns fp32 in ``g``'s shape."""
+    iteration drives the singular values towards 1, to within about 0.5-1.5 after five steps).
+
+    Args:
+        g: a matrix or a batch of them, ``(..., rows, cols)``.
+        steps: Newton-Schulz iterations.
+        eps: added to the Frobenius norm the input is divided by.
+        dtype: what the iteration computes in (bf16 or fp32).
+
+    Returns:
+        fp32, in ``g``'s shape.
+    """
     a, b, c = NS_COEFFICIENTS
     tall = g.size(-2) > g.size(-1)
-    x = (g.mT if tall else g).to(torch.bfloat16)  # iterate on the smaller Gram matrix
+    x = (g.mT if tall else g).to(dtype)  # iterate on the smaller Gram matrix
     batch = x.shape[:-2]
     x = x.reshape(-1, *x.shape[-2:])
     # Frobenius norm >= spectral norm: after this every singular value is at most 1
@@ -72,7 +87,9 @@ class MuonAdamW(torch.optim.Optimizer):
     per parameter: how many equal blocks of rows to orthogonalise separately (3 for a fused qkv
     weight, whose q, k and v are three maps). The state (Muon's momentum buffer, AdamW's two
     moments and step count) is per parameter, so ``state_dict`` and resuming work as for torch's
-    optimisers."""
+    optimisers. ``precision`` is what the orthogonalisation computes in: "auto" (bf16 where the
+    parameters' device computes it natively and fast, fp32 elsewhere; :mod:`vitkit.precision`),
+    "fp32" or "bf16"."""
 
     def __init__(
         self,
@@ -85,7 +102,11 @@ class MuonAdamW(torch.optim.Optimizer):
         nesterov: bool = True,
         ns_steps: int = 5,
         process_group: Any = None,
+        precision: str = "auto",
     ) -> None:
+        resolve_precision(precision)  # an unknown name fails here, not at the first step
+        self.precision = precision
+        self._ns_dtypes: dict[torch.device, torch.dtype] = {}
         # The data-parallel group whose processes share the orthogonalisation (module docstring);
         # None: this process does all of it. Its members must hold the same gradients.
         self.process_group = process_group
@@ -157,6 +178,12 @@ class MuonAdamW(torch.optim.Optimizer):
             p.add_(step, alpha=-lr * 0.2 * math.sqrt(max(steps[start].shape)))  # the blocks are of one shape
             start += k
 
+    def ns_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype the Newton-Schulz iteration computes in on ``device`` (resolved once)."""
+        if device not in self._ns_dtypes:
+            self._ns_dtypes[device] = resolve_precision(self.precision, device).dtype
+        return self._ns_dtypes[device]
+
     def _orthogonalize(self, stack: torch.Tensor, steps: int) -> torch.Tensor:
         """:func:`orthogonalize` of a stack of matrices (n, r, c), shared among the processes of
         ``process_group``: each takes a contiguous 1/W of the stack (the last ones padded with
@@ -164,14 +191,15 @@ class MuonAdamW(torch.optim.Optimizer):
         pg = self.process_group
         world = dist.get_world_size(pg) if pg is not None else 1
         n = stack.shape[0]
+        dtype = self.ns_dtype(stack.device)
         if world == 1 or n == 1:
-            return orthogonalize(stack, steps)
+            return orthogonalize(stack, steps, dtype=dtype)
         per = -(-n // world)
         rank = dist.get_rank(pg)
         mine = stack[rank * per : (rank + 1) * per]
         if mine.shape[0] < per:
             mine = torch.cat([mine, mine.new_zeros(per - mine.shape[0], *stack.shape[1:])])
-        mine = orthogonalize(mine, steps).contiguous()
+        mine = orthogonalize(mine, steps, dtype=dtype).contiguous()
         shares = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(shares, mine, group=pg)
         return torch.cat(shares)[:n]

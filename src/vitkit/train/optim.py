@@ -111,12 +111,28 @@ def param_groups(
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimSection, fused: bool = False, process_group: Any = None
+    model: nn.Module,
+    cfg: OptimSection,
+    fused: bool = False,
+    process_group: Any = None,
+    precision: str = "auto",
 ) -> torch.optim.Optimizer:
-    """The recipe's optimiser over ``model``'s trainable parameters. ``fused`` (CUDA parameters
-    only) runs Adam's update as one kernel per group instead of several per tensor.
-    ``process_group``: the data-parallel group (every member with the same averaged gradients)
-    among which Muon shares its orthogonalisation; other optimisers ignore it."""
+    """The recipe's optimiser over ``model``'s trainable parameters.
+
+    Args:
+        model: the model whose trainable parameters it updates.
+        cfg: the recipe's ``optim`` section.
+        fused: (CUDA parameters only) Adam's update as one kernel per group instead of several
+            per tensor.
+        process_group: the data-parallel group (every member with the same averaged gradients)
+            among which Muon shares its orthogonalisation; other optimisers ignore it.
+        precision: the precision Muon's Newton-Schulz iteration computes in ("auto", "fp32" or
+            "bf16", as :func:`vitkit.precision.resolve_precision` takes it); the step's own
+            resolved precision, so that an fp32 run is fp32 throughout.
+
+    Returns:
+        A torch optimiser.
+    """
     name = cfg.name.lower()
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, muon=name == "muon", split_qkv=cfg.muon_split_qkv)
     if name == "muon":
@@ -124,7 +140,13 @@ def build_optimizer(
             if g["muon"]:
                 g["lr_scale"] = g.get("lr_scale", 1.0) * cfg.muon_lr_scale
         return MuonAdamW(
-            groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum, process_group=process_group
+            groups,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            momentum=cfg.muon_momentum,
+            process_group=process_group,
+            precision=precision,
         )
     if name in ("adamw", "adam"):
         # The paper's Adam with "weight decay": we apply it decoupled, as big_vision does.

@@ -38,6 +38,7 @@ class TrainState:
     train_seconds: float = 0.0  # optimiser-step time so far (evaluation and checkpoints excluded)
     last_metric: float | None = None  # the latest evaluation's top-1
     teacher_digest: str | None = None  # sha256 of the distillation teacher's weights (distill.Teacher)
+    precision: str | None = None  # what the steps computed in ("fp32", "bf16"; None: not recorded)
 
 
 def _flatten_optim(osd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -107,6 +108,7 @@ def save_train_state(
                 "train_seconds": state.train_seconds,
                 "last_metric": state.last_metric,
                 "teacher_digest": state.teacher_digest,
+                "precision": state.precision,
                 "optimizer": opt_meta,
             }
         ),
@@ -151,6 +153,7 @@ def _train_state(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, s
         train_seconds=ts.get("train_seconds", 0.0),
         last_metric=ts.get("last_metric"),
         teacher_digest=ts.get("teacher_digest"),
+        precision=ts.get("precision"),
     )
     return LoadedTrainState(
         path, model_state, _unflatten_optim(tensors, ts["optimizer"]), ema, rng, state, meta.get("recipe", "")
