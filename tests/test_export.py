@@ -63,10 +63,11 @@ def test_packed_inference_equals_the_model(act):
     with torch.inference_mode():
         ref = m(x)
         fp32 = prepare_inference(m, "fp32", pack=True)
-        bf16 = prepare_inference(m, "bf16", pack=True)
-        plain_bf16 = prepare_inference(m, "bf16", pack=False)
         torch.testing.assert_close(fp32(x), ref, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(bf16(x.bfloat16()), plain_bf16(x.bfloat16()), atol=2e-2, rtol=2e-2)
+        if onednn_linear_available(torch.bfloat16):  # oneDNN's bf16 kernels (none on AVX2-only CPUs)
+            bf16 = prepare_inference(m, "bf16", pack=True)
+            plain_bf16 = prepare_inference(m, "bf16", pack=False)
+            torch.testing.assert_close(bf16(x.bfloat16()), plain_bf16(x.bfloat16()), atol=2e-2, rtol=2e-2)
         # every dense layer packed, the MLP's GELU fused into fc1
         packed = [mod for mod in fp32.modules() if isinstance(mod, PackedLinear)]
         assert len(packed) == 2 * 4 + 2 and not any(isinstance(mod, torch.nn.Linear) for mod in fp32.modules())
@@ -157,7 +158,8 @@ def test_one_compiled_graph_serves_every_prepared_model():
             m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5).eval()
             torch.nn.init.normal_(m.head.weight, std=0.1)
             served = prepare_inference(m, "int8", calibration=x * (1 + seed))
-            outs.append((torch.compile(served, backend="eager")(x.bfloat16()), served(x.bfloat16())))
+            xs = x.to(served.input_dtype)  # bf16 where the CPU computes it natively, else fp32
+            outs.append((torch.compile(served, backend="eager")(xs), served(xs)))
     assert counters["stats"]["unique_graphs"] == 2  # the finite-input check and the model, once
     for compiled, eager in outs:
         assert torch.nn.functional.cosine_similarity(compiled.flatten().float(), eager.flatten().float(), dim=0) > 0.99

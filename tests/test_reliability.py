@@ -180,7 +180,7 @@ BAD_VALUES = [
         r"^optim\.name must be one of adamw, adam, sgd, muon, got 'adamwx'; did you mean 'adamw'\?$",
     ),
     ("optim.schedule", "cosin", r"optim\.schedule must be one of cosine, linear, constant, got 'cosin'"),
-    ("train.precision", "fp16", r"train\.precision must be one of fp32, bf16, got 'fp16'"),
+    ("train.precision", "fp16", r"train\.precision must be one of auto, fp32, bf16, got 'fp16'"),
     ("train.loss", "hinge", r"train\.loss must be one of softmax, sigmoid"),
     ("train.on_nonfinite", "ignore", r"train\.on_nonfinite must be one of stop, skip"),
     ("augment.crop", "random", r"augment\.crop must be one of inception, pad, none"),

@@ -400,7 +400,7 @@ def test_training_keeps_freed_memory_mapped(monkeypatch):
         "from vitkit.bench import make_step\n"
         "m=vitkit.create_model('vit_b16',img_size=28,patch_size=4,in_chans=1,width=192,depth=6,num_heads=3,"
         "mlp_dim=768,num_classes=10)\n"
-        "s=make_step(m,torch.randn(128,1,28,28),torch.randint(0,10,(128,)),'train','bf16')\n"
+        "s=make_step(m,torch.randn(128,1,28,28),torch.randint(0,10,(128,)),'train','auto')\n"
         "[s() for _ in range(5)]\n"
         "f=resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "[s() for _ in range(5)]\n"

@@ -131,8 +131,11 @@ def make_step(
 ) -> Callable[[], None]:
     """One timed unit of work: an inference forward (weights prepared with
     :func:`prepare_inference`; int8 with static scales calibrated on ``x``), or a training step
-    (forward, backward, AdamW) with bf16 autocast and fp32 weights when ``precision`` is bf16.
-    Shared with ``benchmarks/peers.py``."""
+    (forward, backward, AdamW) with bf16 autocast and fp32 weights when ``precision`` is bf16
+    ("auto": what :mod:`vitkit.precision` resolves on ``x``'s device). Shared with
+    ``benchmarks/peers.py``."""
+    if precision == "auto":
+        precision = resolve_precision("auto", x.device).name
     if mode == "infer":
         model = prepare_inference(model, precision, pack=pack, copy_model=False)
         if any(isinstance(m, Int8Linear) for m in model.modules()):

@@ -217,10 +217,29 @@ def _range_to_qparams(lo: float, hi: float) -> tuple[float, int]:
     return scale, min(max(round(-lo / scale), 0), 255)
 
 
+@functools.cache
+def int8_pairs_saturate() -> bool:
+    """Whether oneDNN's int8 kernel on this CPU adds pairs of uint8 x int8 products in 16 bits
+    with saturation, as it does without the VNNI dot-product instructions (AVX2-only CPUs, or
+    AVX-512 ones of before VNNI): 255 x 127 x 2 overflows int16, so 8-bit weights would clip
+    sums. Measured once a process on a product whose pairs overflow (64 inputs of code 255 times
+    weights of 127); where it saturates :class:`Int8Linear` quantises weights to 7 bits, which
+    cannot overflow (255 x 64 x 2 < 32768), as oneDNN's guide advises."""
+    w = torch.full((1, 64), 127, dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    x = torch.full((1, 64), 255, dtype=torch.uint8)
+    one, zero = torch.ones(1), torch.zeros(1, dtype=torch.int64)
+    y = torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 0, packed, one, zero, None, 1.0, 0, torch.float32, "none", [], ""
+    )  # fmt: skip
+    return float(y.flatten()[0]) != 64 * 255 * 127
+
+
 class Int8Linear(nn.Module):
     """``nn.Linear`` for CPU inference in int8 on oneDNN's int8 dot-product kernels (VNNI).
 
-    Weights: symmetric int8, one scale per output channel, packed once. Activations: asymmetric
+    Weights: symmetric int8, one scale per output channel, packed once (7-bit codes where the
+    CPU's kernel would saturate 8-bit ones, :func:`int8_pairs_saturate`). Activations: asymmetric
     uint8 with one scale per tensor, either taken from each batch's range (dynamic quantisation,
     as ``torch.ao.quantization.quantize_dynamic``) or fixed by :func:`calibrate_int8` (static).
     The output is dequantised to the input's dtype with ``act`` ("gelu", "gelu_tanh") fused into
@@ -235,8 +254,9 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = w.shape
         self.act = act
         self.out_dtype = out_dtype  # None: the input's dtype
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        wq = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+        top = 63 if int8_pairs_saturate() else 127
+        scale = (w.abs().amax(dim=1) / top).clamp(min=1e-12)
+        wq = torch.round(w / scale[:, None]).clamp(-top - 1, top).to(torch.int8)
         self.w_scale = scale
         self.w_zero_point = torch.zeros(self.out_features, dtype=torch.int64)
         self.packed = torch.ops.onednn.qlinear_prepack(wq, None)
@@ -594,6 +614,7 @@ __all__ = [
     "calibrate_int8",
     "choose_linear_kernel",
     "fold_attention_scale",
+    "int8_pairs_saturate",
     "onednn_int8_available",
     "onednn_linear_available",
     "pack_linears",

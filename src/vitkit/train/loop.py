@@ -267,10 +267,6 @@ class Trainer:
         self._check_resume_recipe()
         # what the step computes in: the recipe's precision as this device resolves it
         self.precision = resolve_precision(r.train.precision, self.device)
-        self.progress.message(self.precision.describe())
-        warning = take_warning(self.precision)
-        if warning:
-            self.progress.message(f"warning: {warning}")
         torch.manual_seed(r.seed)
         self.train_ds = _dataset(r, r.data.train_split)
         _check_batch_fits(r, self.train_ds)
@@ -616,6 +612,10 @@ class Trainer:
 
     def _run(self) -> RunResult:
         r, total = self.recipe, self.recipe.train.steps
+        self.progress.message(self.precision.describe())
+        warning = take_warning(self.precision)
+        if warning:
+            self.progress.message(f"warning: {warning}")
         self._open_run()
         self.model.train()
         self.compute.net.train()
