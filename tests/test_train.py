@@ -333,8 +333,8 @@ def test_finetune_from_official_npz_resizes_and_replaces_head(tmp_path, fixtures
 def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
     """DDP (or FSDP2) over gloo with 2 processes: the first losses equal a 1-process run with the
     same global batch (to bf16's precision with ``train.bf16_weights``, whose copy's gradients are
-    averaged in fp32 without DDP, and with Muon, whose bf16 iteration each process runs on half
-    of the matrices), and the checkpoint loads in one process."""
+    averaged in fp32 without DDP; with Muon, whose iteration each process runs on half of the
+    matrices, in fp32 here as the fp32 recipe asks), and the checkpoint loads in one process."""
     bf16_sets = {"train__precision": "bf16", "train__bf16_weights": True} if bf16 else {}
     if muon:
         bf16_sets["optim__name"] = "muon"
@@ -375,9 +375,31 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
 
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(one) == len(two) == 4
-    assert max(abs(a - b) for a, b in zip(one, two)) < (2e-3 if bf16 or muon else 1e-5)
+    assert max(abs(a - b) for a, b in zip(one, two)) < (2e-3 if bf16 else 1e-4 if muon else 1e-5)
     model = vitkit.load_pretrained(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
     assert model.cfg.depth == 2
+
+
+def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
+    """The demo recipe with ``--precision fp32`` (fp32 throughout, Muon's iteration included):
+    two torchrun processes take the first steps with the losses of one process within 1e-4."""
+    if not any(Path(p).is_dir() for p in ("/usr/share/datasets/fashion-mnist", Path.home() / ".cache/vitkit/data")):
+        pytest.skip("Fashion-MNIST is not installed (make data)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = ["-m", "vitkit", "train", "--precision", "fp32", "--steps", "4", "--device", "cpu"]
+    base += ["--set", "data.eval_split=", "--set", "log.log_every=1", "--set", "log.plot=false"]
+    one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531"]
+    two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-2000:]
+
+    def losses(d):
+        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x]
+
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == len(b) == 4
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)
 
 
 def test_training_keeps_freed_memory_mapped(monkeypatch):

@@ -275,6 +275,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.patch_drop_rate = 0.0  # training only; see set_patch_drop
         self.patch_drop_flat_weight = 1.0  # how likely a flat patch is kept, against one with content
+        self.patch_drop_share = (0, 1)  # (rank, processes): this batch's part of the global one
         self.grad_checkpointing = False  # see set_grad_checkpointing
         self.distilled_training = False  # see set_distilled_training
 
@@ -391,7 +392,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         a weighted draw without replacement (Efraimidis and Spirakis: the ``keep`` largest of
         ``u ** (1 / w)``, here as ``log(u) / w``)."""
         keep = kept_patches(patches, self.patch_drop_rate)
-        u = torch.rand(batch, patches, device=device)
+        rank, world = self.patch_drop_share
+        u = torch.rand(batch * world, patches, device=device)[rank * batch : (rank + 1) * batch]
         if flat is None:
             return u.argsort(dim=1)[:, :keep].sort(dim=1).values
         w = torch.where(flat, self.patch_drop_flat_weight, 1.0)
@@ -569,7 +571,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         if self.attn_pool is not None:
             self.attn_pool.impl = impl
 
-    def set_patch_drop(self, rate: float, flat_weight: float = 1.0) -> None:
+    def set_patch_drop(self, rate: float, flat_weight: float = 1.0, share: tuple[int, int] = (0, 1)) -> None:
         """Drop this fraction of the patch tokens of every training image (0 disables). Not with
         relative positions, which are the kept tokens' places in the sequence, not in the grid.
 
@@ -577,7 +579,16 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         the others: an empty background) that much less often than patches with content, so the
         kept tokens carry more of the image where it has a plain background (Fashion-MNIST: ~31%
         of the 4x4 patches are empty); on photographs almost no patch is flat and the draw is
-        the uniform one. A plain patch embedding only: a hybrid's tokens are drawn uniformly."""
+        the uniform one. A plain patch embedding only: a hybrid's tokens are drawn uniformly.
+
+        ``share`` (rank, processes): under data parallelism, this process's batch is share
+        ``rank`` of ``processes`` equal parts of the global batch; each process then draws the
+        random numbers of the whole global batch (from the global RNG, which the processes hold
+        alike) and keeps its part's rows, so that the processes together keep the patches one
+        process would keep of the global batch."""
+        rank, world = share
+        if not 0 <= rank < world:
+            raise ValueError(f"patch drop share must be (rank, processes) with 0 <= rank < processes, got {share}")
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
         if not 0.0 < flat_weight <= 1.0:
@@ -589,6 +600,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             )
         self.patch_drop_rate = float(rate)
         self.patch_drop_flat_weight = float(flat_weight)
+        self.patch_drop_share = (int(rank), int(world))
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the position embeddings (in place) for another input resolution: the learned

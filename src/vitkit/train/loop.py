@@ -547,7 +547,8 @@ class Trainer:
         step = self.state.step
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
         if r.train.patch_drop:
-            self.compute.net.set_patch_drop(patch_drop_at(r.train, step), r.train.patch_drop_flat_weight)
+            share = (self.info.rank, self.info.world_size)  # the processes draw as one would (set_patch_drop)
+            self.compute.net.set_patch_drop(patch_drop_at(r.train, step), r.train.patch_drop_flat_weight, share)
         micro = self._micro_batches(images, labels)
         total = torch.zeros((), device=self.device)
         in_chans = self.model.cfg.in_chans
