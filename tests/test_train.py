@@ -388,10 +388,11 @@ def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = ["-m", "vitkit", "train", "--precision", "fp32", "--steps", "4", "--device", "cpu"]
     base += ["--set", "data.eval_split=", "--set", "log.log_every=1", "--set", "log.plot=false"]
-    one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=1)
+    run = {"env": env, "capture_output": True, "text": True}
+    one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], **run)
     assert one.returncode == 0, one.stderr[-2000:]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531"]
-    two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
+    two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], **run)
     assert two.returncode == 0, two.stderr[-2000:]
 
     def losses(d):
