@@ -111,14 +111,20 @@ def test_eval_scores_the_serving_path(run_dir, tmp_path, capsys):
     """``--serve`` and ``--precision int8`` evaluate the model as prepare_inference serves it."""
     base = ["eval", str(run_dir), "--data", "synthetic", "--max-images", "64"]
     results = {}
-    for extra in ([], ["--serve"], ["--precision", "int8", "--calib", "64"], ["--precision", "int8", "--calib", "0"]):
+    fp32 = ["--precision", "fp32"]  # the default, auto, is bf16 where the CPU computes it natively
+    for extra in (
+        fp32,
+        ["--serve", *fp32],
+        ["--precision", "int8", "--calib", "64"],
+        ["--precision", "int8", "--calib", "0"],
+    ):
         out_json = tmp_path / "e.json"
         assert main([*base, *extra, "--json", str(out_json)]) == 0
         results[" ".join(extra)] = json.loads(out_json.read_text())
     captured = capsys.readouterr()
     assert "int8: activation scales calibrated on 64 images of synthetic train" in captured.err
     assert "fp32 served" in captured.out and "int8 served" in captured.out
-    eager, served = results[""], results["--serve"]
+    eager, served = results["--precision fp32"], results["--serve --precision fp32"]
     assert eager["mode"] == "eager" and served["mode"] == "served"
     assert served["top1"] == eager["top1"]  # packed fp32: the same function
     for key in ("--precision int8 --calib 64", "--precision int8 --calib 0"):
