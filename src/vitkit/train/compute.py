@@ -102,8 +102,9 @@ class StepCompute:
 class AutocastCompute(StepCompute):
     """The fp32 weights compute, under autocast in the chosen precision (none for fp32)."""
 
-    def __init__(self, model: nn.Module, precision: PrecisionChoice, info: D.DistInfo, device: torch.device,
-                 fsdp: bool) -> None:  # fmt: skip
+    def __init__(
+        self, model: nn.Module, precision: PrecisionChoice, info: D.DistInfo, device: torch.device, fsdp: bool
+    ) -> None:
         super().__init__(model, precision, model, D.wrap_model(model, info, device, fsdp))
         self.device = device
 
