@@ -4,8 +4,11 @@ time, never from one machine's assumptions."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,4 +41,26 @@ def cpu_info() -> dict[str, object]:
     }
 
 
-__all__ = ["CPU_FLAGS", "cpu_info"]
+def best_seconds(fn: Callable[[], object], repeats: int = 5, untimed: int = 2) -> float:
+    """The best of ``repeats`` wall-clock timings of ``fn()`` after ``untimed`` warm-up calls: what
+    run-time choices between kernels are measured by (a CUDA ``fn`` synchronises itself).
+
+    Args:
+        fn: the work to time.
+        repeats: timed calls.
+        untimed: calls before them, not timed.
+
+    Returns:
+        Seconds of the fastest timed call.
+    """
+    for _ in range(untimed):
+        fn()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+__all__ = ["CPU_FLAGS", "best_seconds", "cpu_info"]

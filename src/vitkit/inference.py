@@ -22,7 +22,6 @@ import functools
 import itertools
 import logging
 import math
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu import cpu_info
+from .cpu import best_seconds, cpu_info
 from .models.vit import Attention, Mlp
 from .precision import bf16_support, resolve_precision
 
@@ -445,17 +444,6 @@ def _cpu_model() -> str:
     return str(cpu_info()["model"])
 
 
-def _seconds(fn: Any, repeats: int = 5) -> float:
-    """The best of ``repeats`` timings of ``fn()`` after two untimed calls."""
-    fn(), fn()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @torch.inference_mode()
 def choose_linear_kernel(
     linear: nn.Linear, dtype: torch.dtype, act: str | None = None, rows: int = _DECISION_ROWS
@@ -472,8 +460,8 @@ def choose_linear_kernel(
     w = linear.weight.detach().to(dtype)
     b = None if linear.bias is None else linear.bias.detach().to(dtype)
     post = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[act]
-    onednn = _seconds(lambda: packed.run(x))
-    plain = _seconds(lambda: post(F.linear(x, w, b)))
+    onednn = best_seconds(lambda: packed.run(x))
+    plain = best_seconds(lambda: post(F.linear(x, w, b)))
     choice = "onednn" if onednn <= plain else "torch"
     log.debug(
         "linear %dx%d %s%s: oneDNN packed %.3f ms, torch %.3f ms -> %s",

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 from dataclasses import dataclass
 
 import torch
 
-from .cpu import cpu_info
+from .cpu import best_seconds, cpu_info
 from .errors import UsageError
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -88,15 +87,13 @@ def _mm_seconds(dtype: torch.dtype, device: torch.device, n: int = 256, repeats:
     """The best of ``repeats`` timings of an n x n matrix multiply in ``dtype`` on ``device``."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def mm() -> None:
         torch.mm(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return best_seconds(mm, repeats, untimed=1)
 
 
 def bf16_slowdown(device: str | torch.device = "cpu") -> float:

@@ -106,7 +106,6 @@ class MuonAdamW(torch.optim.Optimizer):
     ) -> None:
         resolve_precision(precision)  # an unknown name fails here, not at the first step
         self.precision = precision
-        self._ns_dtypes: dict[torch.device, torch.dtype] = {}
         # The data-parallel group whose processes share the orthogonalisation (module docstring);
         # None: this process does all of it. Its members must hold the same gradients.
         self.process_group = process_group
@@ -179,10 +178,8 @@ class MuonAdamW(torch.optim.Optimizer):
             start += k
 
     def ns_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype the Newton-Schulz iteration computes in on ``device`` (resolved once)."""
-        if device not in self._ns_dtypes:
-            self._ns_dtypes[device] = resolve_precision(self.precision, device).dtype
-        return self._ns_dtypes[device]
+        """The dtype the Newton-Schulz iteration computes in on ``device`` (the policy caches its answer)."""
+        return resolve_precision(self.precision, device).dtype
 
     def _orthogonalize(self, stack: torch.Tensor, steps: int) -> torch.Tensor:
         """:func:`orthogonalize` of a stack of matrices (n, r, c), shared among the processes of
