@@ -1,7 +1,7 @@
 """What this CPU computes fast, and the demo recipe's training speed on it, in one run.
 
     python benchmarks/cpu_kind.py                    # this CPU as it is
-    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
+    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \\
         python benchmarks/cpu_kind.py                # an AVX-512 CPU made to compute like an AVX2-only one
     python benchmarks/cpu_kind.py --tiny             # a check that it runs (seconds)
 

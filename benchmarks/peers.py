@@ -42,6 +42,7 @@ from vitkit.bench import make_step as bench_step
 from vitkit.bench import matmul_ceiling
 from vitkit.cpu import cpu_info
 from vitkit.models.flops import model_flops
+from vitkit.precision import resolve_precision
 from vitkit.train.allocator import keep_freed_memory
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +258,18 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_suite(name: str, rounds: int, iters: int, warmup: int, compile_too: bool, device: str = "cpu") -> dict:
+def run_suite(
+    name: str,
+    rounds: int,
+    iters: int,
+    warmup: int,
+    compile_too: bool,
+    device: str = "cpu",
+    precisions: tuple[str, ...] | None = None,
+) -> dict:
     arch, mode, batch, spec = SUITES[name]
+    if precisions is not None:
+        spec = [c for c in spec if c[1] in precisions]
     if compile_too:
         spec = spec + [(p, prec, True) for p, prec, c in spec if p in ("vitkit", "timm")]
     contenders = [Contender(p, prec, c) for p, prec, c in spec]
@@ -398,6 +409,12 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also run vitkit and timm under torch.compile")
     ap.add_argument("--memory", action="store_true", help="peak memory of a ViT-B/16 training step per peer")
     ap.add_argument("--json", default="benchmarks/out/peers.json")
+    ap.add_argument(
+        "--precisions",
+        default="auto",
+        help="comma-separated contenders' precisions to run (fp32,bf16,int8); auto: all of them, but "
+        "bf16 only where this device computes it natively (vitkit.precision)",
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default suites: gpu_* on cuda, the rest on cpu)")
     ap.add_argument(
         "--contended",
@@ -433,6 +450,12 @@ def main() -> None:
             info[mod] = __import__(mod).__version__
         except Exception:
             info[mod] = None
+    if args.precisions == "auto":
+        native = resolve_precision("auto", torch.device(args.device)).name == "bf16"
+        args.precisions = "fp32,bf16,int8" if native else "fp32,int8"
+        if not native:
+            print("bf16 contenders left out: bf16 is emulated on this CPU (--precisions fp32,bf16,int8 runs them)")
+    info["precisions"] = args.precisions
     print(json.dumps(info))
     rival = _competitor() if args.contended else None
     try:
@@ -468,7 +491,8 @@ def _run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     results = []
     default = [n for n in SUITES if (n in GPU_SUITES) == (args.device != "cpu")]
     for name in args.suite or default:
-        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile, args.device)
+        precisions = tuple(args.precisions.split(","))
+        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile, args.device, precisions)
         print_suite(res)
         results.append(res)
     memory = {}
