@@ -175,12 +175,27 @@ def test_patch_drop_stages_follow_the_first(tmp_path):
         ),
         ({"train__patch_drop_stages": [[0.95]]}, r"train.patch_drop_stages\[0\]: expected 2 values"),
         ({"train__patch_drop_stages": 0.5}, r"train.patch_drop_stages: expected a list"),
-        ({"train__patch_drop": 0.0, "train__patch_drop_stages": [[0.95, 0.5]]}, r"follow train.patch_drop, which is 0"),
     ],
 )
 def test_bad_patch_drop_stages_are_named(tmp_path, sets, message):
     with pytest.raises(ValueError, match=message):
         load_recipe(write_recipe(tmp_path, **{"train__patch_drop": 0.5, "train__patch_drop_until": 0.9, **sets}))
+
+
+@pytest.mark.parametrize("stages", [[[0.95, 0.5]], [[0.2, 0.3], [0.5, 0.1]], [[0.8, 0.99]]])
+def test_patch_drop_zero_turns_patch_dropout_off_with_its_stages(tmp_path, stages):
+    from vitkit.train.config import patch_drop_at, patch_drop_schedule
+
+    recipe = load_recipe(write_recipe(tmp_path, train__patch_drop=0.0, train__patch_drop_stages=stages))
+    assert patch_drop_schedule(recipe.train) == ()
+    assert all(patch_drop_at(recipe.train, s) == 0.0 for s in range(recipe.train.steps))
+
+
+def test_patch_drop_zero_on_the_command_line_turns_the_demo_recipes_dropout_off():
+    from vitkit.train.config import patch_drop_schedule
+
+    recipe = load_recipe("configs/fmnist_vit.yaml", parse_set(["train.patch_drop=0"]))
+    assert patch_drop_schedule(recipe.train) == ()
 
 
 def test_tensorboard_gets_every_logged_scalar(tmp_path, monkeypatch):

@@ -362,11 +362,10 @@ def check_distillation(t: TrainSection, where: str = "train") -> None:
 
 def check_patch_drop_stages(t: TrainSection, where: str = "train") -> None:
     """Later patch-drop stages follow the first (``patch_drop`` until ``patch_drop_until``) in
-    order: each ends after the one before, within the run, and drops a fraction in [0, 1)."""
-    if not t.patch_drop_stages:
+    order: each ends after the one before, within the run, and drops a fraction in [0, 1).
+    ``patch_drop`` 0 turns patch dropout off, later stages included: they are not checked."""
+    if not t.patch_drop_stages or not t.patch_drop:
         return
-    if not t.patch_drop:
-        raise RecipeError(f"{where}.patch_drop_stages follow {where}.patch_drop, which is 0: set it (the first stage)")
     start, name = t.patch_drop_until, f"{where}.patch_drop_until"
     for i, (until, rate) in enumerate(t.patch_drop_stages):
         at = f"{where}.patch_drop_stages[{i}]"
