@@ -537,6 +537,91 @@ def test_temporaries_of_killed_writes_are_removed_at_start(tmp_path):
     assert messages.lines[0].startswith(f"{run}: removed 2 temporary files a killed run left (")
 
 
+def test_a_killed_plot_write_is_removed_too(tmp_path):
+    run = tmp_path / "run"
+    train(tiny(), run)
+    code = (
+        "import os, sys\n"
+        "from vitkit.files import atomic_write\n"
+        "atomic_write(sys.argv[1], lambda f: (f.write(b'partial'), f.flush(), os._exit(9)))\n"
+    )
+    for name in ("curves.png", ".vitkit-run", "config.yaml"):
+        assert subprocess.run([sys.executable, "-c", code, str(run / name)]).returncode == 9
+    train(tiny(), run, Messages())
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+# -- 6b. what a run folder is ---------------------------------------------------------------------
+
+
+def _a_folder_of_other_files(root: Path, kind: str) -> Path:
+    """Folders a careless --out names: a home folder, a dataset, a project, one with a log."""
+    root.mkdir()
+    if kind == "notes":
+        (root / "notes.txt").write_text("mine")
+    elif kind == "dataset":
+        (root / "cat").mkdir()
+        (root / "cat" / "a.png").write_bytes(b"png")
+    elif kind == "config-only":
+        (root / "config.yaml").write_text("mine: 1\n")  # a config.yaml alone is not a run
+    elif kind == "hidden":
+        (root / ".bashrc").write_text("export X=1\n")
+    return root
+
+
+@pytest.mark.parametrize("kind", ["notes", "dataset", "config-only", "hidden"])
+def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path, kind):
+    out = _a_folder_of_other_files(tmp_path / "out", kind)
+    before = sorted((p.relative_to(out), p.read_bytes() if p.is_file() else b"") for p in out.rglob("*"))
+    with pytest.raises(vitkit.errors.UsageError, match=rf"^{out}: not empty \(.*\) and not a vitkit run folder"):
+        train(tiny(), out)
+    assert sorted((p.relative_to(out), p.read_bytes() if p.is_file() else b"") for p in out.rglob("*")) == before
+
+
+def test_the_command_line_refuses_root_an_empty_name_and_a_file_in_one_line(tmp_path, capsys):
+    recipe = write_tiny(tmp_path / "r.yaml")
+    a_file = tmp_path / "a.txt"
+    a_file.write_text("x")
+    for out, message in (
+        ("/", "/: not empty ("),
+        ("", "--out is empty"),
+        (str(a_file), f"{a_file}: is a file, not a folder"),
+    ):
+        assert main(["train", "--config", str(recipe), "--out", out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert a_file.read_text() == "x"
+
+
+def test_new_empty_marked_and_older_run_folders_are_run_folders(tmp_path):
+    new = tmp_path / "new"
+    train(tiny(), new)
+    assert (new / ".vitkit-run").is_file()
+    (new / "train.log").write_text("a user's log beside the run")  # a marked folder may hold more
+    assert train(tiny(), new).resumed_from == 4
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    train(tiny(train__steps=2), empty)
+    assert (empty / ".vitkit-run").is_file()
+    # a run folder from before the marker: the lock and the config, or step checkpoints
+    (new / ".vitkit-run").unlink()
+    assert train(tiny(), new).resumed_from == 4
+    assert (new / ".vitkit-run").is_file()
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / ".lock").write_text("pid 1 on host, started then\n")
+    (older / "config.yaml").write_text(json.dumps(tiny().to_dict()))
+    train(tiny(train__steps=2), older)
+    assert (older / ".vitkit-run").is_file()
+
+
+def test_a_run_that_cannot_start_leaves_no_folder_behind(tmp_path):
+    out = tmp_path / "never"
+    with pytest.raises(ValueError):
+        train(tiny(train__batch_size=10_000), out)
+    assert not out.exists()
+
+
 # -- 7. a full disk, a read-only folder --------------------------------------------------------------
 
 

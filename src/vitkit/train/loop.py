@@ -244,8 +244,8 @@ class Trainer:
     def __init__(self, recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> None:
         recipe_from_dict(recipe.to_dict())  # the checks of a recipe read from YAML, for one built in Python
         self.recipe = recipe
-        self.out = Path(out_dir)
-        self.folder = RunFolder(self.out)
+        self.folder = RunFolder(out_dir)  # refuses an empty name before it becomes "."
+        self.out = self.folder.out
         self.progress = progress or Progress()
         self.device, self.info = _devices(recipe)
         if self.info.is_main:

@@ -1,5 +1,11 @@
 """The run folder of a training run: who holds it, what a killed run left in it, its metrics log.
 
+- What a run folder is: a folder vitkit made for a run carries the marker file ``OUT/.vitkit-run``.
+  A run goes into a folder that is new, empty, or marked (to resume or start over); a folder with
+  anything else in it is refused, so ``--out`` given a folder of other files (a home folder, ``/``,
+  a dataset) never has its files overwritten. A folder written by a vitkit that did not mark its
+  folders is recognised by what such a run left (``.lock`` with ``config.yaml``, or step
+  checkpoints) and marked.
 - One run at a time: the run holds ``OUT/.lock`` (``fcntl.flock``, not blocking) for its life. The
   operating system drops the lock when the process ends, killed or not, so a lock file left by a
   dead run never blocks; the file names the holder (pid, host, start time) for the one refused.
@@ -22,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainingError
+from .. import __version__
+from ..errors import TrainingError, UsageError
 from ..files import temporary_target, write_text
 
 try:
@@ -32,14 +39,18 @@ except ImportError:  # not on POSIX: runs go unlocked
 
 METRICS = "metrics.jsonl"
 LOCK = ".lock"
+MARKER = ".vitkit-run"
 # What a run writes through atomic_write, in the run folder and in checkpoints/.
-_WRITTEN = re.compile(r"config\.yaml|metrics\.jsonl|best\.safetensors|step_\d+\.safetensors")
+_WRITTEN = re.compile(r"config\.yaml|metrics\.jsonl|curves\.png|best\.safetensors|step_\d+\.safetensors|\.vitkit-run")
+_STEP = re.compile(r"step_\d+\.safetensors")
 
 
 class RunFolder:
     """``out`` and what lives in it; :meth:`acquire` before anything reads or writes there."""
 
     def __init__(self, out: str | Path) -> None:
+        if not str(out).strip():
+            raise UsageError("--out is empty: name the folder the run writes to")
         self.out = Path(out)
         self.checkpoints = self.out / "checkpoints"
         self.metrics = self.out / METRICS
@@ -48,8 +59,10 @@ class RunFolder:
 
     # -- the lock ---------------------------------------------------------------------------------
     def acquire(self) -> None:
-        """Hold the folder (made if missing), or stop with one line naming the run that holds it."""
+        """Hold the folder (made if missing), or stop with one line naming the run that holds it
+        or saying why the folder is not a run folder (:func:`check_run_folder`)."""
         self._created = not self.out.exists()
+        check_run_folder(self.out)
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -71,6 +84,13 @@ class RunFolder:
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
         self._fd = fd
+        marker = self.out / MARKER
+        if not marker.is_file():
+            try:
+                write_text(marker, json.dumps({"vitkit": __version__, "created": started}) + "\n")
+            except OSError as e:
+                self.release(failed_start=True)
+                raise TrainingError(f"{marker}: cannot mark the run folder ({e.strerror or e})") from None
 
     def release(self, failed_start: bool = False) -> None:
         """Let the folder go. ``failed_start``: the run never began, so a folder this run made
@@ -79,7 +99,8 @@ class RunFolder:
             return
         if failed_start and self._created:
             with contextlib.suppress(OSError):
-                (self.out / LOCK).unlink()
+                for name in (LOCK, MARKER):
+                    (self.out / name).unlink(missing_ok=True)
                 self.out.rmdir()  # only if empty
         os.close(self._fd)  # closing drops the flock
         self._fd = None
@@ -142,6 +163,41 @@ class RunFolder:
         write_text(self.metrics, "".join(line + "\n" for line in keep))
 
 
+def check_run_folder(out: str | Path) -> None:
+    """Refuse, in one line, a folder a run must not write into: one that exists, is not empty and
+    is not a run folder (no :data:`MARKER`, and not what an older vitkit's run left: ``.lock``
+    with ``config.yaml``, or step checkpoints in ``checkpoints/``).
+
+    Args:
+        out: the folder given as ``--out``.
+
+    Raises:
+        UsageError: ``out`` is a file, or a folder of other files.
+    """
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"{out}: is a file, not a folder: give --out a new or empty folder, or a run folder")
+    try:
+        names = {p.name for p in out.iterdir()}
+    except OSError as e:
+        raise UsageError(f"{out}: cannot read the folder ({e.strerror or e})") from None
+    if not names or MARKER in names:
+        return
+    ckpts = out / "checkpoints"
+    older_run = {LOCK, "config.yaml"} <= names or (
+        ckpts.is_dir() and any(_STEP.fullmatch(p.name) for p in ckpts.iterdir())
+    )
+    if older_run:
+        return
+    shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    raise UsageError(
+        f"{out}: not empty ({shown}) and not a vitkit run folder (no {MARKER}); give --out a new or "
+        "empty folder, or the folder of a run to resume"
+    )
+
+
 def read_metrics(path: str | Path, strict: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """(line, record) for each record of a ``metrics.jsonl``. A last line that does not parse (torn by
     a crash while appending) is dropped; one elsewhere is a :class:`TrainingError` naming the file
@@ -171,4 +227,4 @@ def read_metrics(path: str | Path, strict: bool = True) -> list[tuple[str, dict[
     return out
 
 
-__all__ = ["LOCK", "METRICS", "RunFolder", "read_metrics"]
+__all__ = ["LOCK", "MARKER", "METRICS", "RunFolder", "check_run_folder", "read_metrics"]
