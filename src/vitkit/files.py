@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,13 +24,23 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb
     A crash or a failed write leaves any previous file at ``path`` untouched. The temporary is
     ``.NAME.XXXXXXXX.tmp``; a process killed while writing leaves it behind
     (:func:`temporary_target` recognises it). A failed write is an ``OSError`` that names
-    ``path``, not the temporary (:func:`vitkit.errors.writing`).
+    ``path``, not the temporary (:func:`vitkit.errors.writing`). The file gets the permissions
+    ``open()`` would give it: those of the file it replaces, else 0666 less the process umask
+    (0644 under the usual umask 022).
+
+    Args:
+        path: the file to write.
+        write: called with the open temporary file; writes the content.
+        mode: the mode the temporary is opened in (``"wb"`` or ``"w"``).
     """
     path = Path(path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        permissions = _permissions_for(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
         try:
+            if hasattr(os, "fchmod"):  # mkstemp makes it 0600, readable by its owner alone
+                os.fchmod(fd, permissions)
             with os.fdopen(fd, mode) as f:
                 write(f)
                 f.flush()
@@ -47,6 +58,33 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb
             os.close(dfd)
     except OSError:
         pass
+
+
+def _permissions_for(path: Path) -> int:
+    """The permission bits ``open(path, "w")`` would leave ``path`` with: an existing file keeps
+    its own, a new one gets 0666 less the process umask."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode):
+            return stat.S_IMODE(st.st_mode) & 0o777
+    except OSError:
+        pass
+    return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the system shows it (Linux's
+    ``/proc/self/status``): setting it to read it back would race with threads creating files."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def temporary_target(name: str) -> str | None:
