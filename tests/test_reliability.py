@@ -15,6 +15,7 @@ import errno
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from _recipes import changed
 from vitkit.checkpoint.io import read_safetensors, write_safetensors
 from vitkit.cli import main
 from vitkit.errors import DataError, RecipeError, TrainingError
-from vitkit.train import Progress, load_recipe, train
+from vitkit.train import Progress, load_recipe, parse_set, train
 from vitkit.train.config import Recipe, TrainSection, recipe_from_dict
 from vitkit.train.loop import Trainer
 from vitkit.train.runfolder import RunFolder, read_metrics
@@ -665,3 +666,51 @@ def test_a_read_only_log_stops_the_run_in_one_line(tmp_path, monkeypatch):
         f"{tmp_path / 'run' / 'metrics.jsonl'}: cannot append to the log (Read-only file system); "
         "the run stops at step 1, no checkpoint was written"
     )
+
+
+# -- recipes read by one YAML loader with limits ----------------------------------------------------
+
+_BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_BILLION_LAUGHS, "values once its aliases are expanded"),
+        ("train: {steps: " + "[" * 3000 + "]" * 3000 + "}", "nested more than"),
+        ("train: {steps: " + "[" * 60 + "]" * 60 + "}", "nested more than"),
+        ("a: &a [*a]\n", "not valid YAML|nested more than"),
+        ("train: !!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
+        ("train: !!python/name:os.system\n", "not valid YAML"),
+        ("train: {steps: 1\n", "not valid YAML"),
+        ("x: " + "y" * 1_100_000, "characters of YAML"),
+    ],
+)
+def test_hostile_yaml_is_one_line_from_a_file_and_from_set(tmp_path, capsys, text, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with deadline(30):
+        assert main(["train", "--config", str(path), "--out", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(path) in err[0] and re.search(message, err[0]), err
+        value = text.split(":", 1)[1].strip() if text.startswith("train:") else text
+        key = "train" if text.startswith("train:") else "description"
+        assert main(["train", "--out", str(tmp_path / "run"), "--set", f"{key}={value}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and len(err[0]) < 400, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_undecodable_recipe_is_named(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_bytes(b"train:\n  steps: \xff\xfe4\n")
+    assert main(["train", "--config", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert f"{path}: not UTF-8 text (byte " in capsys.readouterr().err
+
+
+def test_a_long_bad_value_is_quoted_short():
+    with pytest.raises(RecipeError) as e:
+        load_recipe(None, parse_set(["train.steps=" + "x" * 100_000]))
+    assert len(str(e.value)) < 200

@@ -64,9 +64,9 @@ class Check:
             inside = (lo <= value if lo_in else lo < value) and (value <= hi if hi_in else value < hi)
             if not inside:
                 what = f"in {self.spec}" if self.spec[0] in "[(" else self.spec
-                raise RecipeError(f"{where} must be {what}, got {value!r}")
+                raise RecipeError(f"{where} must be {what}, got {_shown(value)}")
         if self.counts and value > 1 and value != int(value):
-            raise RecipeError(f"{where} must be a whole number of images or a fraction in (0, 1], got {value!r}")
+            raise RecipeError(f"{where} must be a whole number of images or a fraction in (0, 1], got {_shown(value)}")
 
     def _check_choice(self, value: Any, where: str) -> None:
         names = [c.lower() for c in self.choices] if self.ignore_case else list(self.choices)
@@ -75,7 +75,7 @@ class Check:
             return
         close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise RecipeError(f"{where} must be one of {', '.join(self.choices)}, got {value!r}{hint}")
+        raise RecipeError(f"{where} must be one of {', '.join(self.choices)}, got {_shown(value)}{hint}")
 
 
 def checked(default: Any, spec: str = "", choices: tuple[str, ...] = (), **options: Any) -> Any:
@@ -247,7 +247,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                 return _coerce(value, a, where)
             except RecipeError:
                 continue
-        raise RecipeError(f"{where}: {value!r} does not fit {hint}")
+        raise RecipeError(f"{where}: {_shown(value)} does not fit {hint}")
     if value is None:
         raise RecipeError(f"{where}: null is not allowed")
     if hint is bool:
@@ -255,29 +255,29 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise RecipeError(f"{where}: expected true/false, got {value!r}")
+        raise RecipeError(f"{where}: expected true/false, got {_shown(value)}")
     if hint is int:
         return _integer(value, where)
     if hint is float:
         return _number(value, where)
     if hint is str:
         if isinstance(value, (dict, list, tuple)):
-            raise RecipeError(f"{where}: expected a string, got {value!r}")
+            raise RecipeError(f"{where}: expected a string, got {_shown(value)}")
         return str(value)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # any number of one kind
         if not isinstance(value, (list, tuple)):
-            raise RecipeError(f"{where}: expected a list, got {value!r}")
+            raise RecipeError(f"{where}: expected a list, got {_shown(value)}")
         return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise RecipeError(f"{where}: expected {len(args)} values, got {value!r}")
+            raise RecipeError(f"{where}: expected {len(args)} values, got {_shown(value)}")
         return tuple(_coerce(v, a, where) for v, a in zip(value, args))
     if origin is dict:
         if not isinstance(value, dict):
-            raise RecipeError(f"{where}: expected a mapping, got {value!r}")
+            raise RecipeError(f"{where}: expected a mapping, got {_shown(value)}")
         odd = [k for k in value if not isinstance(k, str)]
         if odd:
-            raise RecipeError(f"{where}: keys must be names, got {odd[0]!r}")
+            raise RecipeError(f"{where}: keys must be names, got {_shown(odd[0])}")
         return dict(value)
     return value
 
@@ -298,25 +298,25 @@ def _integer(value: Any, where: str) -> int:
             f = math.nan
         if math.isfinite(f) and f == int(f):
             return int(f)
-    raise RecipeError(f"{where}: expected an integer, got {value!r}")
+    raise RecipeError(f"{where}: expected an integer, got {_shown(value)}")
 
 
 def _number(value: Any, where: str) -> float:
     """A finite float: nan and inf are not numbers a recipe can use."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise RecipeError(f"{where}: expected a number, got {value!r}")
+        raise RecipeError(f"{where}: expected a number, got {_shown(value)}")
     try:
         f = float(value)
     except (ValueError, OverflowError):
-        raise RecipeError(f"{where}: expected a number, got {value!r}") from None
+        raise RecipeError(f"{where}: expected a number, got {_shown(value)}") from None
     if not math.isfinite(f):
-        raise RecipeError(f"{where}: expected a finite number, got {value!r}")
+        raise RecipeError(f"{where}: expected a finite number, got {_shown(value)}")
     return f
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if not isinstance(data, dict):
-        raise RecipeError(f"{where or 'recipe'}: expected a mapping, got {data!r}")
+        raise RecipeError(f"{where or 'recipe'}: expected a mapping, got {_shown(data)}")
     hints, checks = _section_types(cls), _section_checks(cls)
     kwargs = {}
     for key, value in data.items():
@@ -370,9 +370,9 @@ def check_patch_drop_stages(t: TrainSection, where: str = "train") -> None:
     for i, (until, rate) in enumerate(t.patch_drop_stages):
         at = f"{where}.patch_drop_stages[{i}]"
         if not start < until <= 1:
-            raise RecipeError(f"{at} ends at {until!r}: it must end after {name} ({start!r}) and by 1")
+            raise RecipeError(f"{at} ends at {_shown(until)}: it must end after {name} ({start!r}) and by 1")
         if not 0 <= rate < 1:
-            raise RecipeError(f"{at} drops {rate!r} of the patches: it must be in [0, 1)")
+            raise RecipeError(f"{at} drops {_shown(rate)} of the patches: it must be in [0, 1)")
         start, name = until, at
 
 
@@ -477,7 +477,8 @@ def check_model_section(m: ModelSection, where: str = "model") -> None:
         if key in MODEL_OVERRIDES:
             kind, check = MODEL_OVERRIDES[key]
             if not _fits_kind(value, kind):
-                raise RecipeError(f"{where}.overrides.{key} must be {_KIND_NAMES[kind.rstrip('?')]}, got {value!r}")
+                kind_name = _KIND_NAMES[kind.rstrip("?")]
+                raise RecipeError(f"{where}.overrides.{key} must be {kind_name}, got {_shown(value)}")
             if not isinstance(value, bool):
                 check(value, f"{where}.overrides.{key}")
     if m.init_from is not None:
@@ -520,14 +521,88 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_set(items: list[str]) -> list[tuple[str, Any]]:
-    """``["train.steps=100", "model.overrides.depth=4"]`` -> [(key, YAML-parsed value)]."""
+    """``["train.steps=100", "model.overrides.depth=4"]`` -> [(key, YAML-parsed value)], each
+    value read by :func:`load_yaml` (its limits, and a bad value is one line naming the key)."""
     out = []
     for item in items:
         if "=" not in item:
-            raise RecipeError(f"--set expects key=value, got {item!r}")
+            raise RecipeError(f"--set expects key=value, got {_shown(item)}")
         key, raw = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+        out.append((key.strip(), load_yaml(raw, f"--set {key.strip()}") if raw.strip() else ""))
     return out
+
+
+# What one recipe (a file or one --set value) may hold: recipes are a few hundred lines of settings.
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_NODES = 100_000  # values, counting each use of an alias (&anchor / *alias) in full
+YAML_MAX_DEPTH = 50
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages that quote a value."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _measure(node: yaml.Node, memo: dict[int, tuple[int, int]], depth: int = 0) -> tuple[int, int]:
+    """(values, nesting depth) of a composed YAML node, an alias counted in full at each use;
+    stops with ``OverflowError`` beyond :data:`YAML_MAX_NODES` or :data:`YAML_MAX_DEPTH`."""
+    if depth > YAML_MAX_DEPTH:
+        raise OverflowError(f"nested more than {YAML_MAX_DEPTH} deep")
+    if id(node) in memo:
+        return memo[id(node)]
+    if isinstance(node, yaml.MappingNode):
+        children = [c for pair in node.value for c in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    count, height = 1, 0
+    for child in children:
+        n, h = _measure(child, memo, depth + 1)
+        count, height = count + n, max(height, h + 1)
+        if count > YAML_MAX_NODES:
+            raise OverflowError(f"more than {YAML_MAX_NODES} values once its aliases are expanded")
+    if depth + height > YAML_MAX_DEPTH:
+        raise OverflowError(f"nested more than {YAML_MAX_DEPTH} deep")
+    memo[id(node)] = (count, height)
+    return count, height
+
+
+def load_yaml(text: str, source: str, error: type[Exception] = RecipeError) -> Any:
+    """YAML ``text`` read safely, with limits: plain data only (no ``!!python`` or other tags that
+    build objects), at most :data:`YAML_MAX_CHARS` characters, :data:`YAML_MAX_NODES` values with
+    every alias expanded (a few lines of nested aliases would otherwise stand for billions of
+    values) and :data:`YAML_MAX_DEPTH` levels.
+
+    Args:
+        text: the YAML.
+        source: what it came from (a file, ``--set key``), to name in the message.
+        error: the exception class to raise.
+
+    Returns:
+        The value (None for an empty document).
+
+    Raises:
+        error: one line naming ``source`` and what is wrong.
+    """
+    if len(text) > YAML_MAX_CHARS:
+        raise error(f"{source}: {len(text)} characters of YAML, more than a recipe holds ({YAML_MAX_CHARS})")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _measure(node, {})
+        return loader.construct_document(node)
+    except OverflowError as e:
+        raise error(f"{source}: {e}") from None
+    except RecursionError:
+        raise error(f"{source}: nested more than {YAML_MAX_DEPTH} deep") from None
+    except yaml.YAMLError as e:
+        raise error(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from None
+    finally:
+        loader.dispose()
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -552,11 +627,14 @@ def read_yaml_mapping(path: str | Path, what: str, error: type[Exception] = Reci
     or a file that cannot be read, is one ``error`` naming the file and ``what`` it should be."""
     p = Path(path)
     try:
-        tree = yaml.safe_load(p.read_text()) or {}
+        if p.stat().st_size > 4 * YAML_MAX_CHARS:
+            raise error(f"{p}: {p.stat().st_size} bytes, more than a {what} holds")
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise error(f"{p}: cannot read the {what} ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise error(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise error(f"{p}: cannot read the {what} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{p}: not UTF-8 text (byte {e.start}): a {what} is a YAML file") from None
+    tree = load_yaml(text, str(p), error) or {}
     if not isinstance(tree, dict):
         raise error(f"{p}: a {what} is a mapping of sections")
     return tree

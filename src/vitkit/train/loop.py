@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from ..checkpoint.native import save_weights
@@ -41,7 +40,15 @@ from ..precision import PrecisionChoice, resolve_precision, take_warning
 from ..preprocessing import Preprocessing
 from . import dist as D
 from .compute import StepCompute, step_compute
-from .config import Recipe, diff_recipes, dump_recipe, patch_drop_at, patch_drop_schedule, recipe_from_dict
+from .config import (
+    Recipe,
+    diff_recipes,
+    dump_recipe,
+    patch_drop_at,
+    patch_drop_schedule,
+    read_yaml_mapping,
+    recipe_from_dict,
+)
 from .distill import Teacher, distillation_loss
 from .optim import build_optimizer, lr_at, set_lr
 from .process import configure_process
@@ -348,8 +355,8 @@ class Trainer:
         saved = self.out / "config.yaml"
         if saved.is_file() and list_checkpoints(self.out / "checkpoints"):
             try:
-                old = recipe_from_dict(yaml.safe_load(saved.read_text()))
-            except (RecipeError, yaml.YAMLError, OSError) as e:
+                old = recipe_from_dict(read_yaml_mapping(saved, "recipe"))
+            except RecipeError as e:
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise TrainingError(
                     f"{saved}: the recipe of the run in this folder does not read back ({why}); "
