@@ -6,7 +6,10 @@ epoch, as for in-memory data; see ``plan.py``) and only the decoding is handed t
 the batches do not depend on ``num_workers``. Every image is decoded to a fixed ``load_size`` so
 that batches stack; the random crops and flips of training happen later, on the batch, on the
 compute device (``transforms.py``). An image that cannot be decoded is left out of its batch and
-counted in ``skips``; it never ends the epoch.
+counted in ``skips``; it never ends the epoch. An image that decodes but whose values are outside
+the range its format declares (a float image of 0..255, say; see ``pixels.py``) is refused with a
+:class:`~vitkit.errors.DataError` naming the file: scoring or training on it would be wrong
+without a word, and skipping would drop every image of a folder saved that way.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
+from ..errors import DataError
 from .base import Dataset, SkipCounter
+from .pixels import eight_bit
 
 MODES = {"RGB": 3, "L": 1}
 RESIZES = ("shorter", "plain")
@@ -38,20 +43,42 @@ def _size_pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 
 
 def decode_image(
-    source: str | bytes, size: tuple[int, int], *, mode: str = "RGB", resize: str = "shorter"
+    source: str | bytes,
+    size: tuple[int, int],
+    *,
+    mode: str = "RGB",
+    resize: str = "shorter",
+    name: str | None = None,
 ) -> torch.Tensor:
     """Decode an image file (path or bytes) to uint8 (C, H, W) of exactly ``size`` = (H, W).
 
-    ``resize="shorter"`` scales the shorter side to fit and crops the centre; ``"plain"``
-    stretches the whole image to ``size``. Raises whatever Pillow raises on a bad file.
+    Images deeper than 8 bits (16-bit PNG or TIFF, 32-bit integer or float TIFF) are scaled to
+    8 bits by the value range of their format (:func:`vitkit.data.pixels.eight_bit`), not clipped.
+
+    Args:
+        source: a file path, or the encoded bytes of an image.
+        size: (H, W) of the result.
+        mode: "RGB" (3 channels) or "L" (1 channel).
+        resize: "shorter" scales the shorter side to fit and crops the centre; "plain" stretches
+            the whole image to ``size``.
+        name: what to call the image in errors (default: the path, or "image bytes").
+
+    Returns:
+        uint8 (C, H, W).
+
+    Raises:
+        DataError: an image whose values are outside its format's range (see ``pixels.py``).
+        Exception: whatever Pillow raises on a damaged file.
     """
     height, width = size
+    label = name or (source if isinstance(source, str) else "image bytes")
     with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as img:
         w0, h0 = img.size
         scale = max(width / w0, height / h0) if resize == "shorter" else None
         # Let the JPEG decoder shrink by a power of two while staying at least as large as needed.
         want = (math.ceil(w0 * scale), math.ceil(h0 * scale)) if scale else (width, height)
         img.draft(mode, want)
+        img = eight_bit(img, label)
         if img.mode == "P":  # palette images may carry transparency that RGB conversion warns about
             img = img.convert("RGBA")
         img = img.convert(mode)
@@ -69,30 +96,36 @@ def decode_image(
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()  # (C, H, W)
 
 
+# What a worker makes of one item: (image or None, label, why it failed, whether that refuses the run).
+Decoded = tuple[torch.Tensor | None, int, str, bool]
+
+
 class _Decoder(TorchDataset):
     """What DataLoader workers run: turn each planned item into a tensor, or a note of failure."""
 
     def __init__(self, size: tuple[int, int], mode: str, resize: str) -> None:
         self.size, self.mode, self.resize = size, mode, resize
 
-    def __getitem__(self, item: Item) -> tuple[torch.Tensor | None, int, str]:
+    def __getitem__(self, item: Item) -> Decoded:
         source, label, name = item
         try:
-            return decode_image(source, self.size, mode=self.mode, resize=self.resize), label, ""
+            return decode_image(source, self.size, mode=self.mode, resize=self.resize, name=name), label, "", False
+        except DataError as e:  # readable, but its values cannot be read faithfully: refused, by the main process
+            return None, label, str(e), True
         except UnidentifiedImageError:
-            return None, label, f"{name} (not an image Pillow can read)"
+            return None, label, f"{name} (not an image Pillow can read)", False
         except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for damaged files
-            return None, label, f"{name} ({type(e).__name__}: {e})"
+            return None, label, f"{name} ({type(e).__name__}: {e})", False
 
 
 class _Collate:
     def __init__(self, shape: tuple[int, int, int]) -> None:
         self.shape = shape
 
-    def __call__(self, decoded: list[tuple[torch.Tensor | None, int, str]]):
-        images = [img for img, _, _ in decoded if img is not None]
-        labels = [label for img, label, _ in decoded if img is not None]
-        failed = [why for img, _, why in decoded if img is None]
+    def __call__(self, decoded: list[Decoded]):
+        images = [img for img, _, _, _ in decoded if img is not None]
+        labels = [label for img, label, _, _ in decoded if img is not None]
+        failed = [(why, refused) for img, _, why, refused in decoded if img is None]
         stacked = torch.stack(images) if images else torch.empty((0, *self.shape), dtype=torch.uint8)
         return stacked, torch.tensor(labels, dtype=torch.int64), failed
 
@@ -135,7 +168,8 @@ class StreamingDataset(Dataset):
         Items that fail to decode are dropped from their batch and added to ``skips``; a batch
         left empty is not yielded, unless ``keep_empty``: a rank of several must yield one batch
         for each of the plan's, or its batches would pair with other ranks' later ones and it
-        would run out first (the trainer drops a batch that is empty on any rank, on all).
+        would run out first (the trainer drops a batch that is empty on any rank, on all). An
+        image whose values are outside its format's range is a :class:`DataError` naming it.
         """
         # A DataLoader draws its workers' base seed when an epoch's iterator is made, from the
         # global RNG unless it has a generator of its own. A run resumed mid-epoch makes that
@@ -149,7 +183,9 @@ class StreamingDataset(Dataset):
             generator=torch.Generator().manual_seed(0),
         )
         for images, labels, failed in loader:
-            for why in failed:
+            for why, refused in failed:
+                if refused:
+                    raise DataError(why)
                 self.skips.add(why)
             if len(labels) or keep_empty:
                 yield images, labels

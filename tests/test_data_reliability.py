@@ -1,0 +1,163 @@
+"""Data that would otherwise give wrong numbers without a word: images deeper than 8 bits, a model
+scored against another set of classes, one-class folders, shards cut short, runaway brace ranges."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data import ImageFolder, decode_image
+from vitkit.data.pixels import eight_bit
+from vitkit.errors import DataError
+
+# -- 1. images deeper than 8 bits are scaled by their range, not clipped ---------------------------
+
+
+def _encoded(img: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    img.save(out, format=fmt)
+    return out.getvalue()
+
+
+def _png16(values: np.ndarray, color_type: int) -> bytes:
+    """A 16-bit PNG written by hand (Pillow writes none but grey): ``values`` (H, W) or (H, W, C)
+    of uint16; colour type 0 grey, 2 RGB, 4 grey with alpha, 6 RGBA."""
+    h, w = values.shape[:2]
+    rows = b"".join(b"\x00" + values[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def _filled(mode: str, value: float, size=(10, 6)) -> Image.Image:
+    """A ``mode`` image of ``size`` (W, H) holding ``value`` everywhere, made from raw bytes."""
+    dtype = {"I;16": "<u2", "I;16B": ">u2", "I;16L": "<u2", "I": "<i4", "F": "<f4"}[mode]
+    return Image.frombytes(mode, size, np.full(size[::-1], value, dtype=dtype).tobytes())
+
+
+def _pgm16(value: int, maxval: int = 65535, size=(10, 6)) -> bytes:
+    return f"P5\n{size[0]} {size[1]}\n{maxval}\n".encode() + np.full(size[::-1], value, dtype=">u2").tobytes()
+
+
+MID_GREY = {  # each decodes to 128 (or 127: 32767 / 257 = 127.5)
+    "I;16 PNG": lambda: _encoded(_filled("I;16", 32768), "PNG"),
+    "I;16B PNG": lambda: _encoded(_filled("I;16B", 32768), "PNG"),
+    "I;16 TIFF": lambda: _encoded(_filled("I;16", 32768), "TIFF"),
+    "I;16B TIFF": lambda: _encoded(_filled("I;16B", 32768), "TIFF"),
+    "I;16L TIFF": lambda: _encoded(_filled("I;16L", 32768), "TIFF"),
+    "I (32-bit) TIFF": lambda: _encoded(_filled("I", 2**30), "TIFF"),
+    "I from a 16-bit PGM": lambda: _pgm16(32768),
+    "I from a 10-bit PGM": lambda: _pgm16(512, maxval=1023),
+    "I from a 16-bit PPM": lambda: _encoded(_filled("I", 32768), "PPM"),
+    "F TIFF": lambda: _encoded(_filled("F", 0.5), "TIFF"),
+    "16-bit grey PNG": lambda: _png16(np.full((6, 10), 32768, np.uint16), 0),
+    "16-bit RGB PNG": lambda: _png16(np.full((6, 10, 3), 32768, np.uint16), 2),
+    "16-bit grey+alpha PNG": lambda: _png16(np.dstack([np.full((6, 10), 32768, np.uint16)] * 2), 4),
+    "16-bit RGBA PNG": lambda: _png16(np.full((6, 10, 4), 32768, np.uint16), 6),
+}
+
+
+@pytest.mark.parametrize("kind", list(MID_GREY))
+def test_mid_grey_deep_images_decode_to_mid_grey(kind: str) -> None:
+    data = MID_GREY[kind]()
+    for mode, channels in (("RGB", 3), ("L", 1)):
+        x = decode_image(data, (4, 4), mode=mode)
+        assert x.shape == (channels, 4, 4) and x.dtype == torch.uint8
+        assert int(x.min()) >= 127 and int(x.max()) <= 128, (kind, mode, x.unique().tolist())
+
+
+def test_sixteen_bit_levels_map_onto_eight_bit_ones() -> None:
+    levels = np.arange(256, dtype=np.uint16) * 257  # 0, 257, ..., 65535: exactly the 8-bit levels
+    img = Image.frombytes("I;16", (256, 1), levels.astype("<u2").tobytes())
+    assert np.asarray(eight_bit(img, "ramp")).tolist() == [list(range(256))]
+    floats = Image.frombytes("F", (3, 1), np.array([0.0, 0.25, 1.0], "<f4").tobytes())
+    assert np.asarray(eight_bit(floats, "f")).tolist() == [[0, 64, 255]]
+    signed = Image.open(io.BytesIO(_encoded(_filled("I", 2**31 - 1), "TIFF")))  # signed 32-bit: its maximum
+    assert np.asarray(eight_bit(signed, "s")).max() == 255
+
+
+@pytest.mark.parametrize(
+    ("kind", "make", "found"),
+    [
+        ("float of 0..255", lambda: _encoded(_filled("F", 128.0), "TIFF"), "values in [128, 128]"),
+        ("float below 0", lambda: _encoded(_filled("F", -0.5), "TIFF"), "values in [-0.5, -0.5]"),
+        ("float NaN", lambda: _encoded(_filled("F", float("nan")), "TIFF"), "values that are not finite"),
+        ("negative integer", lambda: _encoded(_filled("I", -5), "TIFF"), "[-5, -5], outside the 0..2147483647"),
+    ],
+)
+def test_values_outside_the_declared_range_are_refused_naming_the_file(kind: str, make, found: str) -> None:
+    with pytest.raises(DataError) as e:
+        decode_image(make(), (4, 4), name="scan_017.tif")
+    msg = str(e.value)
+    assert msg.startswith("scan_017.tif: ") and found in msg and "\n" not in msg, (kind, msg)
+
+
+def _palette_with_transparency() -> bytes:
+    img = Image.new("P", (10, 6), 1)
+    img.putpalette([0, 0, 0, 200, 100, 50] + [0] * 762)
+    img.info["transparency"] = 0
+    return _encoded(img, "PNG")
+
+
+@pytest.mark.parametrize(
+    ("kind", "make", "rgb"),
+    [
+        ("1-bit", lambda: _encoded(Image.new("1", (10, 6), 1), "PNG"), (255, 255, 255)),
+        ("L", lambda: _encoded(Image.new("L", (10, 6), 77), "PNG"), (77, 77, 77)),
+        ("P", lambda: _encoded(Image.new("P", (10, 6), 0), "PNG"), (0, 0, 0)),
+        ("P with transparency", _palette_with_transparency, (200, 100, 50)),
+        ("LA", lambda: _encoded(Image.new("LA", (10, 6), (90, 40)), "PNG"), (90, 90, 90)),
+        ("RGBA", lambda: _encoded(Image.new("RGBA", (10, 6), (10, 20, 30, 0)), "PNG"), (10, 20, 30)),
+        ("CMYK TIFF", lambda: _encoded(Image.new("CMYK", (10, 6), (0, 255, 255, 0)), "TIFF"), (255, 0, 0)),
+        ("RGB", lambda: _encoded(Image.new("RGB", (10, 6), (1, 2, 3)), "PNG"), (1, 2, 3)),
+    ],
+)
+def test_eight_bit_modes_decode_as_before(kind: str, make, rgb: tuple[int, int, int]) -> None:
+    x = decode_image(make(), (4, 4))
+    assert x[:, 0, 0].tolist() == list(rgb) and (x == x[:, :1, :1]).all(), kind
+    assert decode_image(make(), (4, 4), mode="L").shape == (1, 4, 4)
+
+
+def test_eight_bit_images_pass_through_unchanged() -> None:
+    for mode in ("1", "L", "P", "LA", "RGB", "RGBA", "CMYK"):
+        img = Image.new(mode, (3, 2))
+        assert eight_bit(img, "x") is img
+
+
+def _deep_folder(root: Path, per_class: int = 3) -> Path:
+    """Two classes of 16-bit PNGs: dark grey (16384) and light grey (49152)."""
+    for cls, value in (("dark", 16384), ("light", 49152)):
+        (root / cls).mkdir(parents=True)
+        for i in range(per_class):
+            (root / cls / f"{i}.png").write_bytes(_encoded(_filled("I;16", value + i), "PNG"))
+    return root
+
+
+def test_a_sixteen_bit_folder_trains_on_its_greys_not_on_white(tmp_path: Path) -> None:
+    ds = ImageFolder(_deep_folder(tmp_path / "scans"), "train", val_fraction=0.0, load_size=4)
+    x, y = next(ds.batches(6))
+    means = {cls: x[y == c].float().mean().item() for c, cls in enumerate(ds.classes)}
+    assert means["dark"] == pytest.approx(64, abs=1) and means["light"] == pytest.approx(191, abs=1)
+    assert ds.skips.skipped == 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_float_image_outside_zero_one_stops_the_epoch_naming_it(tmp_path: Path, num_workers: int) -> None:
+    root = _deep_folder(tmp_path / "scans")
+    (root / "light" / "hdr.tif").write_bytes(_encoded(_filled("F", 300.0), "TIFF"))
+    ds = ImageFolder(root, "train", val_fraction=0.0, load_size=4)
+    with pytest.raises(DataError) as e:
+        list(ds.batches(4, num_workers=num_workers))
+    msg = str(e.value)
+    assert msg.startswith(str(root / "light" / "hdr.tif") + ": a floating-point image with values in [300, 300]")
+    assert "\n" not in msg
