@@ -3,8 +3,11 @@ scored against another set of classes, one-class folders, shards cut short, runa
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import struct
+import tarfile
+import time
 import zlib
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.data import ImageFolder, decode_image
+from vitkit.data import ImageFolder, ShardDataset, decode_image, expand_braces
 from vitkit.data.pixels import eight_bit
+from vitkit.data.shards import MAX_SHARD_NAMES, brace_count
 from vitkit.errors import DataError
 
 # -- 1. images deeper than 8 bits are scaled by their range, not clipped ---------------------------
@@ -161,3 +165,129 @@ def test_a_float_image_outside_zero_one_stops_the_epoch_naming_it(tmp_path: Path
     msg = str(e.value)
     assert msg.startswith(str(root / "light" / "hdr.tif") + ": a floating-point image with values in [300, 300]")
     assert "\n" not in msg
+
+
+# -- 4. a shard cut short is named, with the member at fault ----------------------------------------
+
+
+def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _shard(path: Path, n: int = 4, compressed: bool = False) -> list[tarfile.TarInfo]:
+    """A shard of ``n`` samples (a 24x16 PNG and a .cls each); returns its members' headers."""
+    with tarfile.open(path, "w:gz" if compressed else "w") as tar:
+        for i in range(n):
+            img = np.random.default_rng(i).integers(0, 256, (16, 24, 3), dtype=np.uint8)
+            _member(tar, f"{i:05d}.png", _encoded(Image.fromarray(img), "PNG"))
+            _member(tar, f"{i:05d}.cls", f"{i % 2}\n".encode())
+    with tarfile.open(path) as tar:
+        return tar.getmembers()
+
+
+HAVE_WEBDATASET = importlib.util.find_spec("webdataset") is not None
+READERS = ["tarfile", pytest.param("webdataset", marks=pytest.mark.skipif(not HAVE_WEBDATASET, reason="no webdataset"))]
+
+
+def _cut_reasons(tmp_path: Path, cut: int, reader: str, compressed: bool = False) -> tuple[list[int], list[str]]:
+    """Read a copy of a shard cut to its first ``cut`` bytes: (labels read, skip reasons)."""
+    whole = tmp_path / ("whole.tar.gz" if compressed else "whole.tar")
+    if not whole.exists():
+        _shard(whole, compressed=compressed)
+    (tmp_path / "classes.txt").write_text("even\nodd\n")
+    data = whole.read_bytes()
+    cut_path = tmp_path / ("train-000.tar.gz" if compressed else "train-000.tar")
+    cut_path.write_bytes(data[:cut] if cut >= 0 else data[: len(data) + cut])
+    ds = ShardDataset(str(cut_path), load_size=4, reader=reader, num_samples=8, shuffle_buffer=0)
+    labels = [int(v) for _, y in ds.batches(1) for v in y]  # a shard that runs short is read again
+    return labels, list(ds.skips.examples)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_shard_cut_inside_a_member_names_the_shard_and_the_member(tmp_path: Path, reader: str) -> None:
+    members = _shard(tmp_path / "whole.tar")
+    png = members[2]  # 00001.png: cut halfway through its data
+    labels, reasons = _cut_reasons(tmp_path, png.offset_data + png.size // 2, reader)
+    assert labels[:1] == [0]  # the whole sample before the cut is read
+    where = "in member 00001.png" if reader == "tarfile" else "after member 00000.cls"
+    shard = str(tmp_path / "train-000.tar")
+    assert f"{shard} (cut short {where}: ReadError: unexpected end of data)" in reasons, reasons
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("at", ["a member's boundary", "inside a header", "inside the end block"])
+def test_a_shard_cut_where_tarfile_ends_quietly_is_named(tmp_path: Path, reader: str, at: str) -> None:
+    """``tarfile`` takes a header that is missing or cut short for the end of the archive: a shard
+    cut there would read as a shorter one, its lost samples never mentioned."""
+    members = _shard(tmp_path / "whole.tar")
+    cut, last = {
+        "a member's boundary": (members[4].offset, "00001.cls"),  # right before 00002.png's header
+        "inside a header": (members[4].offset + 200, "00001.cls"),
+        "inside the end block": (members[-1].offset_data + 512 + 100, "00003.cls"),
+    }[at]
+    labels, reasons = _cut_reasons(tmp_path, cut, reader)
+    expected = f"{tmp_path / 'train-000.tar'} (cut short after member {last}: no end-of-archive block"
+    assert any(r.startswith(expected) for r in reasons), reasons
+    assert labels[:2] == [0, 1]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_compressed_shard_cut_short_is_named(tmp_path: Path, reader: str) -> None:
+    _shard(tmp_path / "whole.tar.gz", compressed=True)
+    size = (tmp_path / "whole.tar.gz").stat().st_size
+    for cut in (size // 2, size - 100):  # inside the data; inside its last sample
+        labels, reasons = _cut_reasons(tmp_path, cut, reader, compressed=True)
+        assert labels[:1] == [0]
+        shard = str(tmp_path / "train-000.tar.gz")
+        assert any(r.startswith(f"{shard} (cut short ") and " member 0000" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_whole_shard_reports_nothing(tmp_path: Path, reader: str) -> None:
+    labels, reasons = _cut_reasons(tmp_path, -1, reader)  # the last padding byte of the record: not needed
+    assert reasons == [] and labels == [0, 1, 0, 1, 0, 1, 0, 1]
+
+
+# -- 5. brace ranges are bounded before they are expanded -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "count"),
+    [
+        ("train-{000000..999999999}.tar", 1_000_000_000),
+        ("s-{0..1000}-{0..1000}.tar", 1_002_001),
+        ("s-{a,b}-{0..999999}.tar", 2_000_000),
+        ("s-{{0..999999},{0..9}}.tar", 1_000_010),
+    ],
+)
+def test_a_brace_range_of_too_many_names_is_refused_at_once(pattern: str, count: int) -> None:
+    assert brace_count(pattern) == count
+    start = time.perf_counter()
+    with pytest.raises(DataError) as e:
+        expand_braces(pattern)
+    assert time.perf_counter() - start < 0.5  # counted, not built
+    assert str(e.value) == (
+        f"{pattern}: names {count:,} shard files, more than the {MAX_SHARD_NAMES:,} a pattern may name; "
+        "check its brace ranges"
+    )
+    with pytest.raises(DataError, match=f"names {count:,} shard files"):
+        ShardDataset(pattern)
+
+
+def test_brace_counts_agree_with_the_expansion() -> None:
+    for pattern in ("a-{000..002}.tar", "{3..1}", "{a,b{1..2}}-{x,y}", "x{1..3}{a,b,{c,d}}y{0..9}", "{,a}", "p"):
+        assert brace_count(pattern) == len(expand_braces(pattern))
+    assert len(expand_braces("s-{000000..999999}.tar")) == MAX_SHARD_NAMES  # the bound itself is allowed
+    assert expand_braces("s-{1..4}.tar", limit=4)[-1] == "s-4.tar"
+    with pytest.raises(DataError, match="names 5 shard files, more than the 4"):
+        expand_braces("s-{0..4}.tar", limit=4)
+
+
+def test_a_range_bound_of_thousands_of_digits_is_refused_in_a_short_line() -> None:
+    pattern = "s-{0.." + "9" * 5000 + "}.tar"
+    with pytest.raises(DataError) as e:
+        expand_braces(pattern)
+    msg = str(e.value)
+    assert msg.endswith("a brace range bound of 5000 digits (at most 18)") and len(msg) < 250

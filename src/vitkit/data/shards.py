@@ -59,15 +59,21 @@ Sample = dict[str, Any]
 ErrorSink = Callable[[str], None]
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """Expand shell-style braces: ``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar.
+MAX_SHARD_NAMES = 1_000_000  # the most file names one pattern may expand to
+_MAX_RANGE_DIGITS = 18
 
-    Supports numeric ranges (zero padding kept, ascending or descending) and comma lists
-    (``{train,val}``), nested and several per pattern, expanded left to right as bash does.
-    """
+
+def _shown(text: str, most: int = 120) -> str:
+    """``text`` for an error message, its middle cut out when it is longer than ``most``."""
+    return text if len(text) <= most else f"{text[: most // 2]}...{text[-most // 2 :]}"
+
+
+def _first_group(pattern: str) -> tuple[str, list[str] | tuple[int, int, int], str] | None:
+    """The first brace group of ``pattern``: (head, alternatives, tail), where a numeric range is
+    given as (first, last, zero-padded width) rather than as its list; None without braces."""
     start = pattern.find("{")
     if start < 0:
-        return [pattern]
+        return None
     depth, parts, last, end = 0, [], start + 1, -1
     for i in range(start, len(pattern)):
         c = pattern[i]
@@ -85,18 +91,77 @@ def expand_braces(pattern: str) -> list[str]:
         raise DataError(f"{pattern}: unbalanced '{{' in the shard pattern")
     parts.append(pattern[last:end])
     head, tail = pattern[:start], pattern[end + 1 :]
-    if len(parts) == 1:
-        bounds = re.fullmatch(r"(\d+)\.\.(\d+)", parts[0])
-        if bounds is None:
-            raise DataError(f"{pattern}: '{{{parts[0]}}}' is neither a range like {{000..099}} nor a list like {{a,b}}")
-        lo, hi = bounds.group(1), bounds.group(2)
-        padded = any(len(b) > 1 and b.startswith("0") for b in (lo, hi))
-        width = max(len(lo), len(hi)) if padded else 0
-        step = 1 if int(hi) >= int(lo) else -1
-        parts = [str(n).zfill(width) for n in range(int(lo), int(hi) + step, step)]
+    if len(parts) > 1:
+        return head, parts, tail
+    bounds = re.fullmatch(r"(\d+)\.\.(\d+)", parts[0])
+    if bounds is None:
+        raise DataError(f"{pattern}: '{{{parts[0]}}}' is neither a range like {{000..099}} nor a list like {{a,b}}")
+    lo, hi = bounds.group(1), bounds.group(2)
+    if max(len(lo), len(hi)) > _MAX_RANGE_DIGITS:
+        digits = max(len(lo), len(hi))
+        raise DataError(f"{_shown(pattern)}: a brace range bound of {digits} digits (at most {_MAX_RANGE_DIGITS})")
+    padded = any(len(b) > 1 and b.startswith("0") for b in (lo, hi))
+    return head, (int(lo), int(hi), max(len(lo), len(hi)) if padded else 0), tail
+
+
+def brace_count(pattern: str) -> int:
+    """How many names :func:`expand_braces` makes of ``pattern``, counted without making them.
+
+    Args:
+        pattern: a shard pattern, with or without brace groups.
+
+    Returns:
+        The number of names (1 for a pattern without braces).
+    """
+    group = _first_group(pattern)
+    if group is None:
+        return 1
+    _, alternatives, tail = group  # the head has no braces; each alternative is balanced
+    if isinstance(alternatives, tuple):
+        first, last, _ = alternatives
+        here = abs(last - first) + 1
+    else:
+        here = sum(brace_count(a) for a in alternatives)
+    return here * brace_count(tail) if here else 0
+
+
+def expand_braces(pattern: str, limit: int = MAX_SHARD_NAMES) -> list[str]:
+    """Expand shell-style braces: ``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar.
+
+    Supports numeric ranges (zero padding kept, ascending or descending) and comma lists
+    (``{train,val}``), nested and several per pattern, expanded left to right as bash does.
+
+    Args:
+        pattern: the pattern to expand.
+        limit: the most names it may expand to; counted before any is made.
+
+    Returns:
+        The names, in order.
+
+    Raises:
+        DataError: unbalanced or malformed braces, or more than ``limit`` names (a range such as
+            ``{000000..999999999}`` would otherwise take the memory of a billion strings).
+    """
+    n = brace_count(pattern)
+    if n > limit:
+        raise DataError(
+            f"{pattern}: names {n:,} shard files, more than the {limit:,} a pattern may name; check its brace ranges"
+        )
+    return _expand_braces(pattern)
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    group = _first_group(pattern)
+    if group is None:
+        return [pattern]
+    head, alternatives, tail = group
+    if isinstance(alternatives, tuple):
+        first, last, width = alternatives
+        step = 1 if last >= first else -1
+        alternatives = [str(n).zfill(width) for n in range(first, last + step, step)]
     out: list[str] = []
-    for alternative in parts:
-        out.extend(expand_braces(head + alternative + tail))
+    for alternative in alternatives:
+        out.extend(_expand_braces(head + alternative + tail))
     return out
 
 
@@ -148,19 +213,72 @@ def shard_paths(pattern: str, split: str = "train") -> list[Path]:
 # -- reading one shard ---------------------------------------------------------------------------
 
 
+_TAR_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:160] if lines else type(e).__name__
+
+
+def _cut_short(e: BaseException, text: str) -> bool:
+    """Whether an error of reading a tar says that the file ends too soon."""
+    text = text.lower()
+    return isinstance(e, EOFError) or any(s in text for s in ("unexpected end", "ended before", "truncated", "empty"))
+
+
+def _damage(e: BaseException, where: str) -> str:
+    """Why a shard stopped being read, and where: "cut short in member 00012.jpg: ReadError: ..."."""
+    return f"{'cut short' if _cut_short(e, str(e)) else 'damaged'} {where}: {type(e).__name__}: {_first_line(e)}"
+
+
+def _position(reading: str | None, last: str | None) -> str:
+    """Where in a tar the reading stopped: in the member being read, else after the last one read."""
+    if reading is not None:
+        return f"in member {reading}"
+    return f"after member {last}" if last is not None else "before its first member"
+
+
+def _ends_cleanly(tar: tarfile.TarFile) -> bool:
+    """Whether the header read that ended ``tar``'s members was a whole end-of-archive block.
+
+    ``tarfile`` ends a tar quietly at a header that is missing or cut short, so a shard cut at a
+    member's boundary reads like a shorter one; only the end-of-archive block tells them apart.
+    """
+    tell = getattr(tar.fileobj, "tell", None)
+    if tell is None:
+        return True
+    try:
+        return tell() - tar.offset >= tarfile.BLOCKSIZE
+    except (OSError, ValueError):
+        return True
+
+
+def _no_end_block(last: str | None) -> str:
+    return f"cut short {_position(None, last)}: no end-of-archive block, so any samples after it are lost"
+
+
 def _tarfile_samples(path: Path, on_error: ErrorSink) -> Iterator[Sample]:
-    """Group the members of a tar into samples, with the standard library only."""
+    """Group the members of a tar into samples, with the standard library only. A shard that is
+    damaged or cut short gives the samples before the damage, and ``on_error`` names the shard
+    and the member at fault."""
     current: Sample | None = None
+    reading: str | None = None  # the member whose data is being read
+    last: str | None = None  # the last member read whole
     try:
         with tarfile.open(path, "r|*") as tar:
             for member in tar:
                 if not member.isreg() or _META.match(member.name):
+                    last = member.name
                     continue
                 match = _KEY.match(member.name)
                 if match is None:
+                    last = member.name
                     continue
                 key, field = match.group(1), match.group(2).lower()
+                reading = member.name
                 data = tar.extractfile(member).read()
+                reading, last = None, member.name
                 tar.members = []  # a streamed tar otherwise keeps every header it has seen
                 if current is not None and current["__key__"] != key:
                     yield current
@@ -171,20 +289,48 @@ def _tarfile_samples(path: Path, on_error: ErrorSink) -> Iterator[Sample]:
                     on_error(f"{path} (duplicate member {member.name})")
                     break
                 current[field] = data
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-        on_error(f"{path} ({type(e).__name__}: {e})")
+            else:
+                if not _ends_cleanly(tar):
+                    on_error(f"{path} ({_no_end_block(last)})")
+    except _TAR_ERRORS as e:
+        on_error(f"{path} ({_damage(e, _position(reading, last))})")
     if current is not None:
         yield current
 
 
+def _end_problem(path: Path) -> str | None:
+    """Why the tar at ``path`` ends early, read from its headers alone (plus decompression), or
+    None: what the webdataset reader, which ends quietly at a header cut short, does not say."""
+    last: str | None = None
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                last = member.name
+            return None if _ends_cleanly(tar) else _no_end_block(last)
+    except _TAR_ERRORS as e:
+        return _damage(e, _position(None, last))
+
+
 def _webdataset_samples(path: Path, on_error: ErrorSink) -> Iterator[Sample]:
-    """Group the members of a tar into samples with webdataset's own tar iterators."""
+    """Group the members of a tar into samples with webdataset's own tar iterators. A shard that
+    is damaged or cut short gives the samples before the damage, and ``on_error`` names the
+    shard and the last member read whole before it (the damage is in the next)."""
     from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    last: list[str | None] = [None]
+    reported = [False]
 
     def stop(exc: Exception) -> bool:
         detail = str(exc.args[0] if exc.args else exc).split(" @ ")[0]  # webdataset appends the stream
-        on_error(f"{path} ({type(exc).__name__}: {detail})")
+        kind = "cut short" if _cut_short(exc, detail) else "damaged"
+        on_error(f"{path} ({kind} {_position(None, last[0])}: {type(exc).__name__}: {detail})")
+        reported[0] = True
         return False  # give up on this shard, keep what it gave
+
+    def tracked(files: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for f in files:
+            last[0] = f.get("fname", last[0])
+            yield f
 
     try:
         stream = open(path, "rb")  # noqa: SIM115 - closed below, after the generator is done
@@ -193,7 +339,9 @@ def _webdataset_samples(path: Path, on_error: ErrorSink) -> Iterator[Sample]:
         return
     with stream:
         files = tar_file_expander([{"url": str(path), "stream": stream}], handler=stop)
-        yield from group_by_keys(files, handler=stop)
+        yield from group_by_keys(tracked(files), handler=stop)
+    if not reported[0] and (problem := _end_problem(path)):
+        on_error(f"{path} ({problem})")
 
 
 def _reader(name: str) -> Callable[[Path, ErrorSink], Iterator[Sample]]:
@@ -374,4 +522,4 @@ class ShardDataset(StreamingDataset):
             yield image, label, name
 
 
-__all__ = ["ShardDataset", "expand_braces", "scan_shard", "shard_paths"]
+__all__ = ["MAX_SHARD_NAMES", "ShardDataset", "brace_count", "expand_braces", "scan_shard", "shard_paths"]
