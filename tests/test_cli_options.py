@@ -173,7 +173,7 @@ def test_a_bad_option_is_one_line_when_the_command_line_is_read(files, capsys, a
         ("eval w.safetensors --data synthetic --img-size 100000", "more than the 65536 tokens vitkit builds"),
         ("convert w.safetensors o.safetensors --img-size 4000x9000", "more than the 65536 tokens vitkit builds"),
         ("models vit_ti16 --img-size 100000", "more than the 65536 tokens vitkit builds"),
-        ("bench --model vit_ti16 --img-size 20000", "more than the 65536 tokens vitkit builds"),
+        ("bench --model vit_ti16 --img-size 16000", "more than the 65536 tokens vitkit builds"),
         ("analyze w.safetensors --images img.png --out o --layers 9", "layer 9: the model has 2 layers"),
         ("analyze w.safetensors --images img.png --out o --layers -3", "layer -3: the model has 2 layers"),
     ],

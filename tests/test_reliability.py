@@ -714,3 +714,79 @@ def test_a_long_bad_value_is_quoted_short():
     with pytest.raises(RecipeError) as e:
         load_recipe(None, parse_set(["train.steps=" + "x" * 100_000]))
     assert len(str(e.value)) < 200
+
+
+# -- values with bounds, and a model that cannot fit ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("model.overrides.width", 10**9),
+        ("model.overrides.mlp_dim", 10**8),
+        ("model.overrides.depth", 10**6),
+        ("model.overrides.num_classes", 10**9),
+        ("model.overrides.img_size", 10**6),
+        ("augment.erase_count", 10**9),
+        ("augment.repeats", 10**6),
+        ("train.batch_size", 10**12),
+        ("train.accum_steps", 10**9),
+        ("data.num_workers", 10**6),
+    ],
+)
+def test_a_huge_value_is_refused_when_the_recipe_is_read(key, value):
+    with pytest.raises(RecipeError, match=rf"^{re.escape(key)} must be in \[") as e:
+        load_recipe(None, parse_set([f"{key}={value}"]))
+    assert len(str(e.value)) < 120
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"width": 65536, "depth": 1024, "num_heads": 1024},  # within each bound, ~17e12 parameters
+        {"width": 49152, "mlp_dim": 262144, "depth": 200, "num_heads": 48},
+        {"num_classes": 1_000_000, "width": 65536, "num_heads": 64, "depth": 1},
+    ],
+)
+def test_a_model_that_cannot_fit_memory_is_refused_before_it_is_built(overrides):
+    with deadline(20), pytest.raises(vitkit.errors.UsageError, match=r"^model: the model \(width .* GiB available"):
+        vitkit.create_model("vit_b16", **overrides)
+
+
+def test_a_training_batch_that_cannot_fit_is_refused_in_one_line(tmp_path):
+    big = {"img_size": 256, "patch_size": 2, "width": 256, "depth": 12, "num_heads": 4, "mlp_dim": 1024}
+    # 16384 tokens an image: the attention weights a step keeps are ~100 GiB an image
+    recipe = tiny(model__overrides=big, data__options={"img_size": 256, "n": 64})
+    message = r"training at batch 16; cpu has .* available"
+    with deadline(60), pytest.raises(vitkit.errors.UsageError, match=message):
+        train(recipe, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "fewshot CKPT --seeds 1000000000",
+        "fewshot CKPT --shots 5 100000000",
+        "bench --batch 1000000000",
+        "models --num-classes 100000000000",
+        "predict CKPT IMG --top-k 99999999999",
+        "reproduce --out OUT --jobs 100000",
+    ],
+)
+def test_a_huge_flag_is_refused_in_one_line(tmp_path, capsys, argv):
+    args = argv.replace("CKPT", str(tmp_path / "m.safetensors")).replace("IMG", str(tmp_path / "x.png"))
+    with pytest.raises(SystemExit) as e:
+        main(args.replace("OUT", str(tmp_path / "o")).split())
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "must be at most" in err[-1]
+
+
+def test_the_models_table_is_computed_without_building_the_weights(capsys):
+    from vitkit.models.flops import count_params
+    from vitkit.models.summary import describe_models
+
+    with deadline(30):
+        rows = describe_models(["vit_h14", "bit_r152x4", "vit_ti16"])
+    assert rows[2]["params"] == count_params(vitkit.create_model("vit_ti16"))
+    assert rows[0]["params"] == 632_045_800

@@ -29,7 +29,7 @@ from .inference import (
     onednn_linear_available,
     prepare_inference,
 )
-from .models.flops import count_params, model_flops
+from .models.flops import check_memory, count_params, model_flops
 from .models.registry import create_model
 from .precision import resolve_precision
 from .train.allocator import keep_freed_memory
@@ -217,6 +217,7 @@ def bench_model(
         overrides = {"img_size": img_size} if img_size else {}
         model = create_model(name, **overrides)
     cfg = model.cfg
+    check_memory(cfg, f"batch {batch}", batch, training=mode == "train", device=device)
     fwd_flops = flops = model_flops(model)
     params = count_params(model)
     model = model.to(dev)

@@ -64,3 +64,33 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, untimed: int = 2) -
 
 
 __all__ = ["CPU_FLAGS", "best_seconds", "cpu_info"]
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory a new allocation can still get: the kernel's ``MemAvailable``, capped by
+    the control group's limit when the process runs in a container. None where neither is known."""
+    free: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit, used = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
+            if limit != "max" and int(limit) < 1 << 60:
+                free = min(free, max(0, int(limit) - int(used)))
+            break
+        except (OSError, ValueError):
+            continue
+    return free

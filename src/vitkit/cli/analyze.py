@@ -18,7 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers", type=index, nargs="+", default=None, help="layers (0-based) of the per-head attention maps"
     )
-    p.add_argument("--components", type=count(1), default=28, help="principal components of the filters to keep")
+    p.add_argument(
+        "--components", type=count(1, 100_000), default=28, help="principal components of the filters to keep"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

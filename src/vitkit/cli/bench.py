@@ -11,14 +11,14 @@ HELP = "images/s, GFLOP/s and the fraction of the machine's matmul ceiling"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="vit_b16")
-    p.add_argument("--batch", type=count(1), default=8)
+    p.add_argument("--batch", type=count(1, 1 << 24), default=8)
     p.add_argument("--mode", choices=["infer", "train"], default="infer")
     precision_argument(p, "int8")
-    p.add_argument("--img-size", type=count(1), default=None)
+    p.add_argument("--img-size", type=count(1, 16384), default=None)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--device", type=parse_device, default="cpu")
-    p.add_argument("--warmup", type=count(0), default=3)
-    p.add_argument("--iters", type=count(1), default=10)
+    p.add_argument("--warmup", type=count(0, 100_000), default=3)
+    p.add_argument("--iters", type=count(1, 100_000), default=10)
     p.add_argument("--json", help="write the result here")
 
 

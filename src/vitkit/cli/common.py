@@ -31,17 +31,28 @@ def parse_size(text: str) -> int | tuple[int, int]:
     return size
 
 
-def count(minimum: int = 1) -> Callable[[str], int]:
-    """An argument type: a whole number of at least ``minimum``. argparse names the flag in the
-    one-line error, so every numeric option is checked where it is read, not deep in a command."""
+def count(minimum: int = 1, maximum: int = 1_000_000_000) -> Callable[[str], int]:
+    """An argument type: a whole number from ``minimum`` to ``maximum``. argparse names the flag in
+    the one-line error, so every numeric option is checked where it is read, not deep in a command
+    (where a count of billions would become an allocation that fails, or a loop that never ends).
+
+    Args:
+        minimum: the smallest value accepted.
+        maximum: the largest value accepted.
+
+    Returns:
+        The parser argparse calls with the flag's text.
+    """
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got {value:,}")
         return value
 
     parse.__name__ = "count"
@@ -187,7 +198,7 @@ def model_arguments(p: argparse.ArgumentParser, data: bool = True) -> None:
     if data:
         p.add_argument("--data", required=True, help="dataset: fashion-mnist, mnist, synthetic, a folder...")
     p.add_argument("--img-size", type=parse_size, default=None, help="evaluate at this size, N or HxW")
-    p.add_argument("--batch-size", type=count(1), default=256)
+    p.add_argument("--batch-size", type=count(1, 1 << 24), default=256)
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
 
 

@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     split_arguments(
         p, None, "a random subset of the train split (default: all; in-memory data embeds only the sampled images)"
     )
-    p.add_argument("--shots", type=count(1), nargs="+", default=[1, 5, 10, 25])
-    p.add_argument("--seeds", type=count(1), default=3, help="number of random samples per shot count")
+    p.add_argument("--shots", type=count(1, 100_000), nargs="+", default=[1, 5, 10, 25])
+    p.add_argument("--seeds", type=count(1, 1000), default=3, help="number of random samples per shot count")
     p.add_argument("--l2", type=real(0), default=1024.0, help="ridge regulariser (big_vision's default 2**10)")
     p.add_argument("--l2-grid", action="store_true", help="report a grid of l2 values 1 ... 2**20")
 

@@ -13,7 +13,7 @@ HELP = "fine-tune pretrained weights with the paper's SGD recipe"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="init_from", required=True, help="weights: .npz, timm/HF files, vitkit file or run")
-    p.add_argument("--img-size", type=count(1), help="fine-tuning resolution (position embeddings are resized)")
+    p.add_argument("--img-size", type=count(1, 16384), help="fine-tuning resolution (position embeddings are resized)")
     recipe_arguments(p, "finetune_sgd")
 
 

@@ -12,7 +12,7 @@ HELP = "list models with parameters and GFLOPs (--pretrained: the weights known 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*", help="model names (default: all registered)")
     p.add_argument("--img-size", type=parse_size, default=None, help="input size, N or HxW")
-    p.add_argument("--num-classes", type=count(0), default=None)
+    p.add_argument("--num-classes", type=count(0, 1_000_000), default=None)
     p.add_argument("--json", help="also write the table to this JSON file")
     p.add_argument("--pretrained", action="store_true", help="list the pretrained weights vitkit loads by name")
 

@@ -12,7 +12,7 @@ HELP = "top-k classes of image files"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ckpt", help=WEIGHTS_HELP)
     p.add_argument("images", nargs="+", help="image files (anything Pillow reads)")
-    p.add_argument("--top-k", type=count(1), default=5)
+    p.add_argument("--top-k", type=count(1, 1_000_000), default=5)
     p.add_argument("--device", type=parse_device, default="cpu")
     precision_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")

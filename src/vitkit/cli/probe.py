@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--weight-decay", type=real(0), nargs="+", default=[1e-4], help="one value, or several to choose from"
     )
     p.add_argument("--wd-grid", action="store_true", help="choose the weight decay from 1e-6 ... 1e-2")
-    p.add_argument("--max-iter", type=count(1), default=500, help="L-BFGS iterations")
-    p.add_argument("--knn-k", type=count(1), default=20)
+    p.add_argument("--max-iter", type=count(1, 1_000_000), default=500, help="L-BFGS iterations")
+    p.add_argument("--knn-k", type=count(1, 100_000), default=20)
     p.add_argument("--knn-weighting", choices=["distance", "majority"], default="distance")
     p.add_argument("--temperature", type=real(above=0), default=0.07, help="kNN vote temperature (DINO)")
 

@@ -7,9 +7,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from .config import RESNET_UNITS, VIT_SIZES, ResNetConfig, ViTConfig, token_grid_problem
+from .flops import check_memory
 from .resnet import ResNetV2
 from .vit import VisionTransformer
 
@@ -101,7 +103,17 @@ def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
 
 
 def build_model(cfg: ViTConfig | ResNetConfig) -> nn.Module:
-    """Instantiate a config."""
+    """Instantiate a config, after checking that its weights fit the memory left
+    (:func:`.flops.check_memory`: one line instead of the allocator's traceback).
+
+    Args:
+        cfg: the model's config.
+
+    Returns:
+        The model, with random weights.
+    """
+    if torch.get_default_device().type != "meta":  # shapes only: nothing to fit
+        check_memory(cfg, "model")
     if isinstance(cfg, ResNetConfig):
         return ResNetV2(cfg)
     if problem := token_grid_problem(cfg):

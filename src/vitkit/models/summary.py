@@ -5,16 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from .flops import count_params, model_flops
-from .registry import create_model
+from .registry import build_model, model_config
 
 
 def describe_models(names: Iterable[str], **overrides: Any) -> list[dict[str, Any]]:
-    """``{"name", "params", "gflops", "img_size"}`` for each model name, built with ``overrides``
-    (GFLOPs: 2 x multiply-adds of one image's forward pass, :func:`model_flops`)."""
+    """``{"name", "params", "gflops", "img_size"}`` for each model name with ``overrides``
+    (GFLOPs: 2 x multiply-adds of one image's forward pass, :func:`model_flops`). The models are
+    built on the meta device: shapes without storage, so the table costs no memory.
+
+    Args:
+        names: model names (:func:`vitkit.list_models`).
+        **overrides: config fields for every model (``img_size``, ``num_classes``).
+
+    Returns:
+        One row per name.
+    """
     rows = []
     for name in names:
-        model = create_model(name, **overrides)
+        cfg = model_config(name, **overrides)
+        with torch.device("meta"):
+            model = build_model(cfg)
         rows.append(
             {
                 "name": name,

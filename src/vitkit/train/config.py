@@ -110,7 +110,7 @@ class DataSection:
     name: str = "fashion-mnist"  # --data: fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder, shards
     train_split: str = "train"
     eval_split: str = "test"
-    num_workers: int = checked(0, ">= 0")
+    num_workers: int = checked(0, "[0, 256]")
     eval_max_images: int | None = checked(None, ">= 1")
     minival: float = checked(0, ">= 0", counts=True)  # training images held out as the split "minival"
     subset: float | None = checked(None, "> 0", counts=True)  # train on a class-balanced subset of the rest
@@ -121,22 +121,22 @@ class DataSection:
 @dataclass
 class AugmentSection:
     crop: str = checked("inception", choices=CROPS)
-    pad: int = checked(4, ">= 0")
+    pad: int = checked(4, "[0, 4096]")
     flip: bool = True
     area_min: float = checked(0.05, "(0, 1]")
     eval_crop: float = checked(1.0, "(0, 1]")
     randaugment: str = ""  # timm's spelling, e.g. "rand-m9-n2-mstd0.5" (m: magnitude 0-10, n: ops); "": off
-    mixup_alpha: float = checked(0.0, ">= 0")  # Beta(alpha, alpha) of the mixing weight; 0: off
-    cutmix_alpha: float = checked(0.0, ">= 0")
+    mixup_alpha: float = checked(0.0, "[0, 1000]")  # Beta(alpha, alpha) of the mixing weight; 0: off
+    cutmix_alpha: float = checked(0.0, "[0, 1000]")
     mix_prob: float = checked(1.0, "[0, 1]")  # chance that a batch (image, pair) is mixed at all
     mix_switch_prob: float = checked(0.5, "[0, 1]")  # chance of CutMix when both alphas are above 0
     mix_mode: str = checked("batch", choices=MIX_MODES)  # one draw per batch, per pair (i, B-1-i), per image
     erase_prob: float = checked(0.0, "[0, 1]")  # random erasing, after normalisation; 0: off
     erase_area: tuple[float, float] = checked((0.02, 1 / 3), "(0, 1]")  # fraction of the image, low and high
     erase_aspect: tuple[float, float] = checked((0.3, 1 / 0.3), "> 0")  # height / width, low and high
-    erase_count: int = checked(1, ">= 1")  # boxes an erased image gets: 1 to this many
+    erase_count: int = checked(1, "[1, 64]")  # boxes an erased image gets: 1 to this many
     erase_mode: str = checked("pixel", choices=ERASE_MODES)  # N(0, 1) per pixel, one N(0, 1) colour a box, zeros
-    repeats: int = checked(1, ">= 1")  # repeated augmentation: each image this many times in a row (DeiT: 3)
+    repeats: int = checked(1, "[1, 64]")  # repeated augmentation: each image this many times in a row (DeiT: 3)
 
 
 @dataclass
@@ -155,15 +155,15 @@ class OptimSection:
     weight_decay: float = checked(0.1, ">= 0")
     layer_decay: float = checked(1.0, "(0, 1]")  # layer-wise lr decay (BEiT): layer l gets lr * decay^(L+1-l)
     schedule: str = checked("cosine", choices=SCHEDULES)
-    warmup_steps: int = checked(0, ">= 0")
+    warmup_steps: int = checked(0, "[0, 1000000000]")
     min_lr: float = checked(0.0, ">= 0")
 
 
 @dataclass
 class TrainSection:
-    steps: int = checked(1000, ">= 1")
-    batch_size: int = checked(128, ">= 1")  # global batch (all processes, all accumulation micro-steps)
-    accum_steps: int = checked(1, ">= 1")
+    steps: int = checked(1000, "[1, 1000000000]")
+    batch_size: int = checked(128, "[1, 16777216]")  # global batch (all processes, all accumulation micro-steps)
+    accum_steps: int = checked(1, "[1, 65536]")
     # auto: bf16 where the device computes it natively and fast, else fp32 (vitkit.precision);
     # bf16: autocast with fp32 weights
     precision: str = checked("auto", choices=PRECISIONS)
@@ -187,7 +187,7 @@ class TrainSection:
     teacher: str | None = None  # DeiT distillation: a checkpoint load_pretrained reads (CNN or ViT)
     distill: str = checked("none", choices=DISTILL)  # hard: CE to the teacher's argmax; soft: KL at the temperature
     distill_alpha: float = checked(0.5, "[0, 1]")  # loss = (1 - alpha) * label loss + alpha * teacher loss
-    distill_temperature: float = checked(1.0, "> 0")  # soft only; the KL is scaled by T^2
+    distill_temperature: float = checked(1.0, "(0, 1000]")  # soft only; the KL is scaled by T^2
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
 
@@ -196,7 +196,7 @@ class LogSection:
     log_every: int = checked(50, ">= 0")  # 0: only after the last step (as eval_every, checkpoint_every)
     eval_every: int = checked(500, ">= 0")
     checkpoint_every: int = checked(500, ">= 0")
-    keep_last: int = checked(2, ">= 1")
+    keep_last: int = checked(2, "[1, 100000]")
     tensorboard: bool = True  # when the tensorboard package is installed
     plot: bool = True
 
@@ -427,17 +427,25 @@ def check_augment_section(a: AugmentSection, where: str = "augment") -> None:
 # Model overrides (fields of ViTConfig and ResNetConfig) whose nonsense values the model would take
 # or fail on late: (kind, check). Kinds: "int" (a whole number), "number", "size" (an int or an
 # (h, w) pair), "ints" (a list of them), "bool"; "?" after a kind: None allowed.
+# Upper bounds far above any released model (ViT-22B: width 6144, depth 48, MLP 24576; 21k and
+# JFT classes; gigapixel inputs are tiled), so that a typo is one line instead of an allocation
+# that fails deep in torch; what fits this machine's memory is checked when the model is built.
 MODEL_OVERRIDES: dict[str, tuple[str, Check]] = {
-    **{k: ("size", Check(">= 1")) for k in ("img_size", "patch_size")},
-    **{
-        k: ("int", Check(">= 1"))
-        for k in ("in_chans", "num_classes", "width", "depth", "num_heads", "mlp_dim", "resnet_width", "width_factor")
-    },
-    "representation_size": ("int?", Check(">= 1")),
+    "img_size": ("size", Check("[1, 16384]")),
+    "patch_size": ("size", Check("[1, 1024]")),
+    "in_chans": ("int", Check("[1, 1024]")),
+    "num_classes": ("int", Check("[1, 1000000]")),
+    "width": ("int", Check("[1, 65536]")),
+    "depth": ("int", Check("[1, 1024]")),
+    "num_heads": ("int", Check("[1, 1024]")),
+    "mlp_dim": ("int", Check("[1, 262144]")),
+    "resnet_width": ("int", Check("[1, 8192]")),
+    "width_factor": ("int", Check("[1, 64]")),
+    "representation_size": ("int?", Check("[1, 65536]")),
     **{k: ("number", Check("[0, 1)")) for k in ("drop_rate", "attn_drop_rate", "drop_path_rate")},
-    "ln_eps": ("number", Check("> 0")),
-    "resnet_units": ("ints?", Check(">= 1")),
-    "units": ("ints", Check(">= 1")),
+    "ln_eps": ("number", Check("(0, 1)")),
+    "resnet_units": ("ints?", Check("[1, 256]")),
+    "units": ("ints", Check("[1, 256]")),
     **{k: ("bool", Check()) for k in ("cls_pos_embed", "dynamic_img_size", "distill_token")},
 }
 

@@ -33,6 +33,7 @@ from ..eval.classify import NonFiniteOutputs
 from ..files import write_text
 from ..models.attention import choose_training_path
 from ..models.config import ViTConfig
+from ..models.flops import check_memory
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from ..models.vit import kept_patches
@@ -336,6 +337,8 @@ class Trainer:
             if isinstance(e, VitkitError):
                 raise
             raise RecipeError(f"model.overrides: {e}") from None
+        micro = max(1, r.train.batch_size // (self.info.world_size * r.train.accum_steps))
+        check_memory(model.cfg, "model and train.batch_size", micro, training=True, device=str(self.device))
         bias = r.train.head_bias_init
         if bias is None and r.train.loss == "sigmoid":
             bias = -math.log(model.num_classes)
