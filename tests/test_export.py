@@ -31,6 +31,19 @@ def test_convert_cli_to_onnx(tmp_path, fixtures, capsys):
     assert "logits within" in capsys.readouterr().out
 
 
+def test_onnx_without_the_onnx_package_is_one_line(tmp_path, fixtures, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # what an install without the onnx extra has
+    src = fixtures / "r_vit_tiny" / "params_prelinen.npz"
+    assert main(["convert", str(src), str(tmp_path / "r.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"vitkit convert: error: {tmp_path / 'r.onnx'}: writing ONNX needs the onnx package: pip install 'vitkit[onnx]'"
+    ]
+    assert not (tmp_path / "r.onnx").exists()
+
+
 @pytest.mark.parametrize("pack", [None, False])
 def test_int8_inference_stays_close_to_fp32(pack):
     torch.manual_seed(0)

@@ -36,6 +36,10 @@ def export_onnx(
     """
     model = model.eval().float()
     cfg = model.cfg
+    try:
+        import onnx  # noqa: F401  (the exporter writes through it)
+    except ImportError:
+        raise ExportError(f"{path}: writing ONNX needs the onnx package: pip install 'vitkit[onnx]'") from None
     x = torch.randn(batch, cfg.in_chans, *cfg.img_size)
     buf = io.BytesIO()
     # The TorchScript exporter handles scaled_dot_product_attention and needs no extra package.
