@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.data import ImageFolder, ShardDataset, decode_image, expand_braces
+from vitkit.data import ArrayDataset, ImageFolder, ShardDataset, build_dataset, carve, decode_image, expand_braces
 from vitkit.data.pixels import eight_bit
 from vitkit.data.shards import MAX_SHARD_NAMES, brace_count
 from vitkit.errors import DataError
@@ -291,3 +291,100 @@ def test_a_range_bound_of_thousands_of_digits_is_refused_in_a_short_line() -> No
         expand_braces(pattern)
     msg = str(e.value)
     assert msg.endswith("a brace range bound of 5000 digits (at most 18)") and len(msg) < 250
+
+
+# -- 3. a folder of one class, an empty class, a minival that empties a class -----------------------
+
+
+def _folder(root: Path, counts: dict[str, int]) -> Path:
+    for cls, n in counts.items():
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.new("RGB", (8, 8), (20 * i, 0, 0)).save(root / cls / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_a_folder_of_one_class_is_refused_naming_it_and_the_class(tmp_path: Path, split: str) -> None:
+    root = _folder(tmp_path / "photos", {"images": 12})
+    for make in (lambda: ImageFolder(root, split), lambda: build_dataset(str(root), split)):
+        with pytest.raises(DataError) as e:
+            make()
+        assert str(e.value) == (
+            f"{root}: one class folder (images); a classifier needs 2 classes at least, one sub-folder each "
+            f"({root}/<class>/<image>)"
+        )
+    assert len(ImageFolder(root, split, min_classes=1, val_fraction=0.5)) == 6  # features of one folder: allowed
+
+
+def test_a_train_tree_of_one_class_is_refused_even_with_a_val_tree(tmp_path: Path) -> None:
+    _folder(tmp_path / "train", {"cat": 3})
+    _folder(tmp_path / "val", {"cat": 2})
+    for split in ("train", "val"):
+        with pytest.raises(DataError, match=r"train: one class folder \(cat\); a classifier needs 2 classes"):
+            ImageFolder(tmp_path, split)
+
+
+@pytest.mark.parametrize("content", ["nothing", "a text file", "a hidden image", "an empty sub-folder"])
+def test_a_class_folder_without_images_is_refused_naming_it(tmp_path: Path, content: str) -> None:
+    root = _folder(tmp_path / "pets", {"cat": 4, "dog": 4})
+    empty = root / "eel"
+    empty.mkdir()
+    if content == "a text file":
+        (empty / "notes.txt").write_text("none yet")
+    elif content == "a hidden image":
+        Image.new("RGB", (8, 8)).save(empty / ".0.png")
+    elif content == "an empty sub-folder":
+        (empty / "later").mkdir()
+    for split in ("train", "val"):  # the held-out split sees the same tree
+        with pytest.raises(DataError) as e:
+            ImageFolder(root, split)
+        assert str(e.value).startswith(f"{empty}: a class folder with no images (.jpg, .jpeg, .png"), content
+
+
+def test_a_class_without_images_in_val_only_has_no_score_there(tmp_path: Path) -> None:
+    _folder(tmp_path / "train", {"ant": 3, "bee": 3})
+    _folder(tmp_path / "val", {"ant": 2})
+    (tmp_path / "val" / "bee").mkdir()
+    val = ImageFolder(tmp_path, "val")
+    assert val.classes == ["ant", "bee"] and val.labels.tolist() == [0, 0]
+
+
+def test_a_minival_that_would_empty_a_class_is_refused_naming_it(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "pets", {"cat": 1, "dog": 10, "eel": 10})
+    with pytest.raises(DataError) as e:
+        build_dataset(str(root), "train", minival=6, val_fraction=0.0)
+    assert str(e.value) == (
+        "pets/train: data.minival of 6 images takes every image of class cat (1), leaving none to train on; "
+        "lower data.minival or add images"
+    )
+    with pytest.raises(DataError, match="takes every image of class cat"):  # the minival split says the same
+        build_dataset(str(root), "minival", minival=6, val_fraction=0.0)
+    with pytest.raises(
+        DataError, match="pets/train: data.minival of 2 images cannot hold one of each of its 3 classes"
+    ):
+        build_dataset(str(root), "train", minival=2, val_fraction=0.0)
+    with pytest.raises(DataError, match="pets/train: data.minival of 40 images is more than its 21 images"):
+        build_dataset(str(root), "train", minival=40, val_fraction=0.0)
+    with pytest.raises(DataError, match="takes every image of class cat"):  # one of each: cat's only image
+        build_dataset(str(root), "train", minival=3, val_fraction=0.0)
+    _folder(root, {"cat": 2})
+    train = build_dataset(str(root), "train", minival=3, val_fraction=0.0)
+    held = build_dataset(str(root), "minival", minival=3, val_fraction=0.0)
+    assert train.labels.bincount().tolist() == [1, 9, 9] and held.labels.bincount().tolist() == [1, 1, 1]
+
+
+def test_a_minival_names_the_classes_it_cannot_serve(tmp_path: Path) -> None:
+    images = torch.zeros(9, 1, 2, 2, dtype=torch.uint8)
+    labels = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1])  # class "c" has no image
+    ds = ArrayDataset(images, labels, ["a", "b", "c"], name="arrays")
+    with pytest.raises(DataError) as e:
+        carve(ds, "train", minival=3)
+    assert str(e.value) == "arrays: no images of class c (0)"
+    many = ArrayDataset(torch.zeros(8, 1, 2, 2, dtype=torch.uint8), torch.arange(8), [f"k{i}" for i in range(8)])
+    with pytest.raises(
+        DataError,
+        match=r"takes every image of class k0 \(1\), k1 \(1\), k2 \(1\), k3 \(1\), k4 \(1\) "
+        r"and 3 more, leaving none",
+    ):
+        carve(many, "train", minival=8)

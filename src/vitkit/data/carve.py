@@ -14,6 +14,8 @@ one (nested, as the paper's JFT subsets are), and the minival never overlaps any
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..errors import DataError
@@ -73,6 +75,13 @@ def balanced_quota(available: list[int], total: int) -> list[int]:
     return quota
 
 
+def _named(train: Dataset, available: list[int], which: Callable[[int], bool]) -> str:
+    """The first few classes ``which`` picks, by name, with their number of images."""
+    picked = [c for c in range(len(available)) if which(c)]
+    listed = ", ".join(f"{train.classes[c]} ({available[c]})" for c in picked[:5])
+    return listed + (f" and {len(picked) - 5} more" if len(picked) > 5 else "")
+
+
 def carve(train: Dataset, split: str, minival: float = 0, subset: float | None = None, seed: int = 0) -> Dataset:
     """The ``split`` ("minival", or "train") carved out of the training split ``train``.
 
@@ -83,9 +92,21 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
     k = train.num_classes
     orders = class_orders(labels, k, seed)
     n_val = image_count(minival, len(train), "minival")
-    val_quota = balanced_quota([len(o) for o in orders], n_val) if n_val else [0] * k
+    if n_val > len(train):
+        raise DataError(f"{train.name}: data.minival of {n_val} images is more than its {len(train)} images")
+    available = [len(o) for o in orders]
+    val_quota = balanced_quota(available, n_val) if n_val else [0] * k
     if n_val and min(val_quota) == 0:
-        raise DataError(f"{train.name}: data.minival of {n_val} images leaves some of its {k} classes without one")
+        if n_val < k:
+            raise DataError(f"{train.name}: data.minival of {n_val} images cannot hold one of each of its {k} classes")
+        raise DataError(f"{train.name}: no images of class {_named(train, available, lambda c: available[c] == 0)}")
+    emptied = [c for c in range(k) if val_quota[c] and val_quota[c] == available[c]]
+    if emptied:
+        raise DataError(
+            f"{train.name}: data.minival of {n_val} images takes every image of class "
+            f"{_named(train, available, lambda c: c in emptied)}, leaving none to train on; lower data.minival "
+            "or add images"
+        )
     if split == MINIVAL:
         if not n_val:
             raise DataError(f"{train.name}: split 'minival' needs data.minival, the number of images to hold out")

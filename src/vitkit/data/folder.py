@@ -3,6 +3,10 @@
 A tree has one sub-folder per class (``root/<class>/**/<image>``), either once, in which case a
 deterministic fraction of every class is held out for validation, or as ``root/train/`` plus
 ``root/val/`` (or ``root/test/``).
+
+A classifier needs two classes at least: a tree of one class folder (all images in
+``root/images/``, say) would train to 100% and score 100% while learning nothing, so it is
+refused, as is a class folder of the training tree that holds no image.
 """
 
 from __future__ import annotations
@@ -67,6 +71,11 @@ class ImageFolder(StreamingDataset):
     Otherwise every class folder directly under ``root`` is split: ``val_fraction`` of each class
     (chosen by a hash of the path and ``split_seed``) is "val" (and "test"), the rest "train".
     Class names are the folder names of the training tree, sorted; labels index them.
+
+    ``min_classes`` (default 2, what a classifier needs): a tree with fewer class folders is a
+    :class:`DataError` naming it and the class found; 1 allows a single folder (for features).
+    Every class folder of the training tree must hold an image (a class without one could never
+    be learnt); a class missing from ``val/`` or ``test/`` only has no score there.
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class ImageFolder(StreamingDataset):
         val_fraction: float = 0.1,
         split_seed: int = 0,
         extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+        min_classes: int = 2,
     ) -> None:
         root = Path(root)
         super().__init__(load_size, mode, resize, name=f"{root.name or root}/{split}")
@@ -111,9 +121,21 @@ class ImageFolder(StreamingDataset):
             held_out = split != "train"
         if not self.classes:
             raise DataError(f"{tree}: no class sub-folders (expected {tree}/<class>/<image>)")
+        train_tree = root / "train" if held_out is None else root
+        if len(self.classes) < min_classes:
+            found = "one class folder" if len(self.classes) == 1 else f"{len(self.classes)} class folders"
+            raise DataError(
+                f"{train_tree}: {found} ({', '.join(self.classes)}); a classifier needs {min_classes} classes "
+                f"at least, one sub-folder each ({train_tree}/<class>/<image>)"
+            )
         self.samples: list[tuple[str, int]] = []
         for label, cls in enumerate(self.classes):
             paths = _images_under(tree / cls, extensions) if (tree / cls).is_dir() else []
+            if not paths and tree == train_tree:
+                raise DataError(
+                    f"{tree / cls}: a class folder with no images ({', '.join(extensions)}); add images or "
+                    "remove the folder"
+                )
             if held_out is not None:
                 val = _held_out(paths, root, val_fraction, split_seed)
                 paths = [p for p in paths if (p in val) == held_out]
