@@ -420,6 +420,30 @@ def test_resume_skips_a_checkpoint_with_nonfinite_weights(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("other", "why"),
+    [
+        ({"model__overrides__width": 48}, "another model: "),  # another width
+        ({"model__overrides__depth": 2}, "is not this model's"),  # another depth
+        (
+            {"model__overrides__mlp_dim": 32},
+            "another model: blocks.0.mlp.fc1.weight is (32, 32), this model's (64, 32)",
+        ),
+    ],
+)
+def test_resume_skips_a_checkpoint_of_another_run(tmp_path, other, why):
+    train(tiny(), tmp_path / "run")
+    train(tiny(**other), tmp_path / "other")
+    theirs = list_checkpoints(tmp_path / "other" / "checkpoints")[-1]
+    copied = tmp_path / "run" / "checkpoints" / "step_0000006.safetensors"
+    copied.write_bytes(theirs.read_bytes())  # a newer step, of another model
+    messages = Messages()
+    result = train(tiny(train__steps=4), tmp_path / "run", messages)
+    assert result.resumed_from == 4
+    assert messages.lines[0].startswith("skipped checkpoint step_0000006.safetensors (another model: ")
+    assert why in messages.lines[0], messages.lines[0]
+
+
 def test_resume_skips_a_checkpoint_with_a_changed_value(tmp_path):
     """A flipped bit in a weight leaves a file that parses and is finite: the CRC32 table written
     with it catches the change, and the run resumes from the checkpoint before."""

@@ -391,10 +391,11 @@ class Trainer:
         if not list_checkpoints(self.out / "checkpoints"):
             return
         skipped: list[str] = []
-        loaded = latest_loadable(self.out / "checkpoints", skipped)
+        shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+        loaded = latest_loadable(self.out / "checkpoints", skipped, shapes)
         if loaded is None:
             raise TrainingError(
-                f"{self.out / 'checkpoints'}: no checkpoint reads back with finite weights "
+                f"{self.out / 'checkpoints'}: no checkpoint of this model reads back with finite weights "
                 f"({'; '.join(skipped[:3])}); cannot resume. Move the folder away to start afresh"
             )
         if skipped:

@@ -178,9 +178,36 @@ def nonfinite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
     return [k for (k, _), ok in zip(named, finite) if not ok]
 
 
-def latest_loadable(folder: Path, skipped: list[str] | None = None) -> LoadedTrainState | None:
-    """The newest checkpoint that reads back with finite weights; the others are skipped, each
-    noted in ``skipped`` as "NAME (why)" for the caller to report."""
+def _other_model(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """How a checkpoint's weights differ from the model's names and shapes, or None if they match."""
+    missing = [k for k in shapes if k not in state]
+    if missing:
+        return f"another model: no {missing[0]}"
+    extra = [k for k in state if k not in shapes]
+    if extra:
+        return f"another model: {extra[0]} is not this model's"
+    for k, shape in shapes.items():
+        if tuple(state[k].shape) != tuple(shape):
+            return f"another model: {k} is {tuple(state[k].shape)}, this model's {tuple(shape)}"
+    return None
+
+
+def latest_loadable(
+    folder: Path, skipped: list[str] | None = None, shapes: dict[str, tuple[int, ...]] | None = None
+) -> LoadedTrainState | None:
+    """The newest checkpoint that reads back with finite weights (and, given ``shapes``, the
+    parameter names and shapes of the model it resumes: a checkpoint of another run, another
+    width, say, copied into the folder); the others are skipped, each noted in ``skipped`` as
+    "NAME (why)" for the caller to report.
+
+    Args:
+        folder: the run's ``checkpoints/``.
+        skipped: a list to note the skipped checkpoints in.
+        shapes: the model's state names and shapes (None: not checked).
+
+    Returns:
+        The loaded checkpoint, or None when none qualifies.
+    """
     for path in reversed(list_checkpoints(folder)):
         try:
             loaded = load_train_state(path)
@@ -190,9 +217,10 @@ def latest_loadable(folder: Path, skipped: list[str] | None = None) -> LoadedTra
             bad = nonfinite_names(loaded.model_state) + nonfinite_names(loaded.ema_state or {})
             optim = loaded.optim_state["state"]
             bad += nonfinite_names({f"optimizer {fqn}/{k}": v for fqn, st in optim.items() for k, v in st.items()})
-            if not bad:
+            other = _other_model(loaded.model_state, shapes) if shapes is not None else None
+            if not bad and other is None:
                 return loaded
-            why = f"non-finite values in {', '.join(bad[:3])}"
+            why = other or f"non-finite values in {', '.join(bad[:3])}"
         if skipped is not None:
             skipped.append(f"{path.name} ({why})")
     return None
