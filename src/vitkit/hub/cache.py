@@ -7,7 +7,8 @@
   official and AugReg releases, ``gs://`` paths), for machines behind a proxy or air-gapped
   networks: ``https://storage.googleapis.com/B/P`` is fetched from ``$VITKIT_MIRROR/B/P``. The
   cache keeps the original address, so a file is the same wherever it came from.
-- ``VITKIT_DOWNLOAD_TIMEOUT``: seconds without an answer before a download is abandoned (30).
+- ``VITKIT_DOWNLOAD_TIMEOUT``: seconds without an answer before a download is abandoned (30; from
+  0.1 to 3600).
 - The Hugging Face hub keeps its own cache, as ``huggingface_hub`` places it (``HF_HUB_CACHE``,
   else ``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``); ``HF_HUB_OFFLINE=1`` keeps the
   hub offline. Both are read on every call, not once at import, so a process can change them.
@@ -15,6 +16,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import urllib.parse
 from pathlib import Path
@@ -24,6 +27,8 @@ from ..files import slug
 
 GCS = "https://storage.googleapis.com"
 DEFAULT_TIMEOUT = 30.0
+MIN_TIMEOUT = 0.1  # seconds; less gives up on a server that is merely busy
+MAX_TIMEOUT = 3600.0  # an hour without a byte is a server that will not answer
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -60,17 +65,47 @@ def hf_offline() -> bool:
 
 
 def timeout() -> float:
-    """Seconds a download may wait for the server (``VITKIT_DOWNLOAD_TIMEOUT``, default 30)."""
+    """Seconds a download may wait for the server: ``VITKIT_DOWNLOAD_TIMEOUT``, default 30.
+
+    Returns:
+        The value, checked by :func:`check_timeout`.
+
+    Raises:
+        UsageError: the variable is not a number of seconds in the allowed range.
+    """
     text = os.environ.get("VITKIT_DOWNLOAD_TIMEOUT", "").strip()
     if not text:
         return DEFAULT_TIMEOUT
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(f"VITKIT_DOWNLOAD_TIMEOUT must be a positive number of seconds, got {text!r}")
-    return value
+        value = math.nan
+    return check_timeout(value, "VITKIT_DOWNLOAD_TIMEOUT", text)
+
+
+def check_timeout(value: float, name: str = "timeout", given: str | None = None) -> float:
+    """``value`` if it is a finite number of seconds from ``MIN_TIMEOUT`` to ``MAX_TIMEOUT``.
+
+    Args:
+        value: seconds.
+        name: what the error calls the setting (an environment variable, an argument).
+        given: the text the value was read from, quoted in the error (default: ``value``).
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        UsageError: one line naming ``name``, the allowed range and what was given (infinity,
+            NaN, zero, negative or huge values are all refused).
+    """
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and MIN_TIMEOUT <= seconds <= MAX_TIMEOUT):
+        shown = given if given is not None else value
+        raise UsageError(f"{name} must be a number of seconds from {MIN_TIMEOUT:g} to {MAX_TIMEOUT:g}, got {shown!r}")
+    return seconds
 
 
 def https_address(url: str) -> str:
@@ -93,9 +128,52 @@ def fetch_address(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
+def file_name(url: str) -> str:
+    """The last part of the address's path, without its query string or fragment: what names the
+    file and its format (``https://h/w.npz?token=abc#x`` -> ``w.npz``).
+
+    Args:
+        url: an ``http(s)://`` or ``gs://`` address.
+
+    Returns:
+        The file name as the server's path gives it (percent-decoded); ``""`` if the path ends in ``/``.
+    """
+    path = urllib.parse.urlsplit(https_address(url)).path
+    return urllib.parse.unquote(path.rsplit("/", 1)[-1])
+
+
+def weight_suffix(url: str) -> str:
+    """The lower-cased suffix of :func:`file_name` (``.npz``, ``.safetensors``...; ``""`` if none),
+    which tells the weight format of a download.
+
+    Args:
+        url: an ``http(s)://`` or ``gs://`` address.
+
+    Returns:
+        The suffix, with its dot.
+    """
+    return Path(file_name(url)).suffix.lower()
+
+
 def cache_path(url: str) -> Path:
     """Where the file from ``url`` is kept: ``CACHE/HOST/PATH``, each part a safe file name (no
-    ``..``), a query string folded into the file name."""
+    ``..``).
+
+    A query string is part of the address a file is kept for (two presigned links to different
+    files are two entries), folded into the name before its suffix as a digest
+    (``w.npz?token=abc`` -> ``w_q1a2b3c4d5e6f.npz``), so the suffix still tells the format and no
+    token is written into a file name. A fragment (``#...``) is never sent to the server and is
+    left out.
+
+    Args:
+        url: an ``http(s)://`` or ``gs://`` address.
+
+    Returns:
+        The cache file for it.
+
+    Raises:
+        UsageError: not such an address, or one that names no file.
+    """
     parts = urllib.parse.urlsplit(https_address(url))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"{url}: not an http(s):// or gs:// address")
@@ -103,17 +181,22 @@ def cache_path(url: str) -> Path:
     if not names:
         raise UsageError(f"{url}: the address names no file")
     if parts.query:
-        names[-1] = f"{names[-1]}_{slug(parts.query)}"
+        last = Path(names[-1])
+        digest = hashlib.sha256(parts.query.encode()).hexdigest()[:12]
+        names[-1] = f"{last.stem}_q{digest}{last.suffix}"
     return cache_dir().joinpath(slug(parts.netloc.lower(), "host"), *names)
 
 
 __all__ = [
     "cache_dir",
     "cache_path",
+    "check_timeout",
     "fetch_address",
+    "file_name",
     "hf_cache_dir",
     "hf_offline",
     "https_address",
     "offline",
     "timeout",
+    "weight_suffix",
 ]
