@@ -1,12 +1,14 @@
-"""Issue #14's adversarial pass as a script: careless and hostile inputs to every command, each run
-as a user would (``python -m vitkit ...`` in a fresh process, a time limit), and the outcome
-counted: success where success is right, one clear error line where an error is right, or a
-traceback, a hang (over the limit) or a wrong success.
+"""An adversarial pass as a script: careless and hostile inputs to every command, each run as a
+user would (``python -m vitkit ...`` in a fresh process, a time limit), and the outcome counted:
+success where success is right, one clear error line where an error is right, or a traceback, a
+hang (over the limit) or a wrong success.
 
     python benchmarks/adversarial.py [--json benchmarks/out/adversarial.json] [--timeout 90]
 
-The cases follow the classes of the issue (hangs, silent corruption, resume and faults, small
-files that cost a lot, validation at the door) and reuse its tiny model. A real full disk needs a
+The cases follow classes of failure (hangs, silent corruption, resume and faults, small files
+that cost a lot, validation at the door, run folders, the download cache, values without bounds,
+hostile recipes and files, wrong data) and share one tiny model. The download cases serve files
+from a local HTTP server on 127.0.0.1. A real full disk needs a
 small tmpfs (root with mount rights); without one that case is left out and said so. Run it alone:
 each case starts torch (a few seconds), about 90 cases in all.
 """
@@ -54,6 +56,8 @@ class Case:
     check: Callable[[Path], str | None] | None = None  # what is wrong after an "ok", or None
     before: Callable[[Path], None] | None = None
     after: Callable[[Path], None] | None = None
+    env: dict[str, str] | None = None  # added to the environment (formatted like argv)
+    output: Callable[[str], str | None] | None = None  # what is wrong in stdout + stderr, or None
 
 
 def _same_config(a: str, b: str, keys: tuple[str, ...]) -> Callable[[Path], str | None]:
@@ -148,6 +152,107 @@ def workspace(d: Path) -> None:
     vitkit.save_checkpoint(three.__class__(three.cfg.replace(num_classes=3)), d / "three.safetensors")
     (d / "bad.yaml").write_text("train: {steps: [1, 2}\n")
     (d / "list.yaml").write_text("- a\n- b\n")
+    hostile_files(d, tensors, meta)
+
+
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
+
+
+def hostile_files(d: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Recipes, weight files, images and folders of the later classes."""
+    (d / "laughs.yaml").write_text(LAUGHS)
+    (d / "deep.yaml").write_text("train: {steps: " + "[" * 5000 + "]" * 5000 + "}\n")
+    (d / "python.yaml").write_text("train: !!python/object/apply:os.system ['echo owned']\n")
+    (d / "latin1.yaml").write_bytes("description: caf\xe9\n".encode("latin-1"))
+    # folders that are not run folders
+    (d / "notes").mkdir()
+    (d / "notes" / "thesis.tex").write_text("years of work")
+    # weight files with hostile metadata
+    names = [f"class_{i}" for i in range(10)]  # the synthetic data's, which the tiny run learnt
+    for name, change in (
+        ("escape.safetensors", {"classes": ["\x1b[2J\x1b[31mvitkit: error: forged", *names[1:]]}),
+        ("crop.safetensors", {"crop_pct": 1e-9}),
+        ("reversed.safetensors", {"classes": names[::-1]}),
+    ):
+        save_file(tensors, str(d / name), metadata=_with_meta(meta, change))
+    # a .bin of a few MB that inflates to 1 GiB
+    with zipfile.ZipFile(d / "bomb.bin", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        with z.open("archive/data/0", "w", force_zip64=True) as f:
+            chunk = bytes(1 << 24)
+            for _ in range(64):
+                f.write(chunk)
+    # images deeper than 8 bits, and folders of one class, of other class names
+    grey16 = np.full((32, 32), 32768, dtype=np.uint16)
+    Image.fromarray(grey16).save(d / "grey16.png")
+    Image.fromarray(np.full((32, 32), 0.5, dtype=np.float32)).save(d / "greyf.tiff")
+    rng = np.random.default_rng(1)
+    (d / "one" / "only").mkdir(parents=True)
+    for i in range(20):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(d / "one" / "only" / f"{i}.png")
+    for c in ("dog", "cat"):
+        (d / "renamed" / "val" / c).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
+                d / "renamed" / "val" / c / f"{i}.png"
+            )
+    # files a local server hands out: an HTML page, a body cut short, a file behind a query string
+    web = d / "web"
+    web.mkdir()
+    (web / "page.safetensors").write_text("<!DOCTYPE html><html><body>Sign in to continue</body></html>")
+    (web / "short.safetensors").write_bytes((d / "r" / "best.safetensors").read_bytes()[:5000])
+    (web / "good.safetensors").write_bytes((d / "r" / "best.safetensors").read_bytes())
+
+
+def _with_meta(meta: dict[str, str], change: dict[str, object]) -> dict[str, str]:
+    """vitkit's metadata with ``classes`` replaced or a ``preprocessing`` value set."""
+    out = dict(meta)
+    for key, value in change.items():
+        if key == "classes":
+            out["classes"] = json.dumps(value)
+        else:
+            pre = json.loads(out.get("preprocessing", "{}"))
+            pre[key] = value
+            out["preprocessing"] = json.dumps(pre)
+    return out
+
+
+class _Server:
+    """A local HTTP server for the download cases: files of ``root``; ``/cut/NAME`` sends NAME
+    without its last half and without a Content-Length."""
+
+    def __init__(self, root: Path) -> None:
+        import functools
+        import http.server
+        import threading
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/cut/"):
+                    data = (root / self.path[5:].split("?")[0]).read_bytes()
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    return
+                self.path = self.path.split("?")[0]
+                super().do_GET()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        handler = functools.partial(Handler, directory=str(root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def _no_escapes(text: str) -> str | None:
+    return "an escape sequence from the file reached the terminal" if "\x1b" in text else None
 
 
 def _torn_log(d: Path) -> None:
@@ -376,6 +481,102 @@ def cases() -> list[Case]:
         "models no_such_model",
     ]:
         add(g, argv.replace("{d}/", ""), argv)
+
+    g = "run folders"
+    add(g, "train into a folder of other files", f"{TRAIN} --out {{d}}/notes")
+    add(g, "train into /", f"{TRAIN} --out /")
+    add(g, "train with an empty --out", f"{TRAIN} --out ''")
+    add(g, "train into a file", f"{TRAIN} --out {{d}}/a_file")
+    add(
+        g,
+        "--set train.patch_drop=0 on the demo recipe",
+        "train --config fmnist_vit --set train.patch_drop=0 "
+        "--data synthetic --set data.options.img_size=28 --set data.options.in_chans=1 --steps 1 --batch-size 8 "
+        "--eval-every 0 --out {d}/pd0",
+        "ok",
+    )
+
+    g = "download cache"
+    web = {"VITKIT_OFFLINE": "", "VITKIT_CACHE": "{d}/cache"}
+    add(g, "an HTML page served with 200", "predict http://127.0.0.1:{port}/page.safetensors {d}/img.png", env=web)
+    add(
+        g,
+        "the same address again (nothing cached)",
+        "predict http://127.0.0.1:{port}/page.safetensors {d}/img.png",
+        env=web,
+        check=lambda d: "the page was cached" if list((d / "cache").rglob("page*")) else None,
+    )
+    add(
+        g,
+        "a Content-Length longer than the body",
+        "predict http://127.0.0.1:{port}/short.safetensors {d}/img.png",
+        env=web,
+    )
+    add(
+        g,
+        "a body cut short without a Content-Length",
+        "predict http://127.0.0.1:{port}/cut/good.safetensors {d}/img.png",
+        env=web,
+    )
+    add(
+        g,
+        "a presigned address (a query string)",
+        "predict 'http://127.0.0.1:{port}/good.safetensors?token=abc&x=1' {d}/img.png",
+        "ok",
+        env=web,
+    )
+    add(
+        g,
+        "VITKIT_DOWNLOAD_TIMEOUT=inf",
+        "predict http://127.0.0.1:{port}/good.safetensors {d}/img.png",
+        env={**web, "VITKIT_DOWNLOAD_TIMEOUT": "inf"},
+    )
+
+    g = "values without bounds"
+    for key, v in [
+        ("model.overrides.width", "1000000000"),
+        ("model.overrides.mlp_dim", "100000000"),
+        ("model.overrides.depth", "100000"),
+        ("model.overrides.num_classes", "1000000000"),
+        ("augment.erase_count", "1000000000"),
+        ("train.batch_size", "1000000000000"),
+    ]:
+        add(g, f"--set {key}={v}", f"{TRAIN} --set {key}={v} --out {{d}}/v")
+    for argv in [
+        "fewshot {d}/r --data synthetic --seeds 1000000000",
+        "bench --model vit_ti16 --batch 1000000000",
+        "bench --model vit_b16 --batch 100000",
+        "models --num-classes 100000000000",
+        "train --data synthetic-{{0..999999999}}.tar --out {d}/v",
+        "predict {d}/crop.safetensors {d}/img.png",
+    ]:
+        add(g, argv.replace("{d}/", ""), argv)
+    add(g, "vitkit models (every model, table only)", "models", "ok")
+
+    g = "hostile recipes"
+    add(g, "a recipe of expanding aliases", "train --config {d}/laughs.yaml --out {d}/v")
+    add(g, "... in --set", f"{TRAIN} --set 'description=[*a]' --out {{d}}/v")
+    add(g, "a recipe nested 5000 deep", "train --config {d}/deep.yaml --out {d}/v")
+    add(g, "a !!python tag in a recipe", "train --config {d}/python.yaml --out {d}/v")
+    add(g, "a !!python tag in --set", f"{TRAIN} --set 'train=!!python/name:os.system' --out {{d}}/v")
+    add(g, "a YAML syntax error in --set", f"{TRAIN} --set 'train={{steps: [1, 2}}' --out {{d}}/v")
+    add(g, "a recipe that is not UTF-8", "train --config {d}/latin1.yaml --out {d}/v")
+
+    g = "hostile files"
+    add(g, "class names with terminal escapes", "predict {d}/escape.safetensors {d}/img.png", "any", output=_no_escapes)
+    add(g, "a .bin that inflates to 1 GiB", "predict {d}/bomb.bin {d}/img.png")
+
+    g = "wrong data"
+    add(g, "train on a folder of one class", f"train --data {{d}}/one {T} --batch-size 4 --steps 2 --out {{d}}/w1")
+    add(g, "eval on a folder with other class names", "eval {d}/r --data {d}/othernames --split val")
+    add(
+        g,
+        "eval a model whose class names come in another order",
+        "eval {d}/reversed.safetensors --data {d}/renamed --split val",
+        "any",
+    )
+    add(g, "predict a 16-bit PNG", "predict {d}/r {d}/grey16.png", "ok")
+    add(g, "predict a float TIFF", "predict {d}/r {d}/greyf.tiff", "ok")
     return out
 
 
@@ -403,15 +604,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         workspace(d)
+        server = _Server(d / "web")
         for case in cases():
             if args.only and args.only not in case.group and args.only not in case.what:
                 continue
             if case.before is not None:
                 case.before(d)
-            argv = [sys.executable, "-m", "vitkit", *shlex.split(case.argv.format(d=d))]
+            argv = [sys.executable, "-m", "vitkit", *shlex.split(case.argv.format(d=d, port=server.port))]
+            case_env = {**env, **{k: v.format(d=d) for k, v in (case.env or {}).items()}}
             start = time.perf_counter()
             try:
-                proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(argv, env=case_env, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 proc = None
             seconds = time.perf_counter() - start
@@ -419,6 +622,8 @@ def main() -> None:
                 case.after(d)
             got = outcome(proc)
             wrong = case.check(d) if case.check is not None and got in ("ok", "one line") else None
+            if wrong is None and case.output is not None and proc is not None:
+                wrong = case.output(proc.stdout + proc.stderr)
             if case.expect == "ok":
                 good = got == "ok" and wrong is None
             elif case.expect == "any":  # success or a clear stop, as long as nothing wrong is left
@@ -438,6 +643,7 @@ def main() -> None:
             )
             mark = "ok " if good else "BAD"
             print(f"{mark} {got:10s} {seconds:5.1f}s  [{case.group}] {case.what}: {wrong or last}", flush=True)
+        server.close()
         tmpfs = _full_disk(d, env, args.timeout)
         if tmpfs is not None:
             rows.append(tmpfs)
