@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, UsageError
 from ..preprocessing import Preprocessing
-from . import cache
+from . import cache, verify
 from .download import Progress, download
 from .hf import PREFIX as HF_PREFIX
 from .hf import fetch_hub
@@ -57,11 +57,28 @@ def _names_weights(text: str) -> bool:
 def resolve(name_or_path: str | os.PathLike[str], *, progress: Progress | None = None) -> Resolved:
     """The local file for a path, name or address, downloading it into the cache if need be.
 
+    An address's format is the suffix of its file name, query string and fragment aside
+    (``https://h/w.npz?token=abc`` is an ``.npz`` file, fetched with its query); an address whose
+    name has no weight suffix is refused before anything is downloaded.
+
     An existing path, a :class:`~pathlib.Path`, or a string that looks like one (a folder
     separator, a leading ``.`` or ``~``, a weight suffix such as ``.npz``) and names nothing known
     is a path, as before names existed: a missing one is the reader's "no such file or folder"
     (with close names, if any). Any other unknown name is a :class:`~vitkit.errors.UsageError`
     suggesting close ones.
+
+    Args:
+        name_or_path: a file or folder, a known name, an ``hf-hub:`` id, a ``gs://`` path or an
+            ``http(s)://`` address.
+        progress: called with (bytes so far, total or None) during a download.
+
+    Returns:
+        The file on disk, with what the name says about it.
+
+    Raises:
+        DownloadError: a download that failed or was refused, or a cached file that fails its
+            checks (naming the cache file).
+        UsageError: an unknown name, or an address whose file name has no weight suffix.
     """
     text = os.fspath(name_or_path)
     if not isinstance(name_or_path, str) or Path(text).exists():
@@ -80,9 +97,24 @@ def resolve(name_or_path: str | os.PathLike[str], *, progress: Progress | None =
     if url.startswith(HF_PREFIX):
         files = fetch_hub(url)
         return Resolved(files.weights, text, url, entry, model or files.model, files.preprocessing or pre)
+    if cache.weight_suffix(url) not in verify.SUFFIXES:
+        raise UsageError(
+            f"{url}: the file name {cache.file_name(url)!r} does not end in {', '.join(verify.SUFFIXES)}, "
+            "which tells the weight format; nothing was downloaded"
+        )
     sha256, size = (entry.sha256, entry.size) if entry is not None else (None, None)
     path = download(url, cache.cache_path(url), sha256=sha256, size=size, progress=progress)
     return Resolved(path, text, cache.https_address(url), entry, model, pre)
+
+
+def _cached_note(target: Resolved) -> str:
+    """What an error about a downloaded file adds: which cache it is in, and how to refresh it."""
+    if target.address is not None and target.address.startswith(HF_PREFIX):
+        return (
+            f"the file is in the Hugging Face cache for {target.address}: if it is damaged, delete "
+            f"{target.path.resolve()} to download it again"
+        )
+    return f"the file is the cached copy of {target.address}: if it is damaged, delete it to download it again"
 
 
 def load_pretrained(
@@ -109,7 +141,10 @@ def load_pretrained(
     options = {"pos_embed_mode": pos_embed_mode, "num_heads": num_heads, "allow_nonfinite": allow_nonfinite}
     if target.name is None:
         return load_file(target.path, name, **options, **overrides)
-    model = load_file(target.path, name or target.model, **options, **overrides)
+    try:
+        model = load_file(target.path, name or target.model, **options, **overrides)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e} ({_cached_note(target)})") from None
     if target.preprocessing is not None:
         model.preprocessing = dataclasses.replace(target.preprocessing, img_size=tuple(model.cfg.img_size))
     model.load_report.name = target.name
