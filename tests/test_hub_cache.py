@@ -313,7 +313,7 @@ def test_a_query_string_address_refused_names_its_cache_file(server):
 
 def test_an_address_without_a_weight_suffix_is_refused_before_downloading(server):
     for url in (f"{server.base}/download?file=w.npz", f"{server.base}/weights/latest", f"{server.base}/w.ckpt?x=1"):
-        with pytest.raises(UsageError, match=r"does not end in \.npz, \.safetensors, \.bin, \.pth, \.pt"):
+        with pytest.raises(UsageError, match=r"ends in none of \.npz, \.safetensors, \.bin, \.pth, \.pt, the suffixes"):
             vitkit.load_pretrained(url)
     assert not server.requests
 

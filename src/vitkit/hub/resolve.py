@@ -99,8 +99,8 @@ def resolve(name_or_path: str | os.PathLike[str], *, progress: Progress | None =
         return Resolved(files.weights, text, url, entry, model or files.model, files.preprocessing or pre)
     if cache.weight_suffix(url) not in verify.SUFFIXES:
         raise UsageError(
-            f"{url}: the file name {cache.file_name(url)!r} does not end in {', '.join(verify.SUFFIXES)}, "
-            "which tells the weight format; nothing was downloaded"
+            f"{url}: the file name {cache.file_name(url)!r} ends in none of {', '.join(verify.SUFFIXES)}, "
+            "the suffixes that tell the weight format; nothing was downloaded"
         )
     sha256, size = (entry.sha256, entry.size) if entry is not None else (None, None)
     path = download(url, cache.cache_path(url), sha256=sha256, size=size, progress=progress)

@@ -58,7 +58,6 @@ def text_body(path: Path, content_type: str | None = None) -> str | None:
         head = f.read(_HEAD)
     if not head:
         return "the server sent an empty body, not weights"
-    sample = head.lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 byte order mark, white space
     if b"\0" in head:
         return None
     try:
@@ -72,7 +71,7 @@ def text_body(path: Path, content_type: str | None = None) -> str | None:
     kind = (content_type or "").split(";")[0].strip().lower()
     said = f"Content-Type {kind}; " if kind else ""
     quoted = _quote(text)
-    if sample[:1] == b"<" or kind in ("text/html", "application/xhtml+xml"):
+    if text.lstrip("\ufeff \t\r\n").startswith("<") or kind in ("text/html", "application/xhtml+xml"):
         return f"the server sent a web page, not weights ({said}it begins {quoted})"
     return f"the server sent text, not weights ({said}it begins {quoted})"
 
