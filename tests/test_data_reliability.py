@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import struct
 import tarfile
 import time
@@ -16,10 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
+import vitkit
+from vitkit.cli import main
 from vitkit.data import ArrayDataset, ImageFolder, ShardDataset, build_dataset, carve, decode_image, expand_braces
 from vitkit.data.pixels import eight_bit
 from vitkit.data.shards import MAX_SHARD_NAMES, brace_count
-from vitkit.errors import DataError
+from vitkit.errors import DataError, UsageError
+from vitkit.eval import class_order, evaluate
 
 # -- 1. images deeper than 8 bits are scaled by their range, not clipped ---------------------------
 
@@ -388,3 +392,163 @@ def test_a_minival_names_the_classes_it_cannot_serve(tmp_path: Path) -> None:
         r"and 3 more, leaving none",
     ):
         carve(many, "train", minival=8)
+
+
+@pytest.mark.parametrize(
+    ("options", "listing", "source"),
+    [
+        ({}, None, "the largest label in"),
+        ({"num_classes": 1}, None, "the num_classes option"),
+        ({"classes": ["cat"]}, None, "the classes option"),
+        ({}, "cat\n", "classes.txt"),
+    ],
+)
+def test_shards_of_one_class_are_refused_saying_where_it_came_from(tmp_path: Path, options, listing, source) -> None:
+    _shard(tmp_path / "train-000.tar", n=1)  # one sample, label 0
+    if listing is not None:
+        (tmp_path / "classes.txt").write_text(listing)
+    with pytest.raises(DataError) as e:
+        ShardDataset(str(tmp_path / "train-000.tar"), **options)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path.name}/train: 1 class (") and source in msg, msg
+    assert msg.endswith(
+        "a classifier needs 2 classes at least: write classes.txt next to the shards or pass num_classes"
+    )
+
+
+# -- 2. eval matches the model's outputs to the data's classes by name ------------------------------
+
+VAL_COUNTS = {"cat": 2, "dog": 3, "eel": 5}
+
+
+def _always_first(path: Path, classes: list[str] | None, k: int = 3) -> Path:
+    """A tiny model whose every prediction is its output 0, saved with ``classes`` (None: no names)."""
+    model = vitkit.create_model(
+        "vit_ti16", img_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=k
+    )
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor([5.0] + [0.0] * (k - 1)))
+    extra = {"classes": json.dumps(classes)} if classes is not None else None
+    return vitkit.save_checkpoint(model, path, extra=extra)
+
+
+def _eval_tree(root: Path, classes: tuple[str, ...] = ("cat", "dog", "eel")) -> Path:
+    _folder(root / "train", dict.fromkeys(classes, 1))
+    _folder(root / "val", {c: VAL_COUNTS.get(c, 1) for c in classes})
+    return root
+
+
+def _eval(capsys, ckpt: Path, data: Path, tmp_path: Path, *extra: str) -> tuple[int, dict, str]:
+    out = tmp_path / "eval.json"
+    out.unlink(missing_ok=True)
+    argv = ["eval", str(ckpt), "--data", str(data), "--split", "val", "--precision", "fp32", "--out", str(tmp_path)]
+    rc = main([*argv, "--json", str(out), *extra])
+    err = capsys.readouterr().err.strip()
+    return rc, json.loads(out.read_text()) if rc == 0 else {}, err
+
+
+def test_names_in_the_same_order_score_as_before(tmp_path: Path, capsys) -> None:
+    data = _eval_tree(tmp_path / "pets")
+    rc, m, err = _eval(capsys, _always_first(tmp_path / "m.safetensors", ["cat", "dog", "eel"]), data, tmp_path)
+    assert rc == 0 and m["top1"] == 0.2 and m["classes_matched"] == "by position" and "note" not in err
+
+
+@pytest.mark.parametrize("stored", [["eel", "cat", "dog"], ["eel", "dog", "cat"]])
+def test_the_same_names_in_another_order_are_matched_by_name_and_said(tmp_path: Path, capsys, stored) -> None:
+    """The model always predicts its output 0, "eel": scored by name that is right for the 5 eels
+    of 10 images; scored by position it would be "cat", right for 2."""
+    data = _eval_tree(tmp_path / "pets")
+    ckpt = _always_first(tmp_path / "m.safetensors", stored)
+    rc, m, err = _eval(capsys, ckpt, data, tmp_path)
+    assert rc == 0 and m["top1"] == 0.5 and m["classes_matched"] == "by name"
+    assert m["classes"] == ["cat", "dog", "eel"] and [r["accuracy"] for r in m["per_class"]] == [0.0, 0.0, 1.0]
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"note: {ckpt} stores the classes of {data} val in another order")
+    rc, m, err = _eval(capsys, ckpt, data, tmp_path, "--ignore-class-names")
+    assert rc == 0 and m["top1"] == 0.2 and m["classes_matched"] == "by position" and "note" not in err
+
+
+@pytest.mark.parametrize(
+    ("stored", "differ"),
+    [
+        (["ant", "bee", "cow"], "only the model's: ant, bee, cow; only the data's: cat, dog, eel"),
+        (["cat", "dog", "emu"], "only the model's: emu; only the data's: eel"),
+        (["Cat", "dog", "eel"], "only the model's: Cat; only the data's: cat"),
+        (["cat", "cat", "eel"], "only the data's: dog"),
+    ],
+)
+def test_other_names_are_refused_naming_them(tmp_path: Path, capsys, stored, differ) -> None:
+    data = _eval_tree(tmp_path / "pets")
+    ckpt = _always_first(tmp_path / "m.safetensors", stored)
+    rc, _, err = _eval(capsys, ckpt, data, tmp_path)
+    assert rc == 2 and "\n" not in err
+    assert err.endswith(
+        f"{ckpt} was trained on other classes than {data} val ({differ}); "
+        "--ignore-class-names scores output i as the data's class i"
+    ), err
+    rc, m, _ = _eval(capsys, ckpt, data, tmp_path, "--ignore-class-names")
+    assert rc == 0 and m["top1"] == 0.2
+
+
+def test_many_other_names_are_cut_to_the_first_few(tmp_path: Path, capsys) -> None:
+    classes = tuple(f"c{i:02d}" for i in range(12))
+    data = _eval_tree(tmp_path / "many", classes)
+    ckpt = _always_first(tmp_path / "m.safetensors", [f"k{i:02d}" for i in range(12)], k=12)
+    rc, _, err = _eval(capsys, ckpt, data, tmp_path)
+    assert rc == 2 and "only the model's: k00, k01, k02, k03, k04 and 7 more; only the data's: c00, c01" in err
+
+
+def test_a_model_without_names_scores_by_position(tmp_path: Path, capsys) -> None:
+    data = _eval_tree(tmp_path / "pets")
+    rc, m, err = _eval(capsys, _always_first(tmp_path / "m.safetensors", None), data, tmp_path)
+    assert rc == 0 and m["top1"] == 0.2 and m["classes_matched"] == "by position" and "note" not in err
+
+
+def test_shards_that_name_no_classes_score_by_position_and_say_so(tmp_path: Path, capsys) -> None:
+    with tarfile.open(tmp_path / "val-000.tar", "w") as tar:
+        for i, label in enumerate([0, 0, 1, 2, 2, 2]):
+            _member(tar, f"{i:05d}.png", _encoded(Image.new("RGB", (8, 8), (30 * i, 0, 0)), "PNG"))
+            _member(tar, f"{i:05d}.cls", str(label).encode())
+    ckpt = _always_first(tmp_path / "m.safetensors", ["eel", "cat", "dog"])
+    out = tmp_path / "e.json"
+    argv = ["eval", str(ckpt), "--data", str(tmp_path / "{split}-000.tar"), "--split", "val", "--json", str(out)]
+    assert main([*argv, "--precision", "fp32", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert "names no classes (class_0... from its labels); output i of" in err and "scores label i" in err
+    assert json.loads(out.read_text())["top1"] == pytest.approx(2 / 6)
+
+
+def test_class_order_matches_names_and_refuses_others() -> None:
+    assert class_order(None, ["a", "b"]) == (None, None)
+    assert class_order(["a", "b"], ["a", "b"]) == (None, None)
+    assert class_order(["a", "b", "c"], ["a", "b"]) == (None, None)  # a count that differs: evaluate's to refuse
+    order, note = class_order(["c", "a", "b"], ["a", "b", "c"], model_name="m", data_name="d")
+    assert order == [1, 2, 0] and note.startswith("m stores the classes of d in another order (3 of 3")
+    with pytest.raises(
+        UsageError, match=r"^m was trained on other classes than d \(only the model's: x; only the data's: b\)$"
+    ):
+        class_order(["a", "x"], ["a", "b"], model_name="m", data_name="d")
+    with pytest.raises(UsageError, match=r"cannot be matched one to one with d's \(repeated: a, b\)"):
+        class_order(["a", "a", "b"], ["a", "b", "b"], data_name="d")
+
+
+def test_evaluate_scores_through_a_logit_order() -> None:
+    ds = ArrayDataset(torch.zeros(6, 3, 8, 8, dtype=torch.uint8), torch.tensor([0, 1, 1, 2, 2, 2]), ["a", "b", "c"])
+    model = vitkit.create_model(
+        "vit_ti16", img_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3
+    )
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor([5.0, 0.0, 0.0]))  # always output 0
+    assert evaluate(model, ds, batch_size=6)["top1"] == pytest.approx(1 / 6)
+    assert evaluate(model, ds, batch_size=6, logit_order=[1, 2, 0])["top1"] == pytest.approx(3 / 6)  # 0 scores "c"
+    with pytest.raises(UsageError, match="logit_order must order the 3 outputs"):
+        evaluate(model, ds, logit_order=[0, 0, 1])
+
+
+def test_eval_of_a_one_class_folder_is_one_line(tmp_path: Path, capsys) -> None:
+    _folder(tmp_path / "one" / "train", {"cat": 2})
+    _folder(tmp_path / "one" / "val", {"cat": 2})
+    rc, _, err = _eval(capsys, _always_first(tmp_path / "m.safetensors", None), tmp_path / "one", tmp_path)
+    assert rc == 2 and "\n" not in err and f"{tmp_path / 'one' / 'train'}: one class folder (cat)" in err

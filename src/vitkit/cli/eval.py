@@ -40,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test")
     p.add_argument("--max-images", type=count(1), default=None, help="a random subset of the split")
     p.add_argument("--out", default=None, help="folder for the confusion matrix (default: RUN/eval or ./eval_out)")
+    p.add_argument(
+        "--ignore-class-names",
+        action="store_true",
+        help="score output i as the data's class i, whatever class names the model stores (by default its "
+        "outputs are matched to the data's classes by name, and other names are refused)",
+    )
 
 
 def _served(model: Any, args: argparse.Namespace) -> Any:
@@ -59,6 +65,31 @@ def _served(model: Any, args: argparse.Namespace) -> Any:
     return served
 
 
+def _class_order(model: Any, dataset: Any, args: argparse.Namespace) -> list[int] | None:
+    """Which output of the model scores each of the data's classes: matched by the names the
+    checkpoint stores, unless it stores none, the data names none (shards without classes.txt)
+    or ``--ignore-class-names``; a reordering is said in one line, other names are refused."""
+    from ..eval import class_order, stored_class_names
+
+    stored = None if args.ignore_class_names else stored_class_names(model)
+    if stored is None:
+        return None
+    data = f"{args.data} {args.split}"
+    if not getattr(dataset, "classes_named", True):
+        if stored != list(dataset.classes):
+            print(
+                f"note: {data} names no classes ({dataset.classes[0]}... from its labels); output i of "
+                f"{args.ckpt} scores label i",
+                file=sys.stderr,
+            )
+        return None
+    hint = "--ignore-class-names scores output i as the data's class i"
+    order, note = class_order(stored, dataset.classes, model_name=str(args.ckpt), data_name=data, hint=hint)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return order
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -68,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     args.precision = chosen_precision(args.precision, args.device)  # auto: what this device computes fast
     model = load_model(args.ckpt, args.img_size)
     dataset = build_dataset(args.data, args.split)
+    order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
     if args.serve or precision == "int8":
         model, mode = _served(model, args), "served"
@@ -76,7 +108,14 @@ def run(args: argparse.Namespace) -> int:
         model, mode = torch.compile(model), f"{mode}, compiled"  # the throughput includes compiling
     with progress(f"eval {args.split}", size_of(dataset, args.max_images)) as update:
         m = evaluate(
-            model, dataset, args.batch_size, args.device, precision, max_images=args.max_images, progress=update
+            model,
+            dataset,
+            args.batch_size,
+            args.device,
+            precision,
+            max_images=args.max_images,
+            progress=update,
+            logit_order=order,
         )
 
     if m["skipped"]:
@@ -99,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
         payload = {**describe(model), "data": args.data, "split": args.split, "precision": args.precision}
         payload["mode"] = mode
+        payload["classes_matched"] = "by name" if order is not None else "by position"
         payload.update({k: v for k, v in m.items() if k != "confusion"})
         payload["confusion_json"] = str(json_path)
         payload["confusion_png"] = str(png_path) if png_path else None

@@ -450,6 +450,18 @@ class ShardDataset(StreamingDataset):
         self.shuffle_buffer = max(0, int(shuffle_buffer))
         self._read = _reader(reader)
         self.classes, self.classes_from = self._find_classes(classes, num_classes)
+        if len(self.classes) < 2:
+            raise DataError(
+                f"{self.name}: {len(self.classes)} class ({', '.join(self.classes) or 'none'}, from "
+                f"{self.classes_from}); a classifier needs 2 classes at least: write classes.txt next to the "
+                "shards or pass num_classes"
+            )
+
+    @property
+    def classes_named(self) -> bool:
+        """Whether the class names say what the classes are (from ``classes.txt`` or the classes
+        option), rather than ``class_<i>`` made up from a number of classes."""
+        return self.classes_from == "the classes option" or self.classes_from.endswith("classes.txt")
 
     def _find_classes(self, classes: Sequence[str] | None, num_classes: int | None) -> tuple[list[str], str]:
         if classes is not None:

@@ -6,6 +6,7 @@ commands (``vitkit.cli``) print them.
 """
 
 from .classify import (
+    class_order,
     classification_metrics,
     confusion_matrix,
     evaluate,
@@ -34,7 +35,7 @@ from .fewshot import (
     fewshot_needed_indices,
     ridge_closed_form,
 )
-from .predict import class_names, predict
+from .predict import class_names, predict, stored_class_names
 from .probe import DEFAULT_WD_GRID, DEFAULT_WEIGHT_DECAY, evaluate_probe, knn_eval, linear_probe
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "ModelOutputs",
     "RidgeEigen",
     "class_names",
+    "class_order",
     "classification_metrics",
     "confusion_matrix",
     "evaluate",
@@ -65,6 +67,7 @@ __all__ = [
     "predict",
     "ridge_closed_form",
     "served_model",
+    "stored_class_names",
     "topk_accuracy",
     "topk_hits",
     "write_confusion_matrix",

@@ -116,6 +116,66 @@ def metrics_from_counts(counts: torch.Tensor, classes: Sequence[str] | None = No
     }
 
 
+def _few(names: Sequence[str], most: int = 5) -> str:
+    """The first ``most`` of ``names`` for a message, with how many more there are."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def class_order(
+    model_classes: Sequence[str] | None,
+    data_classes: Sequence[str],
+    *,
+    model_name: str = "the model",
+    data_name: str = "the data",
+    hint: str = "",
+) -> tuple[list[int] | None, str | None]:
+    """Which output of a model scores each class of the data, matched by class name.
+
+    Args:
+        model_classes: the class names stored with the model, one per output (None: it stores none).
+        data_classes: the data's class names, one per label.
+        model_name: what to call the model in messages (its file).
+        data_name: what to call the data in messages.
+        hint: appended to the error, to say how to score by position instead.
+
+    Returns:
+        ``(order, note)``. ``order`` is None when output i scores label i: the model stores no
+        names, the names are the same in the same order, or their numbers differ (which
+        :func:`evaluate` refuses by count). Otherwise ``order[c]`` is the output that scores the
+        data's class ``c``, and ``note`` one line saying that the outputs are matched by name.
+
+    Raises:
+        UsageError: the model's names and the data's differ (or repeat, so that they cannot be
+            matched one to one); the message names the first few that differ.
+    """
+    if model_classes is None or len(model_classes) != len(data_classes) or list(model_classes) == list(data_classes):
+        return None, None
+    model_set, data_set = set(model_classes), set(data_classes)
+    if model_set == data_set and len(model_set) == len(model_classes) == len(data_classes):
+        index = {name: i for i, name in enumerate(model_classes)}
+        order = [index[name] for name in data_classes]
+        moved = sum(1 for c, i in enumerate(order) if c != i)
+        note = (
+            f"{model_name} stores the classes of {data_name} in another order ({moved} of {len(order)} "
+            "moved); its outputs are matched to them by name"
+        )
+        return order, note
+    only_model = [n for n in model_classes if n not in data_set]
+    only_data = [n for n in data_classes if n not in model_set]
+    if only_model or only_data:
+        differ = "; ".join(
+            f"{where}: {_few(names)}"
+            for where, names in (("only the model's", only_model), ("only the data's", only_data))
+            if names
+        )
+        what = f"other classes than {data_name} ({differ})"
+    else:
+        repeated = sorted({n for names in (model_classes, data_classes) for n in names if list(names).count(n) > 1})
+        what = f"class names that cannot be matched one to one with {data_name}'s (repeated: {_few(repeated)})"
+    raise UsageError(f"{model_name} was trained on {what}" + (f"; {hint}" if hint else ""))
+
+
 def evaluate(
     model: nn.Module,
     dataset: Dataset,
@@ -126,6 +186,7 @@ def evaluate(
     max_images: int | None = None,
     progress: Callable[[int], None] | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    logit_order: Sequence[int] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Classify ``dataset`` with ``model``'s head and score it.
@@ -140,6 +201,9 @@ def evaluate(
     Several processes (``rank``, ``world_size`` in ``options``) each score their share;
     ``reduce`` sums :func:`classification_counts` over them (an all-reduce), so every process
     returns the metrics of the whole split. ``options`` go to :func:`model_outputs`.
+
+    ``logit_order``: the output that scores each of the dataset's classes, as :func:`class_order`
+    matches them by name (None: output i scores class i). The metrics are in the dataset's order.
     """
     if getattr(model, "num_classes", None) == 0:
         raise UsageError("the model has no classification head (num_classes=0); use few-shot or a linear probe")
@@ -149,6 +213,8 @@ def evaluate(
             f"the model predicts {k_model} classes but {dataset.name} has {dataset.num_classes}; "
             "fine-tune it on this data, or use few-shot or a linear probe"
         )
+    if logit_order is not None and sorted(logit_order) != list(range(dataset.num_classes)):
+        raise UsageError(f"logit_order must order the {dataset.num_classes} outputs, got {list(logit_order)[:10]}")
     skips = getattr(dataset, "skips", None)
     before = (skips.skipped, len(skips.examples)) if skips is not None else (0, 0)
     res = model_outputs(
@@ -160,11 +226,12 @@ def evaluate(
         raise UsageError(f"{dataset.name}: no images to evaluate on any of the processes")
     if scored and res.outputs.shape[1] != dataset.num_classes:
         raise UsageError(f"the model gives {res.outputs.shape[1]} logits but {dataset.name} has {dataset.num_classes}")
+    outputs = res.outputs if logit_order is None or not scored else res.outputs[:, list(logit_order)]
     k = dataset.num_classes
-    counts = classification_counts(res.outputs, res.labels) if scored else torch.zeros(k * k + 2, dtype=torch.int64)
+    counts = classification_counts(outputs, res.labels) if scored else torch.zeros(k * k + 2, dtype=torch.int64)
     skipped = skips.skipped - before[0] if skips is not None else 0
     examples = list(skips.examples[before[1] :]) if skips is not None else []
-    nonfinite = int((~torch.isfinite(res.outputs).all(dim=1)).sum())
+    nonfinite = int((~torch.isfinite(outputs).all(dim=1)).sum())
     if reduce is not None:  # every process reduces the same tensors, so all of them raise or none
         counts = reduce(counts)
         skipped, nonfinite = (int(v) for v in reduce(torch.tensor([skipped, nonfinite], dtype=torch.int64)))

@@ -13,27 +13,48 @@ from ..errors import CheckpointError, UsageError
 from .features import autocast
 
 
-def class_names(model: nn.Module) -> list[str]:
-    """The class names a loaded model was trained with: those stored with a vitkit checkpoint
-    (metadata key "classes", written by training), else the class indices as strings."""
+def stored_class_names(model: nn.Module) -> list[str] | None:
+    """The class names stored with the checkpoint a model was loaded from, or None.
+
+    Args:
+        model: a model loaded by vitkit (its ``load_report`` names the file).
+
+    Returns:
+        The names of a vitkit checkpoint's metadata key "classes" (written by training), one per
+        output of the head; None for a model that was not loaded from a file, a file that stores
+        none, or names that do not fit the head.
+    """
     from ..checkpoint import resolve_checkpoint
     from ..checkpoint.io import read_safetensors_metadata
 
     k = int(getattr(model, "num_classes", 0) or 0)
-    fallback = [str(i) for i in range(k)]
     report = getattr(model, "load_report", None)
     if report is None or not report.path:
-        return fallback
+        return None
     p = resolve_checkpoint(report.path)
     if p.suffix.lower() != ".safetensors":
-        return fallback
+        return None
     try:
         names = json.loads(read_safetensors_metadata(p).get("classes") or "null")
     except (CheckpointError, json.JSONDecodeError, RecursionError):
-        return fallback
+        return None
     if isinstance(names, list) and len(names) == k and all(isinstance(n, str) for n in names):
         return names
-    return fallback
+    return None
+
+
+def class_names(model: nn.Module) -> list[str]:
+    """The class names a loaded model was trained with: those stored with a vitkit checkpoint
+    (metadata key "classes", written by training), else the class indices as strings.
+
+    Args:
+        model: a model with a classification head.
+
+    Returns:
+        One name per output of the head.
+    """
+    stored = stored_class_names(model)
+    return stored if stored is not None else [str(i) for i in range(int(getattr(model, "num_classes", 0) or 0))]
 
 
 @torch.inference_mode()
