@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,96 @@ MAX_DIM = 1 << 16  # width, MLP size, representation size, image side, channels
 MAX_CLASSES = 1 << 22
 MAX_DEPTH = 1 << 12  # blocks, and ResNet units per stage
 MAX_JSON_BYTES = 16 << 20  # a config.json (ImageNet-21k label names are about 1 MB)
+# Bounds on the preprocessing a file records. Mean and std are on the [0, 1] scale of pixels
+# divided by 255: ImageNet's, CLIP's and the paper's 0.5 are far inside; a std of 1/255 feeds the
+# model raw 0-255 values. timm's and Hugging Face's crop fractions are 0.875 to 1.
+MEAN_RANGE = (-1.0, 2.0)
+STD_RANGE = (1e-3, 10.0)
+CROP_PCT_RANGE = (0.5, 1.0)
+MAX_IMAGE_SIDE = 1 << 13
+MAX_NESTING = 64  # brackets inside one another in a JSON value (vitkit's own metadata nests 6 deep)
+
+# A JSON string (possibly unterminated, at the end of a text), or one bracket outside strings.
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def nesting_depth(text: str | bytes) -> int:
+    """How deep the brackets (``[`` and ``{``) of ``text`` nest, those inside JSON strings left out.
+
+    Args:
+        text: JSON (or any text of nested brackets, such as a YAML flow sequence).
+
+    Returns:
+        The deepest nesting: 0 for a number or a string, 1 for a flat list.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    depth = deepest = 0
+    for m in _STRING_OR_BRACKET.finditer(text):
+        c = m.group()
+        if c in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ("]", "}"):
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def check_nesting(text: str | bytes, where: str, what: str = "the JSON is") -> None:
+    """Refuse ``text`` nested deeper than :data:`MAX_NESTING` before anything parses it (Python's
+    JSON and YAML parsers recurse once per level, and fail with a ``RecursionError``).
+
+    Args:
+        text: the text a file brings in.
+        where: the file (and key) it comes from, for the message.
+        what: what the text is, for the message ("metadata 'classes' is").
+
+    Raises:
+        CheckpointError: naming ``where``, when the text nests too deep.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if text.count("[") + text.count("{") <= MAX_NESTING:  # it cannot nest deeper than it has brackets
+        return
+    depth = nesting_depth(text)
+    if depth > MAX_NESTING:
+        raise CheckpointError(f"{where}: {what} nested {depth} levels deep, more than the {MAX_NESTING} vitkit reads")
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` as it can be shown on a terminal: each character a terminal could act on (control
+    characters and ANSI escapes, newlines and tabs, C1 codes, bidirectional overrides and other
+    invisible format characters, lone surrogates) written as a visible Python escape (``\\x1b``,
+    ``\\n``, ``\\u202e``); letters of every script, and spaces, stay as they are.
+
+    Args:
+        text: a string from a file (a class name, a reader's message).
+        limit: at most this many characters are kept (the escapes counted), the cut marked ``...``.
+
+    Returns:
+        The printable text.
+    """
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    if limit is not None and len(out) > limit:
+        out = out[: max(limit - 3, 0)] + "..."
+    return out
 
 
 def loads(text: str | bytes, where: str) -> Any:
-    """JSON from a file; malformed (or absurdly nested) JSON is a :class:`CheckpointError`."""
+    """JSON from a file; malformed (or absurdly nested) JSON is a :class:`CheckpointError`.
+
+    Args:
+        text: the JSON text.
+        where: the file (and key) it comes from, for the message.
+
+    Returns:
+        The parsed value.
+    """
+    check_nesting(text, where)
     try:
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{where}: not valid JSON ({type(e).__name__}: {str(e)[:120]})") from None
+        raise CheckpointError(f"{where}: not valid JSON ({type(e).__name__}: {printable(str(e), 120)})") from None
 
 
 def read_json_file(path: Path) -> Any:
@@ -143,22 +226,34 @@ def check_grid(cfg: Any, where: str) -> None:
 
 
 def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
+    """The preprocessing a file records (:meth:`vitkit.Preprocessing.to_dict`, or a peer's
+    equivalent), each value within what any real weights use: the mean and std of each channel
+    on the [0, 1] scale (:data:`MEAN_RANGE`, :data:`STD_RANGE`), an image side up to
+    :data:`MAX_IMAGE_SIDE`, bilinear or bicubic resampling, and a crop fraction in
+    :data:`CROP_PCT_RANGE` (a smaller one would have an image resized to many times its size).
+
+    Args:
+        d: the preprocessing read from the file.
+        in_chans: the model's input channels (one mean and one std each).
+        where: the file (and key) it comes from, for the message.
+
+    Raises:
+        CheckpointError: naming ``where`` and the key, for the first value out of bounds.
+    """
     if not isinstance(d, dict):
         raise CheckpointError(f"{where}: preprocessing must be a JSON object, got {type(d).__name__}")
-    unknown = sorted(str(k) for k in d if k not in ("mean", "std", "img_size", "interpolation", "crop_pct"))
+    fields = ("mean", "std", "img_size", "interpolation", "crop_pct")
+    unknown = sorted(str(k)[:40] for k in d if k not in fields)  # shown as a list: escaped
     if unknown:
         raise CheckpointError(f"{where}: unknown preprocessing field(s) {unknown[:5]}")
-    for key in ("mean", "std"):
+    for key, (lo, hi) in (("mean", MEAN_RANGE), ("std", STD_RANGE)):
         v = d.get(key)
         if not isinstance(v, list) or len(v) != in_chans:
             raise _bad(where, f"preprocessing[{key!r}]", f"a list of {in_chans} numbers (one per channel)", v)
         for i, x in enumerate(v):
-            if key == "std":
-                number(x, where, f"preprocessing['std'][{i}]", 0.0, 1e6, lo_open=True)
-            else:
-                number(x, where, f"preprocessing['mean'][{i}]", -1e6, 1e6)
-    size_pair(d.get("img_size"), where, "preprocessing['img_size']")
+            number(x, where, f"preprocessing[{key!r}][{i}]", lo, hi)
+    size_pair(d.get("img_size"), where, "preprocessing['img_size']", MAX_IMAGE_SIDE)
     if "interpolation" in d:
         choice(d["interpolation"], where, "preprocessing['interpolation']", ("bilinear", "bicubic"))
     if "crop_pct" in d:
-        number(d["crop_pct"], where, "preprocessing['crop_pct']", 0.0, 1.0, lo_open=True)
+        number(d["crop_pct"], where, "preprocessing['crop_pct']", *CROP_PCT_RANGE)
