@@ -24,9 +24,19 @@ from ..models.registry import build_model, model_config
 from ..preprocessing import Preprocessing
 from . import values
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
-from .native import FORMAT, config_from_meta, preprocessing_from_meta, read_native
+from .native import FORMAT, carried_metadata, config_from_meta, preprocessing_from_meta, read_native
 from .official import convert_official, is_official, select_arrays
-from .peers import convert_hf, convert_timm, is_hf, is_timm, read_hf_dir, timm_to_vitkit
+from .peers import (
+    HF_DEFAULTS,
+    TIMM_DEFAULTS,
+    convert_hf,
+    convert_timm,
+    heads_for,
+    is_hf,
+    is_timm,
+    read_hf_dir,
+    timm_to_vitkit,
+)
 
 log = logging.getLogger("vitkit")
 
@@ -42,6 +52,12 @@ class LoadReport:
     source: str  # vitkit | official | timm | hf
     notes: list[str] = field(default_factory=list)
     name: str | None = None  # the pretrained name or address the file was fetched for (vitkit.hub)
+    # Config values the file does not record and nothing given said, with the value assumed
+    # (announced in a warning when the model is loaded).
+    assumed: dict[str, Any] = field(default_factory=dict)
+    # The file's metadata beyond the model's config and preprocessing (class names, the training
+    # step...): what :func:`vitkit.save_checkpoint` writes again with the model.
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,6 +68,8 @@ class _Loaded:
     preprocessing: Preprocessing | None = None
     notes: list[str] = field(default_factory=list)
     heads_known: bool = False  # the file gives the number of heads (timm tensors alone do not)
+    assumed: dict[str, tuple[Any, str]] = field(default_factory=dict)  # field -> (value assumed, on what grounds)
+    metadata: dict[str, str] = field(default_factory=dict)  # a vitkit file's metadata to keep (carried_metadata)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -93,17 +111,22 @@ def read_any(path: str | Path, num_heads: int | None = None) -> _Loaded:
     Whatever is wrong with the file is a :class:`CheckpointError` naming it."""
     p = resolve_checkpoint(Path(path))
     try:
-        return _read(p, num_heads)
+        loaded = _read(p, num_heads)
     except VitkitError:
         raise
     except _FILE_ERRORS as e:
         why = f"{type(e).__name__}: {_line(e)}"
         raise CheckpointError(f"{p}: tensors do not form a model vitkit can read ({why})") from e
+    if num_heads is not None and loaded.heads_known and loaded.cfg.num_heads != num_heads:
+        raise CheckpointError(
+            f"{p}: the file records num_heads={loaded.cfg.num_heads}, but num_heads={num_heads} was given"
+        )
+    return loaded
 
 
 def _line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
-    return lines[0][:200] if lines else type(e).__name__
+    return values.printable(lines[0], 200) if lines else type(e).__name__
 
 
 def _read(p: Path, num_heads: int | None) -> _Loaded:
@@ -116,11 +139,14 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
     meta: dict[str, str] = {}
     if suffix == ".npz":
         sd, cfg = convert_official(read_npz(p, select=lambda names: select_arrays(names, p)), p)
-        return _Loaded(sd, cfg, "official", Preprocessing.for_config(cfg), heads_known=True)
+        loaded = _Loaded(sd, cfg, "official", Preprocessing.for_config(cfg), heads_known=True)
+        if cfg.pos_embed == "none":
+            loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
+        return loaded
     if suffix == ".safetensors":
         if read_safetensors_metadata(p).get("format") == FORMAT:
-            sd, cfg, pre, _ = read_native(p)
-            return _Loaded(sd, cfg, "vitkit", pre, heads_known=True)
+            sd, cfg, pre, meta = read_native(p)
+            return _Loaded(sd, cfg, "vitkit", pre, heads_known=True, metadata=carried_metadata(meta))
         tensors, meta = read_safetensors(p)
     elif suffix in (".bin", ".pth", ".pt"):
         tensors = read_torch_state_dict(p)
@@ -138,7 +164,10 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
                 "or pytorch_model.bin): the number of attention heads is not in the tensors; pass num_heads"
             )
         sd, cfg, notes = convert_hf(tensors, config, p, num_heads=num_heads)
-        return _Loaded(sd, cfg, "hf", Preprocessing.for_config(cfg), notes, heads_known=True)
+        loaded = _Loaded(sd, cfg, "hf", Preprocessing.for_config(cfg), notes, heads_known=True)
+        if config is None:  # what transformers would read from a config.json that leaves them out
+            loaded.assumed = {k: (v, "Hugging Face's default") for k, v in HF_DEFAULTS.items()}
+        return loaded
     if is_timm(keys):
         if TIMM_CONFIG_KEY in meta:
             return _read_timm_with_config(p, tensors, meta, num_heads)
@@ -146,7 +175,13 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
         if heads is None and (config := hf_cfg()) is not None and "num_heads" in config:
             heads = values.integer(config["num_heads"], str(p.parent / "config.json"), "num_heads")
         sd, cfg = convert_timm(tensors, p, heads)
-        return _Loaded(sd, cfg, "timm", Preprocessing.for_config(cfg), heads_known=heads is not None)
+        loaded = _Loaded(sd, cfg, "timm", Preprocessing.for_config(cfg), heads_known=heads is not None)
+        if heads is None:
+            loaded.assumed["num_heads"] = heads_for(cfg.width)
+        loaded.assumed |= {k: (v, "timm's default") for k, v in TIMM_DEFAULTS.items()}
+        if cfg.pos_embed == "none":
+            loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
+        return loaded
     if is_official(keys):
         raise CheckpointError(f"{p}: official JAX weights are read from .npz files")
     sample = sorted(keys)[:5]
@@ -168,6 +203,31 @@ def _read_timm_with_config(p: Path, tensors: dict, meta: dict[str, str], num_hea
     return _Loaded(timm_to_vitkit(tensors, p), cfg, "timm", pre, heads_known=True)
 
 
+# The command-line option of ``vitkit convert`` that sets each value a file may not record.
+_CONVERT_OPTIONS = {"num_heads": "--num-heads", "act": "--act", "ln_eps": "--ln-eps", "img_size": "--img-size"}
+
+
+def _assumed_warning(path: Path, assumed: dict[str, tuple[Any, str]]) -> str:
+    """One line: which values ``path`` does not record, what was assumed for each and why, and
+    how to give them."""
+    names = list(assumed)
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" or {names[-1]}"
+    said = ", ".join(f"{k}={_shown(v)} ({why})" for k, (v, why) in assumed.items())
+    given = ", ".join(f"{k}=..." for k in names)
+    flags = " ".join(f"{_CONVERT_OPTIONS[k]} ..." for k in names if k in _CONVERT_OPTIONS)
+    return (
+        f"warning: {path}: the file does not record {listed}; assumed {said}. If the weights were made "
+        f"otherwise their outputs are wrong: pass {given} to load_pretrained, or write a vitkit file that "
+        f"records them with vitkit convert {path} OUT.safetensors {flags}"
+    )
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    return repr(value)
+
+
 def _apply_name(loaded: _Loaded, name: str, path: Path) -> None:
     named = model_config(name)
     if isinstance(named, ResNetConfig) != isinstance(loaded.cfg, ResNetConfig):
@@ -180,6 +240,7 @@ def _apply_name(loaded: _Loaded, name: str, path: Path) -> None:
         elif diff:
             detail = ", ".join(f"{f} {a} in the file vs {b} for {name}" for f, (a, b) in diff.items())
             raise CheckpointError(f"{path}: weights do not fit {name}: {detail}")
+        loaded.assumed.pop("num_heads", None)  # the name says it
 
 
 def _resize_positions(sd: dict[str, torch.Tensor], cfg: ViTConfig, grid: tuple[int, int], mode: str) -> list[str]:
@@ -312,7 +373,11 @@ def load_pretrained(
     linearly, in 1-D); a different ``num_classes`` replaces the head
     by a zero-initialised one; others (dropout rates, ``dynamic_img_size``...) are set as given.
     ``num_heads`` gives the heads where the file does not (timm tensors, Hugging Face weights
-    without config.json). Weights holding NaN or inf are refused unless ``allow_nonfinite``.
+    without config.json); a file that records them must agree. A value the file does not
+    record and nothing given says (timm's tensors show neither the heads, the activation nor the
+    LayerNorm epsilon) is assumed, and a warning (logger ``vitkit``) names each value assumed and
+    how to give it; they are in ``load_report.assumed``. Weights holding NaN or inf are refused
+    unless ``allow_nonfinite``.
     The returned model has ``.load_report`` (a :class:`LoadReport`) and ``.preprocessing``.
     ``features_only`` (with ``out_indices``) returns it wrapped as
     ``create_model(..., features_only=True)`` does: a list of NCHW feature maps and ``feature_info``.
@@ -324,6 +389,7 @@ def load_pretrained(
     p = Path(path)
     if name is not None:
         _apply_name(loaded, name, p)
+    assumed = {k: v for k, v in loaded.assumed.items() if k not in overrides}
     cfg = loaded.cfg
     new_classes = overrides.get("num_classes", cfg.num_classes)
     new_classes = 0 if new_classes is None else int(new_classes)
@@ -359,9 +425,15 @@ def load_pretrained(
     if isinstance(cfg, (ViTConfig, ResNetConfig)):
         pre = dataclasses.replace(pre, img_size=tuple(cfg.img_size))
     model.preprocessing = pre
-    model.load_report = LoadReport(str(p), loaded.source, notes)
+    metadata = dict(loaded.metadata)
+    if new_classes != loaded.cfg.num_classes:
+        metadata.pop("classes", None)  # the names of the replaced head's classes
+    said = {k: v for k, (v, _) in assumed.items()}
+    model.load_report = LoadReport(str(p), loaded.source, notes, assumed=said, metadata=metadata)
     for note in notes:
         log.info("%s: %s", p, note)
+    if assumed:
+        log.warning("%s", _assumed_warning(p, assumed))
     if features_only:
         from ..models.features import features_model
 

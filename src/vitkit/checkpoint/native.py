@@ -14,10 +14,29 @@ from ..errors import CheckpointError
 from ..models.config import ResNetConfig, ViTConfig
 from ..preprocessing import Preprocessing
 from . import values
-from .io import read_safetensors, write_safetensors
+from .io import CHECKSUM_KEY, CLASSES_KEY, read_safetensors, write_safetensors
 
 FORMAT = "vitkit"
 FORMAT_VERSION = "1"
+
+# Metadata a vitkit file's writer makes anew from the model (its config, preprocessing and
+# checksums), and the training state, which describes tensors only a training checkpoint holds.
+# The rest (class names, training step and score, the recipe...) is kept when a loaded model is
+# written again (:func:`carried_metadata`).
+_WRITTEN_KEYS = ("format", "format_version", "arch", "config", "preprocessing", CHECKSUM_KEY, "train_state")
+
+
+def carried_metadata(meta: dict[str, str]) -> dict[str, str]:
+    """The metadata of a vitkit file that :func:`save_checkpoint` keeps when the model loaded
+    from it is written again: all but what the writer makes anew from the model.
+
+    Args:
+        meta: the file's metadata, as read (:func:`vitkit.checkpoint.io.read_safetensors`).
+
+    Returns:
+        The entries to keep.
+    """
+    return {k: v for k, v in meta.items() if k not in _WRITTEN_KEYS}
 
 
 def config_to_meta(cfg: ViTConfig | ResNetConfig) -> dict[str, str]:
@@ -62,14 +81,42 @@ def save_checkpoint(
 ) -> Path:
     """Write ``model``'s weights, config and preprocessing to ``path`` (atomically).
 
-    Loading it back with :func:`vitkit.load_pretrained` gives bit-identical parameters.
+    Loading it back with :func:`vitkit.load_pretrained` gives bit-identical parameters. A model
+    loaded from a vitkit file keeps that file's other metadata (its class names, while it has as
+    many classes; its training step and score...: ``model.load_report.metadata``), so converting
+    a file to vitkit loses nothing; ``extra`` adds entries or replaces them.
+
+    Args:
+        model: a vitkit model (with ``.cfg``).
+        path: the ``.safetensors`` file to write.
+        preprocessing: what the weights expect (default: the model's ``.preprocessing``).
+        extra: more string metadata.
+
+    Returns:
+        ``path``.
     """
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, (ViTConfig, ResNetConfig)):
         raise TypeError("save_checkpoint needs a vitkit model (with a .cfg ViTConfig or ResNetConfig)")
+    report = getattr(model, "load_report", None)
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
     pre = preprocessing or getattr(model, "preprocessing", None)
-    return save_weights(model.state_dict(), cfg, path, pre, extra)
+    kept = _kept_metadata(getattr(report, "metadata", None) or {}, cfg)
+    return save_weights(model.state_dict(), cfg, path, pre, {**kept, **(extra or {})})
+
+
+def _kept_metadata(meta: dict[str, str], cfg: ViTConfig | ResNetConfig) -> dict[str, str]:
+    """A loaded file's metadata to write with its model: class names only while they name the
+    model's classes (a replaced head has others)."""
+    kept = carried_metadata(meta)
+    if CLASSES_KEY in kept:
+        try:
+            names = json.loads(kept[CLASSES_KEY])
+        except (ValueError, RecursionError):
+            names = None
+        if not isinstance(names, list) or len(names) != cfg.num_classes:
+            del kept[CLASSES_KEY]
+    return kept
 
 
 def save_weights(
@@ -96,6 +143,15 @@ def save_weights(
 
 
 def read_native(path: str | Path) -> tuple[dict[str, torch.Tensor], ViTConfig | ResNetConfig, Preprocessing, dict]:
+    """A vitkit checkpoint: its model tensors (training state left out), config, preprocessing
+    and metadata, each checked.
+
+    Args:
+        path: the ``.safetensors`` file.
+
+    Returns:
+        ``(tensors, config, preprocessing, metadata)``.
+    """
     tensors, meta = read_safetensors(path)
     tensors = {k: v for k, v in tensors.items() if not k.startswith("__train__/")}  # training state
     if meta.get("format") != FORMAT:

@@ -32,11 +32,33 @@ def is_hf(keys: set[str]) -> bool:
     return any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for k in keys)
 
 
-def _heads_for(width: int) -> int:
-    for w, _, heads, _ in VIT_SIZES.values():
+# What timm's VisionTransformer and Hugging Face's ViTConfig use when nothing says otherwise: the
+# values a state dict without its config is read with (its tensors show neither).
+TIMM_DEFAULTS: dict[str, Any] = {"act": "gelu", "ln_eps": 1e-6}
+HF_DEFAULTS: dict[str, Any] = {"act": "gelu", "ln_eps": 1e-12}
+
+
+def heads_for(width: int) -> tuple[int, str]:
+    """The number of attention heads assumed for a ViT of ``width`` whose file does not say it,
+    and on what grounds: the standard size of that width (ViT-Ti to ViT-H), else heads of 64
+    channels, as in every standard size but ViT-Ti (one head where those do not divide the width).
+
+    Args:
+        width: the model's width.
+
+    Returns:
+        The heads, and a phrase saying why.
+    """
+    for size, (w, _, heads, _) in VIT_SIZES.items():
         if w == width:
-            return heads
-    return max(1, width // 64)
+            return heads, f"ViT-{size}'s, the standard ViT of width {width}"
+    heads = max(1, width // 64)
+    if width % heads:
+        heads = 1
+    if heads * 64 == width:
+        return heads, f"width {width} in heads of 64 channels"
+    plural = "s" if heads > 1 else ""
+    return heads, f"{heads} head{plural} of {width // heads} channels: width {width} is not a multiple of 64"
 
 
 def _grid_img(num_pos: int, patch: tuple[int, int], stride: int, path: Any) -> tuple[int, int]:
@@ -138,13 +160,13 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
         num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0,
         width=width,
         depth=depth,
-        num_heads=num_heads or _heads_for(width),
+        num_heads=num_heads or heads_for(width)[0],
         mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
         classifier=classifier,
         representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
         pos_embed="learned" if "pos_embed" in out else "none",
-        act="gelu",
-        ln_eps=1e-6,
+        act=TIMM_DEFAULTS["act"],
+        ln_eps=TIMM_DEFAULTS["ln_eps"],
         resnet_units=units,
         resnet_width=out["patch_embed.backbone.conv_root.weight"].shape[0] if units else 64,
         distill_token=distill,
@@ -317,10 +339,11 @@ def _hf_settings(
         raise CheckpointError(
             f"{where}: no num_attention_heads, and Hugging Face's default of 12 does not divide the width {width}"
         )
-    act = hf_config.get("hidden_act", "gelu")
+    act = hf_config.get("hidden_act", HF_DEFAULTS["act"])
     if not isinstance(act, str) or act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
         raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
-    eps = values.number(hf_config.get("layer_norm_eps", 1e-12), where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
+    eps = hf_config.get("layer_norm_eps", HF_DEFAULTS["ln_eps"])
+    eps = values.number(eps, where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
     num_patches = out["pos_embed"].shape[1] - 1
     img = _grid_img(num_patches, (ph, pw), 1, path) if square_side(num_patches) else None
     if "image_size" in hf_config:  # a rectangular image size (Hugging Face takes a pair) names the grid
