@@ -46,10 +46,10 @@ def tiny(seed: int = 0, **kw) -> torch.nn.Module:
 @pytest.fixture
 def umask():
     """Set the process umask for one test, and restore it."""
-    saved = os.umask(0o022)
-    os.umask(saved)
+    before = os.umask(0o022)
+    os.umask(before)
     yield lambda mask: os.umask(mask)
-    os.umask(saved)
+    os.umask(before)
 
 
 def mode_of(path) -> int:
