@@ -104,7 +104,7 @@ def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing
         raise DataError("no images given")
     mode = "L" if in_chans == 1 else "RGB"
     h, w = pre.img_size
-    pixels = np.stack([np.asarray(_resize_crop(im.convert(mode), (h, w), pre)) for _, im in images])
+    pixels = np.stack([np.asarray(_resize_crop(eight_bit(im, name).convert(mode), (h, w), pre)) for name, im in images])
     x = torch.from_numpy(pixels.copy())
     x = x[..., None] if x.ndim == 3 else x  # (B, H, W, C)
     inputs = normalize(x.permute(0, 3, 1, 2), pre.mean, pre.std)  # (B, C, H, W)
@@ -146,7 +146,6 @@ def read_image(path: str | Path) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 im.load()
-                return im
     except IsADirectoryError:
         raise DataError(f"{path}: a folder, not an image file (give the image files)") from None
     except FileNotFoundError:
@@ -159,6 +158,7 @@ def read_image(path: str | Path) -> Image.Image:
         raise
     except Exception as e:  # a damaged file: OSError (truncated), SyntaxError, ValueError, struct.error...
         raise DataError(f"{path}: not an image Pillow can read ({type(e).__name__}: {_first_line(e)})") from None
+    return eight_bit(im, str(path))  # a 16-bit or float image scaled by its range, not clipped
 
 
 def _first_line(e: BaseException) -> str:
@@ -172,4 +172,92 @@ def load_images(paths: Sequence[str | Path], pre: Preprocessing, in_chans: int) 
     return prepare_images([(Path(p).stem, read_image(p)) for p in paths], pre, in_chans)
 
 
-__all__ = ["LoadedImages", "Preprocessing", "load_images", "normalize", "prepare_images", "read_image"]
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+_TIFF_BITS_PER_SAMPLE, _TIFF_SAMPLE_FORMAT, _TIFF_SIGNED = 258, 339, 2
+_FLOAT_SLACK = 1 / 510  # half an 8-bit level: rounding noise of a [0, 1] float image, not another range
+
+
+def integer_range(img: Image.Image) -> int:
+    """The largest value a mode ``I`` image can hold by its file's declaration.
+
+    Args:
+        img: an open Pillow image of mode ``I``.
+
+    Returns:
+        ``2**bits - 1`` for a TIFF's BitsPerSample (``2**(bits - 1) - 1`` when its SampleFormat
+        is signed), else 65535: PNG, PGM and PPM decode deeper-than-8-bit samples to 0..65535.
+    """
+    tags = getattr(img, "tag_v2", None)
+    if tags is not None:
+        bits = tags.get(_TIFF_BITS_PER_SAMPLE)
+        bits = bits[0] if isinstance(bits, tuple) and bits else bits
+        fmt = tags.get(_TIFF_SAMPLE_FORMAT)
+        fmt = fmt[0] if isinstance(fmt, tuple) and fmt else fmt
+        if isinstance(bits, int) and 8 < bits <= 32:
+            return 2 ** (bits - (fmt == _TIFF_SIGNED)) - 1
+    return 65535
+
+
+def _as_l(values: np.ndarray) -> Image.Image:
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.ascontiguousarray(values, dtype=np.uint8))
+
+
+def eight_bit(img: Image.Image, name: str) -> Image.Image:
+    """``img`` with 8-bit samples: deeper images scaled by their declared range, others unchanged.
+
+    Args:
+        img: a Pillow image, of any mode.
+        name: the file (or another name) to put in the error of an image outside its range.
+
+    Returns:
+        ``img`` itself for 8-bit and 1-bit modes; for ``I;16*``, ``I`` and ``F`` images a new
+        ``L`` image, as the module docstring describes.
+
+    Raises:
+        DataError: a mode ``I`` image with values outside 0..its declared maximum, or a mode ``F``
+            image with values outside [0, 1] (or not finite); the message names ``name`` and the
+            range found.
+    """
+    import numpy as np
+
+    mode = img.mode
+    if mode in SIXTEEN_BIT_MODES:
+        values = np.asarray(img).astype(np.uint32)
+        return _as_l((values * 255 + 32767) // 65535)
+    if mode == "I":
+        values = np.asarray(img).astype(np.int64)
+        top = integer_range(img)
+        lo, hi = (int(values.min()), int(values.max())) if values.size else (0, 0)
+        if lo < 0 or hi > top:
+            raise DataError(
+                f"{name}: a 32-bit integer image with values in [{lo}, {hi}], outside the 0..{top} of its "
+                "format; save it with unsigned 8- or 16-bit samples"
+            )
+        return _as_l((values * 255 + top // 2) // top)
+    if mode == "F":
+        values = np.asarray(img, dtype=np.float64)
+        finite = bool(np.isfinite(values).all())
+        lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+        if not finite or lo < -_FLOAT_SLACK or hi > 1 + _FLOAT_SLACK:
+            found = "values that are not finite" if not finite else f"values in [{lo:.6g}, {hi:.6g}]"
+            raise DataError(
+                f"{name}: a floating-point image with {found}; vitkit reads float images as values in "
+                "[0, 1] (save it scaled to [0, 1], or with 8- or 16-bit integer samples)"
+            )
+        return _as_l(np.rint(np.clip(values, 0.0, 1.0) * 255))
+    return img
+
+
+__all__ = [
+    "LoadedImages",
+    "Preprocessing",
+    "eight_bit",
+    "integer_range",
+    "load_images",
+    "normalize",
+    "prepare_images",
+    "read_image",
+]
