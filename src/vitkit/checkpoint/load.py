@@ -354,6 +354,22 @@ def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite
             )
 
 
+def _load_matching(model: nn.Module, sd: dict[str, torch.Tensor], p: Path, source: str, new_head: bool) -> None:
+    """Load ``sd`` into ``model`` when names and shapes match (a replaced head's keys may be
+    missing); otherwise one :class:`CheckpointError` naming the file and the first differences."""
+    own = model.state_dict()
+    missing = sorted(k for k in own if k not in sd and not (k.startswith(_HEADS) and new_head))
+    unexpected = sorted(k for k in sd if k not in own)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{p}: keys do not match the {source} model: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
+    bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in sd.items() if v.shape != own[k].shape]
+    if bad:
+        raise CheckpointError(f"{p}: tensor shapes do not match the model: {bad[:6]}")
+    model.load_state_dict(sd, strict=False)
+
+
 def load_pretrained(
     path: str | Path,
     name: str | None = None,
@@ -408,19 +424,7 @@ def load_pretrained(
     notes += _drop_replaced_heads(sd, cfg.num_classes, new_classes)
     cfg = target
     model = build_model(cfg)
-    own = model.state_dict()
-    missing = sorted(
-        k for k in own if k not in sd and not (k.startswith(_HEADS) and new_classes != loaded.cfg.num_classes)
-    )
-    unexpected = sorted(k for k in sd if k not in own)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{p}: keys do not match the {loaded.source} model: missing {missing[:8]}, unexpected {unexpected[:8]}"
-        )
-    bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in sd.items() if v.shape != own[k].shape]
-    if bad:
-        raise CheckpointError(f"{p}: tensor shapes do not match the model: {bad[:6]}")
-    model.load_state_dict(sd, strict=False)
+    _load_matching(model, sd, p, loaded.source, new_head=new_classes != loaded.cfg.num_classes)
     pre = loaded.preprocessing or Preprocessing.for_config(cfg)
     if isinstance(cfg, (ViTConfig, ResNetConfig)):
         pre = dataclasses.replace(pre, img_size=tuple(cfg.img_size))
