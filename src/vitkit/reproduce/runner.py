@@ -11,14 +11,20 @@ split, and few-shot linear accuracy on a task the model never saw (:func:`fewsho
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
 import os
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -188,13 +194,155 @@ def _train_seconds(run_dir: Path) -> float | None:
     return float(logged[-1]) if logged else None
 
 
-def read_result(path: Path) -> dict[str, Any] | None:
-    """A finished run's result, or None if it is missing, torn or of an older scoring."""
-    try:
-        res = json.loads(path.read_text())
-    except (OSError, ValueError):
+def _number(value: Any) -> float | None:
+    """``value`` as a float if it is a JSON number (a bool is not), else None. A number too large
+    for a float (``1e999`` reads as inf; a 400-digit integer does not fit) is ``inf``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return res if isinstance(res, dict) and res.get("score_version") == SCORE_VERSION else None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _check_accuracy(where: str, value: Any, optional: bool = False) -> str | None:
+    """Why ``value`` cannot be an accuracy (a number in [0, 1]), or None if it can. A float that is
+    not finite is accepted: it is what a diverged run measures, and the report leaves it out."""
+    if value is None and optional:
+        return None
+    x = _number(value)
+    if x is None:
+        return f"{where} is {type(value).__name__} {_short(value)}, not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if not 0.0 <= x <= 1.0:
+        return f"{where} is {_short(value)}, not an accuracy between 0 and 1"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_result(res: Any) -> str | None:
+    """Why ``res`` (a parsed ``result.json``) is not a result this scoring could have written, or
+    None if it is one. Only the numbers the report reads are checked: each present, of its type,
+    and in its range.
+
+    Args:
+        res: what ``json.loads`` gave for the file.
+
+    Returns:
+        One clause naming the key at fault, or None.
+    """
+    if not isinstance(res, dict):
+        return f"holds a JSON {_json_kind(res)}, not an object"
+    missing = [k for k in ("score_version", "test_top1", "fewshot", "wall_seconds", "train_flops") if k not in res]
+    if missing:
+        return f"has no {', '.join(missing)}"
+    version = res["score_version"]
+    if not _is_count(version) or version != SCORE_VERSION:
+        return f"score_version is {_short(version)}, not {SCORE_VERSION}"
+    fewshot = res["fewshot"]
+    if not isinstance(fewshot, dict):
+        return f"fewshot is {_short(fewshot)}, not an object"
+    if "mean" not in fewshot or "shots" not in fewshot:
+        return f"fewshot has no {' or '.join(k for k in ('mean', 'shots') if k not in fewshot)}"
+    problems = [
+        _check_accuracy("test_top1", res["test_top1"]),
+        _check_accuracy("minival_top1", res.get("minival_top1"), optional=True),
+        _check_accuracy("fewshot.mean", fewshot["mean"]),
+        None if _is_count(fewshot["shots"]) else f"fewshot.shots is {_short(fewshot['shots'])}, not a count",
+    ]
+    for key, low in (("wall_seconds", 0.0), ("train_flops", 1.0)):
+        x = _number(res[key])
+        if x is None or not math.isfinite(x) or x < low:
+            problems.append(f"{key} is {_short(res[key])}, not a finite number of at least {low:g}")
+    return next((p for p in problems if p is not None), None)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's ``result.json``, checked.
+
+    Args:
+        path: the file (``OUT/runs/KEY/result.json``).
+
+    Returns:
+        ``(result, None)`` for a finished run; ``(None, None)`` if there is no file or it is of an
+        older scoring (the run is scored again); ``(None, why)`` if the file is damaged (torn,
+        not JSON, or a value of the wrong type, range or size), ``why`` one clause naming what.
+
+    Raises:
+        OSError: the file exists but cannot be read (its permissions, a folder in its place).
+    """
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    try:
+        res = json.loads(text, parse_float=_parse_float)
+    except _TooLarge as e:
+        return None, f"holds a number too large for a float ({_short(str(e))})"
+    except RecursionError:
+        return None, "is nested too deeply to be a result"
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        return None, f"is not valid JSON ({str(e).splitlines()[0]})" if text.strip() else "is empty"
+    version = res.get("score_version") if isinstance(res, dict) else None
+    if _is_count(version) and version != SCORE_VERSION:
+        return None, None  # another scoring's numbers: scored again, not damaged
+    why = check_result(res)
+    return (None, why) if why else (res, None)
+
+
+class _TooLarge(ValueError):
+    """A JSON number literal beyond a float's range (``1e999``), which would read as inf."""
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise _TooLarge(literal)
+    return value
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A finished run's result, or None if it is missing, damaged or of an older scoring.
+
+    Args:
+        path: the run's ``result.json``.
+
+    Returns:
+        The result, or None.
+    """
+    return load_result(path)[0]
+
+
+def nonfinite_fields(res: dict[str, Any]) -> list[str]:
+    """The accuracies of a result that are not finite numbers (what a diverged run measures).
+
+    Args:
+        res: a result that :func:`check_result` accepts.
+
+    Returns:
+        Each as ``test top-1 not a number`` or ``few-shot mean infinite``.
+    """
+    fields = (("test top-1", res.get("test_top1")), ("minival top-1", res.get("minival_top1")),
+              ("few-shot mean", (res.get("fewshot") or {}).get("mean")))  # fmt: skip
+    return [
+        f"{name} {'not a number' if math.isnan(value) else 'infinite'}"
+        for name, value in fields
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
 
 
 def _threads(n: int) -> None:
@@ -203,8 +351,277 @@ def _threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+# -- stopping on a signal --------------------------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_GRACE_SECONDS = 5.0  # how long runs told to stop may take before they are killed
+
+
+class Interrupted(KeyboardInterrupt):
+    """The suite was stopped by SIGINT (Ctrl-C) or SIGTERM. Finished runs are kept; the runs that
+    were training stopped where they were and resume from their last checkpoint on the next call.
+
+    Attributes:
+        signal_name: ``"SIGINT"`` or ``"SIGTERM"``.
+        finished: runs of the suite with a result when it stopped (None if it stopped before the
+            runner looked).
+        total: runs the suite asked for (None likewise).
+    """
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.finished: int | None = None
+        self.total: int | None = None
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise :class:`Interrupted` in the main thread (a signal
+    the process was started to ignore stays ignored). Outside the main thread it does nothing.
+
+    Yields:
+        Nothing; the previous handlers are back on leaving.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _spawning() -> Iterator[None]:
+    """Around starting a run process: SIGINT and SIGTERM held back in this process (delivered on
+    leaving, to its own handlers), and SIGINT ignored, which the new process inherits: until it
+    has its own process group and handler, a terminal's Ctrl-C must not break its start-up with a
+    traceback (this process stops it instead)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a blocked signal stays pending meanwhile
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _signal_run(pid: int, sig: int) -> None:
+    """Send ``sig`` to a run's process and every process it started (its process group)."""
+    try:
+        os.killpg(pid, sig)
+        return
+    except (ProcessLookupError, PermissionError, AttributeError):
+        pass  # not yet the leader of its own group (still starting), or no process groups here
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _watch_parent(parent: int) -> None:
+    """Interrupt this process if the suite's process goes away (killed with SIGKILL): a run must
+    not go on training into a folder that the next call resumes."""
+    if hasattr(signal, "pthread_sigmask"):  # signals go to the main thread, which may be waiting on a read
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+
+
+def _worker(conn: Connection, threads: int) -> None:
+    """A run process: trains and scores the runs the suite sends, one at a time, answering
+    ``("ok", result)`` or ``("error", exception)``; ``None`` or a closed connection ends it. It leads
+    its own process group, so a terminal's Ctrl-C reaches the suite's process alone, which stops
+    the runs itself (SIGINT to the group: the run stops as Ctrl-C would stop ``vitkit train``)."""
+    code = 1
+    try:
+        if hasattr(os, "setpgid"):
+            os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # it started with SIGINT ignored
+        conn.send(("ready", None))  # from now on SIGINT to its group stops it cleanly
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+        _threads(threads)
+        while (job := conn.recv()) is not None:
+            try:
+                res = train_and_score(*job)
+            except Exception as e:
+                conn.send(("error", _portable(e, job[1])))
+            else:
+                conn.send(("ok", res))
+        code = 0
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        code = 130
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()  # the suite names the run whose process ended
+    finally:
+        # Every file is written and closed by now: leave without the interpreter's teardown of
+        # torch, which takes seconds and would hold up a stop.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _portable(e: Exception, run_dir: Path) -> Exception:
+    """``e`` as the suite's process can unpickle it (else a :class:`TrainingError` that names the
+    run and says what it was), with the run's traceback as a note (``vitkit -v`` shows it)."""
+    import pickle
+    import traceback
+
+    try:
+        pickle.loads(pickle.dumps(e))
+    except Exception:
+        e = TrainingError(f"{run_dir}: {type(e).__name__}: {e}")
+    e.add_note("".join(traceback.format_exception(e)).rstrip())
+    return e
+
+
+@dataclass
+class _Process:
+    """A run process of the suite and the run it is on (None: idle)."""
+
+    proc: Any  # multiprocessing.Process
+    conn: Connection
+    job: tuple[Any, ...] | None = None
+    started: float = 0.0
+    ready: bool = False  # it has its process group and SIGINT handler
+
+
+_PENDING = object()  # no answer yet
+
+
+class _Processes:
+    """``jobs`` run processes fed from a queue. Leaving the ``with`` block by an error or a signal
+    stops them at once: no queued run starts, the running ones get SIGINT (their run folders keep
+    the last checkpoint, from which the next call resumes) and, after a grace period, SIGKILL."""
+
+    def __init__(self, jobs: int, threads: int) -> None:
+        self.ctx = get_context("spawn")
+        self.jobs, self.threads = jobs, threads
+        self.procs: list[_Process] = []
+
+    def __enter__(self) -> _Processes:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: Any) -> None:
+        try:
+            if kind is None:
+                for p in self.procs:
+                    with contextlib.suppress(OSError):
+                        p.conn.send(None)
+                self._join(timeout=STOP_GRACE_SECONDS)
+            else:
+                for p in self.procs:
+                    with contextlib.suppress(Exception):
+                        self._receive(p)  # has it said it is ready?
+                    # A process still starting has nothing to keep: it is killed. A ready one stops
+                    # as Ctrl-C stops a run, leaving its folder to resume from.
+                    _signal_run(p.proc.pid, signal.SIGINT if p.ready else signal.SIGKILL)
+                    p.conn.close()  # an idle process reads the end of its queue
+                with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: kill them now
+                    self._join(timeout=STOP_GRACE_SECONDS)
+        finally:
+            self._kill()
+
+    def start(self, job: tuple[Any, ...]) -> None:
+        """Send ``job`` to an idle process, starting one if fewer than ``jobs`` are running."""
+        idle = next((p for p in self.procs if p.job is None), None)
+        if idle is None:
+            parent, child = self.ctx.Pipe()
+            proc = self.ctx.Process(target=_worker, args=(child, self.threads), name="vitkit-reproduce-run")
+            with _spawning():  # a signal now is handled once the process is in self.procs
+                proc.start()
+                idle = _Process(proc, parent)
+                self.procs.append(idle)
+            child.close()
+        idle.job, idle.started = job, time.perf_counter()
+        with contextlib.suppress(OSError):  # the process is gone: wait() reports it
+            idle.conn.send(job)
+
+    def busy(self) -> list[_Process]:
+        return [p for p in self.procs if p.job is not None]
+
+    def has_room(self) -> bool:
+        return len(self.busy()) < self.jobs
+
+    def wait(self) -> list[tuple[_Process, Any]]:
+        """Block until a run answers or a process ends: ``(process, message)`` pairs, the message
+        None for a process that ended without answering."""
+        busy = self.busy()
+        ready = set(wait([p.conn for p in busy] + [p.proc.sentinel for p in busy]))
+        out = []
+        for p in busy:
+            if p.conn in ready or p.proc.sentinel in ready:
+                message = self._receive(p)
+                if message is not _PENDING:
+                    out.append((p, message))
+        return out
+
+    @staticmethod
+    def _receive(p: _Process) -> Any:
+        """``p``'s next answer without waiting: the message, None if the process ended without
+        one, or ``_PENDING``. A ``ready`` message is noted, not returned."""
+        try:
+            while p.conn.poll():
+                message = p.conn.recv()
+                if message[0] != "ready":
+                    return message
+                p.ready = True
+        except (EOFError, OSError):
+            return None
+        return _PENDING if p.proc.is_alive() else None
+
+    def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.proc.join(max(0.0, deadline - time.monotonic()))
+
+    def _kill(self) -> None:
+        with _signals_ignored():
+            for p in self.procs:
+                if p.proc.is_alive():
+                    _signal_run(p.proc.pid, signal.SIGKILL)
+                p.proc.join()
+                p.conn.close()
+        self.procs.clear()
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored (in the main thread): the last clean-up must not be cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class Runner:
-    """Runs specs (dependencies first), ``jobs`` at a time, reporting a line per run and an ETA."""
+    """Runs specs (dependencies first), ``jobs`` at a time, reporting a line per run and an ETA.
+
+    SIGINT (Ctrl-C) or SIGTERM stops it within seconds (:class:`Interrupted`): no queued run
+    starts, the running ones stop where they are (their checkpoints resume them bit for bit on the
+    next call) and every finished run's ``result.json`` is kept.
+    """
 
     def __init__(self, suite: Suite, jobs: int = 1, report: Callable[[str], None] = print) -> None:
         if jobs < 1:
@@ -214,12 +631,46 @@ class Runner:
         self.results: dict[str, dict[str, Any]] = {}
 
     def run(self, specs: list[RunSpec]) -> dict[str, dict[str, Any]]:
+        """Train and score the runs of ``specs`` that have no result yet.
+
+        Args:
+            specs: the runs, each once.
+
+        Returns:
+            Every run's result by key, finished now or before.
+
+        Raises:
+            Interrupted: SIGINT or SIGTERM stopped the runs.
+        """
+        with stop_on_signals():
+            try:
+                return self._run(specs)
+            except Interrupted as e:
+                e.finished, e.total = self._finished(specs), len(specs)
+                raise
+
+    def _finished(self, specs: list[RunSpec]) -> int:
+        """How many of ``specs`` have a result on disk (a run process may have written its result
+        and been stopped before it said so)."""
+        n = 0
+        for spec in specs:
+            with contextlib.suppress(OSError):
+                n += read_result(self.suite.run_dir(spec) / "result.json") is not None
+        return n
+
+    def _run(self, specs: list[RunSpec]) -> dict[str, dict[str, Any]]:
         todo = []
         for spec in specs:
-            res = read_result(self.suite.run_dir(spec) / "result.json")
+            path = self.suite.run_dir(spec) / "result.json"
+            res, damaged = load_result(path)
             if res is not None:
                 self.results[spec.key] = res
             else:
+                if damaged:
+                    self.report(
+                        f"{path}: {damaged}; the run counts as not finished: it resumes from its checkpoints "
+                        "and is scored again"
+                    )
                 todo.append(spec)
         if specs:
             self.report(f"{len(specs) - len(todo)} of {len(specs)} runs already finished; {len(todo)} to run")
@@ -252,18 +703,29 @@ class Runner:
         if not specs:
             return
         args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings) for s in specs]
-        if self.jobs == 1:
+        if self.jobs == 1:  # in this process: a signal interrupts the training where it is
             for a in args:
                 start = time.perf_counter()
                 self._done(a[0], train_and_score(*a), time.perf_counter() - start)
             return
+        queue = deque(args)
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
-        ctx = get_context("spawn")
-        with ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_threads, initargs=(threads,)) as pool:
-            started = {pool.submit(train_and_score, *a): (a[0], time.perf_counter()) for a in args}
-            for fut in as_completed(started):
-                spec, t0 = started[fut]
-                self._done(spec, fut.result(), (time.perf_counter() - t0) / self.jobs)
+        with _Processes(self.jobs, threads) as procs:
+            while queue or procs.busy():
+                while queue and procs.has_room():
+                    procs.start(queue.popleft())
+                for p, message in procs.wait():
+                    job, p.job = p.job, None
+                    assert job is not None
+                    if message is None:
+                        raise TrainingError(
+                            f"{job[1]}: the run's process ended (exit code {p.proc.exitcode}) before the run "
+                            "finished; run the same command again to resume it"
+                        )
+                    kind, payload = message
+                    if kind == "error":
+                        raise payload
+                    self._done(job[0], payload, (time.perf_counter() - p.started) / self.jobs)
 
     def _done(self, spec: RunSpec, res: dict[str, Any], seconds: float) -> None:
         self.results[spec.key] = res
@@ -272,9 +734,15 @@ class Runner:
         self._seconds_done += seconds
         left = (self._total_cost - self._cost_done) * self._seconds_done / max(self._cost_done, 1.0)
         fs = res["fewshot"]
+        bad = nonfinite_fields(res)
+        numbers = (
+            f"diverged ({', '.join(bad)})"
+            if bad
+            else f"test top-1 {100 * res['test_top1']:.2f}%, {fs['shots']}-shot {100 * fs['mean']:.2f}%"
+        )
         self.report(
-            f"[{self._count}/{self._total}] {spec.label}: test top-1 {100 * res['test_top1']:.2f}%, "
-            f"{fs['shots']}-shot {100 * fs['mean']:.2f}% ({res['wall_seconds']:.0f} s); ETA {_duration(left)}"
+            f"[{self._count}/{self._total}] {spec.label}: {numbers} ({res['wall_seconds']:.0f} s); "
+            f"ETA {_duration(left)}"
         )
 
 
@@ -287,4 +755,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-__all__ = ["SCORE_VERSION", "Runner", "ScoreSettings", "check_fewshot_data", "fewshot_transfer", "read_result", "score"]
+__all__ = [
+    "SCORE_VERSION",
+    "Interrupted",
+    "Runner",
+    "ScoreSettings",
+    "check_fewshot_data",
+    "check_result",
+    "fewshot_transfer",
+    "load_result",
+    "nonfinite_fields",
+    "read_result",
+    "score",
+    "stop_on_signals",
+]
