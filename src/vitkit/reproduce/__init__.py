@@ -67,10 +67,45 @@ def reproduce(
 ) -> Path:
     """Run ``experiments`` (all by default) at ``budget`` on ``data`` into ``out``; returns the
     path of ``report.md``. Finished runs are skipped and interrupted ones resumed. The report
-    covers every experiment whose runs are all finished, from this call or earlier ones."""
+    covers every experiment whose runs are all finished, from this call or earlier ones.
+
+    Args:
+        experiments: names of :data:`EXPERIMENTS` (all when empty).
+        out: the suite's folder: ``runs/``, ``report.md``, ``report.json``, ``figures/``.
+        data: the training data, as ``vitkit train`` takes it.
+        budget: one of :data:`BUDGETS`.
+        seeds: seeds of the experiments that compare across seeds (None: the budget's).
+        jobs: training runs at once, each in its own process.
+        report: called with each line of progress.
+        command: the command line the report names (and that resumes the suite).
+
+    Returns:
+        The path of ``report.md``.
+
+    Raises:
+        vitkit.reproduce.runner.Interrupted: SIGINT or SIGTERM stopped the call; finished runs
+            are kept and the next call resumes the others.
+    """
+    from .runner import stop_on_signals
+
+    with stop_on_signals():  # SIGTERM stops the call as Ctrl-C does, with the runs kept
+        return _reproduce(experiments, out, data, budget, seeds, jobs, report, command)
+
+
+def _reproduce(
+    experiments: Sequence[str],
+    out: str | Path,
+    data: str,
+    budget: str,
+    seeds: int | None,
+    jobs: int,
+    report: Callable[[str], None],
+    command: str,
+) -> Path:
     from ..errors import VitkitError
+    from .experiments import note_diverged
     from .report import machine, now, write_report
-    from .runner import Runner, ScoreSettings, check_fewshot_data, read_result
+    from .runner import Runner, ScoreSettings, check_fewshot_data, load_result
     from .spec import Suite, check_experiments
 
     start = time.perf_counter()
@@ -83,6 +118,7 @@ def reproduce(
     runner = Runner(suite, jobs, report)
     runner.run(_unique([s for e in chosen for s in e.runs()]))
     sections, runs = [], {}
+    told: set[Path] = set()  # damaged files already named
     for name in EXPERIMENTS:  # every experiment whose runs are finished, asked for now or before
         try:
             exp = chosen[names.index(name)] if name in names else classes[name](suite)
@@ -91,9 +127,19 @@ def reproduce(
             if name in names:
                 raise
             continue  # an experiment not asked for that this data or budget cannot plan
-        results = {s.key: read_result(suite.run_dir(s) / "result.json") for s in specs}
+        results = {}
+        for s in specs:
+            path = suite.run_dir(s) / "result.json"
+            res, damaged = load_result(path)
+            if damaged and path not in told:
+                told.add(path)
+                report(
+                    f"{path}: {damaged}; the {name} section is left out until `vitkit reproduce {name}` runs it again"
+                )
+            results[s.key] = res
         if all(results.values()):
             section = exp.summarise(results)
+            note_diverged(section, specs, results)
             section.runs = len(results)
             section.wall_seconds = sum(r.get("wall_seconds") or 0.0 for r in results.values())
             sections.append(section)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .experiments import Experiment, Section, mean_std, pct, shots_label
+from .experiments import Experiment, Section, mean_of, pct, shots_label
 from .spec import RunSpec
 
 
@@ -64,11 +64,19 @@ class Compute(Experiment):
         fam = numbers["families"]
         parts = []
         for metric, name in (("test_top1", "test top-1"), ("fewshot", shots)):
-            points = [(e["train_flops"], mean_std(e[metric])[0], e["title"]) for es in fam.values() for e in es]
+            means = [(e["train_flops"], mean_of(e[metric]), e["title"]) for es in fam.values() for e in es]
+            points = [(c, m, t) for c, m, t in means if m is not None]  # a model whose every run diverged: left out
             family_of = {e["title"]: f for f, es in fam.items() for e in es}
             front = pareto_front(points)
+            if not front:
+                parts.append(f"on {name} no model has a finite result to compare")
+                continue
             families = sorted({family_of[t] for t in front})
-            parts.append(f"on {name} the models no cheaper model beats are {', '.join(front)} ({', '.join(families)})")
+            left_out = [t for _, m, t in means if m is None]
+            without = f" (left out, no finite result: {', '.join(left_out)})" if left_out else ""
+            parts.append(
+                f"on {name} the models no cheaper model beats are {', '.join(front)} ({', '.join(families)}){without}"
+            )
         if "ViT" in fam and "BiT ResNet" in fam:
             parts.append(_compute_ratio(fam["ViT"], fam["BiT ResNet"]))
         text = "; ".join(parts)
@@ -80,11 +88,23 @@ class Compute(Experiment):
 
 def compute_to_reach(entries: list[dict[str, Any]], target: float, metric: str = "test_top1") -> float | None:
     """The training FLOPs at which a family first reaches ``target`` accuracy, interpolated
-    log-linearly between its models (ordered by compute); None if none of them reaches it."""
+    log-linearly between its models (ordered by compute); None if none of them reaches it. A
+    model with no finite result is left out.
+
+    Args:
+        entries: the family's models (``train_flops`` and the metric's accuracies per seed).
+        target: the accuracy to reach.
+        metric: ``test_top1`` or ``fewshot``.
+
+    Returns:
+        The FLOPs, or None.
+    """
     import itertools
     import math
 
-    pts = sorted((e["train_flops"], mean_std(e[metric])[0]) for e in entries)
+    pts = sorted((e["train_flops"], m) for e in entries if (m := mean_of(e[metric])) is not None)
+    if not pts:
+        return None
     if pts[0][1] >= target:
         return pts[0][0]
     for (c0, a0), (c1, a1) in itertools.pairwise(pts):
@@ -96,13 +116,16 @@ def compute_to_reach(entries: list[dict[str, Any]], target: float, metric: str =
 
 def _compute_ratio(vit: list[dict[str, Any]], cnn: list[dict[str, Any]]) -> str:
     """How much compute the ViTs need for the best ResNet's test top-1, against what it took."""
-    best = max(cnn, key=lambda e: mean_std(e["test_top1"])[0])
-    need = compute_to_reach(vit, mean_std(best["test_top1"])[0])
+    scored = [(m, e) for e in cnn if (m := mean_of(e["test_top1"])) is not None]
+    if not scored:
+        return "no ResNet has a finite test top-1 to compare the ViTs' compute with"
+    target, best = max(scored, key=lambda me: me[0])
+    need = compute_to_reach(vit, target)
     if need is None:
-        return f"no ViT reaches the best ResNet's test top-1 ({100 * mean_std(best['test_top1'])[0]:.2f}%)"
+        return f"no ViT reaches the best ResNet's test top-1 ({100 * target:.2f}%)"
     ratio = best["train_flops"] / need
     more_less = f"{ratio:.1f}x less" if ratio >= 1 else f"{1 / ratio:.1f}x more"
     return (
-        f"the ViTs reach the best ResNet's test top-1 ({100 * mean_std(best['test_top1'])[0]:.2f}%) with {more_less} "
+        f"the ViTs reach the best ResNet's test top-1 ({100 * target:.2f}%) with {more_less} "
         "training compute than it took (the paper: 2-4x less)"
     )

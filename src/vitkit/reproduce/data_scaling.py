@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .experiments import Experiment, Section, lead, mean_std, pct, shots_label
+from .experiments import Experiment, Section, gap, lead, pct, points, shots_label
 from .spec import RunSpec
 
 
@@ -75,11 +75,10 @@ class DataScaling(Experiment):
     def control(self, numbers: dict[str, Any], large: int, shots: str) -> str:
         parts = []
         for entry in numbers["models"].values():
-            gain = 100 * (mean_std(entry["fewshot"][large])[0] - mean_std(entry["fewshot_untrained"])[0])
-            parts.append(f"{entry['title']} {gain:+.1f}")
+            parts.append(f"{entry['title']} {points(gap(entry['fewshot'][large], entry['fewshot_untrained']))}")
         return (
             f"Control: against the same models untrained, pre-training on all {large:,} images changes {shots} "
-            f"transfer by {', '.join(parts)} points; where that is small or negative, the transfer task measures "
+            f"transfer by {', '.join(parts)}; where that is small or negative, the transfer task measures "
             "how generic random features are more than what pre-training taught."
         )
 
@@ -87,27 +86,42 @@ class DataScaling(Experiment):
         r = self.roles()
         cnn, vit, big = by[r["cnn"]], by[r["vit"]], by[r["larger_vit"]]
         small, large = sizes[0], sizes[-1]
-
-        def gap(a: dict[int, list[dict[str, Any]]], b: dict[int, list[dict[str, Any]]], n: int) -> float:
-            return 100 * (mean_std(self.top1(a[n]))[0] - mean_std(self.top1(b[n]))[0])
-
-        gaps = [gap(vit, cnn, n) for n in sizes]
-        ahead = [f"{n:,}" for n, g in zip(sizes, gaps) if g > 0]
-        trend = "in the ViT's favour" if gaps[-1] > gaps[0] else "against the ViT"
         top1 = self.top1
+
+        def top1_gap(a: dict[int, list[dict[str, Any]]], b: dict[int, list[dict[str, Any]]], n: int) -> float | None:
+            return gap(top1(a[n]), top1(b[n]))
+
+        gaps = {n: g for n in sizes if (g := top1_gap(vit, cnn, n)) is not None}  # sizes where both have numbers
         parts = [
             f"On test top-1, at {small:,} images {lead('the ViT', top1(vit[small]), 'the ResNet', top1(cnn[small]))}, "
             f"and at {large:,} {lead('the ViT', top1(vit[large]), 'the ResNet', top1(cnn[large]))}",
-            f"the difference (ViT minus ResNet) moves {trend} as the data grows, {gaps[0]:+.1f} to {gaps[-1]:+.1f} "
-            "points"
-            + (f", the ViT ahead at {', '.join(ahead)} images" if ahead else ", the ResNet ahead at every size"),
+        ]
+        trend_up: bool | None = None
+        if len(gaps) >= 2:
+            first, last = gaps[min(gaps)], gaps[max(gaps)]
+            trend_up = last > first
+            ahead = [f"{n:,}" for n, g in gaps.items() if g > 0]
+            trend = "in the ViT's favour" if trend_up else "against the ViT"
+            left_out = len(sizes) - len(gaps)
+            skipped = f" ({left_out} size(s) with no finite result on a side left out)" if left_out else ""
+            parts.append(
+                f"the difference (ViT minus ResNet) moves {trend} as the data grows, {first:+.1f} to {last:+.1f} points"
+                + (f", the ViT ahead at {', '.join(ahead)} images" if ahead else ", the ResNet ahead at every size")
+                + skipped
+            )
+        else:
+            parts.append("the difference (ViT minus ResNet) cannot be followed across sizes: too many runs diverged")
+        parts += [
             f"on {shots} transfer at {large:,} images "
             f"{lead('the ViT', self.fewshot(vit[large]), 'the ResNet', self.fewshot(cnn[large]))}",
-            f"the larger ViT against the smaller: {gap(big, vit, small):+.1f} points at {small:,} images and "
-            f"{gap(big, vit, large):+.1f} at {large:,}",
+            f"the larger ViT against the smaller: {points(top1_gap(big, vit, small))} at {small:,} images and "
+            f"{points(top1_gap(big, vit, large))} at {large:,}",
         ]
-        agree = "agrees with" if gaps[-1] > gaps[0] else "does not show"
+        if trend_up is None:
+            agree = "The trend cannot be compared with Figure 4's direction"
+        else:
+            agree = f"The trend {'agrees with' if trend_up else 'does not show'} Figure 4's direction"
         return (
-            "; ".join(parts) + f". The trend {agree} Figure 4's direction; the paper's crossover (ViT-B/32 past "
+            "; ".join(parts) + f". {agree}; the paper's crossover (ViT-B/32 past "
             "ResNet50x1 between 30M and 90M images) lies far beyond a desktop's data and minutes of training."
         )

@@ -10,6 +10,7 @@ advance: where the spread over seeds is as large as a difference, it says so.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,28 +38,163 @@ class Section:
     wall_seconds: float = 0.0  # their wall time, training and scoring: what running it alone costs
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def finite(values: list[Any]) -> list[float]:
+    """The values that are finite numbers: a diverged run's nan or inf (or a missing value) is left out.
+
+    Args:
+        values: numbers, one per run.
+
+    Returns:
+        The finite ones, in order.
+    """
+    return [float(v) for v in values if _is_finite(v)]
 
 
-def pct(values: list[float]) -> str:
-    """``71.23 ± 0.40`` (percent; the spread over seeds when there are several)."""
-    m, s = mean_std(values)
-    return f"{100 * m:.2f} ± {100 * s:.2f}" if len(values) > 1 else f"{100 * m:.2f}"
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def lead(name_a: str, a: list[float], name_b: str, b: list[float]) -> str:
+def mean_std(values: list[Any]) -> tuple[float, float]:
+    """Mean and sample standard deviation of the finite values (0 for one value; nan for none,
+    which only a figure may take: every claim goes through :func:`mean_of`).
+
+    Args:
+        values: numbers, one per run.
+
+    Returns:
+        ``(mean, standard deviation)``.
+    """
+    ok = finite(values)
+    if not ok:
+        return math.nan, math.nan
+    return statistics.fmean(ok), statistics.stdev(ok) if len(ok) > 1 else 0.0
+
+
+def mean_of(values: list[Any]) -> float | None:
+    """The mean of the finite values, or None when no value is finite (nothing to compare).
+
+    Args:
+        values: numbers, one per run.
+
+    Returns:
+        The mean, or None.
+    """
+    ok = finite(values)
+    return statistics.fmean(ok) if ok else None
+
+
+def dropped(values: list[Any]) -> str:
+    """How many values a statistic left out, for the text after it.
+
+    Args:
+        values: numbers, one per run.
+
+    Returns:
+        `` (1 of 3 not finite, left out)`` when some are not finite numbers, else ``""``.
+    """
+    n = len(values) - len(finite(values))
+    return f" ({n} of {len(values)} not finite, left out)" if n else ""
+
+
+def pct(values: list[Any]) -> str:
+    """A table cell: mean and spread over seeds in percent, of the finite values alone.
+
+    Args:
+        values: accuracies, one per seed.
+
+    Returns:
+        ``71.23 ± 0.40`` (the spread when there are several), followed by how many were left out
+        if any were; ``diverged (not finite)`` when none is finite.
+    """
+    ok = finite(values)
+    if not ok:
+        return "diverged (not finite)"
+    m, s = mean_std(ok)
+    text = f"{100 * m:.2f} ± {100 * s:.2f}" if len(ok) > 1 else f"{100 * m:.2f}"
+    return text + dropped(values)
+
+
+def points(value: float | None) -> str:
+    """A difference for a sentence.
+
+    Args:
+        value: points (from :func:`gap`), or None where a side had no finite result.
+
+    Returns:
+        ``+1.2 points``, or ``no comparison (a side diverged)``.
+    """
+    return "no comparison (a side diverged)" if value is None else f"{value:+.1f} points"
+
+
+def gap(a: list[Any], b: list[Any]) -> float | None:
+    """The difference of two means in points, each over its finite values.
+
+    Args:
+        a: accuracies, one per seed.
+        b: likewise.
+
+    Returns:
+        ``a``'s mean minus ``b``'s times 100, or None if either has no finite value.
+    """
+    ma, mb = mean_of(a), mean_of(b)
+    return None if ma is None or mb is None else 100 * (ma - mb)
+
+
+def lead(name_a: str, a: list[Any], name_b: str, b: list[Any]) -> str:
     """Which of two sets of accuracies is ahead, by how many points, and whether that is more
-    than the spread over seeds (the larger of the two standard deviations)."""
-    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    than the spread over seeds (the larger of the two standard deviations). Only finite values
+    count, and a value left out is said; a side with none is not compared.
+
+    Args:
+        name_a: what ``a`` measures, for the sentence.
+        a: its accuracies, one per seed.
+        name_b: likewise for ``b``.
+        b: its accuracies.
+
+    Returns:
+        A clause: ``the ViT leads the ResNet by 1.2 points (within the spread over seeds, 1.5)``.
+    """
+    fa, fb = finite(a), finite(b)
+    if not fa or not fb:
+        empty = " and ".join(n for n, f in ((name_a, fa), (name_b, fb)) if not f)
+        return f"{name_a} is not compared with {name_b} ({empty}: no finite result, every run diverged)"
+    (ma, sa), (mb, sb) = mean_std(fa), mean_std(fb)
     diff = 100 * (ma - mb)
     first, second = (name_a, name_b) if diff >= 0 else (name_b, name_a)
     text = f"{first} leads {second} by {abs(diff):.1f} points"
     spread = 100 * max(sa, sb)
-    if len(a) > 1 and len(b) > 1 and abs(diff) <= spread:
+    if len(fa) > 1 and len(fb) > 1 and abs(diff) <= spread:
         text += f" (within the spread over seeds, {spread:.1f})"
+    left_out = len(a) + len(b) - len(fa) - len(fb)
+    if left_out:
+        text += f" ({left_out} of {len(a) + len(b)} results not finite, left out)"
     return text
+
+
+def note_diverged(section: Section, specs: list[RunSpec], results: dict[str, dict[str, Any]]) -> None:
+    """Name, at the head of the verdict and in the numbers, the runs whose accuracies are not
+    finite numbers: the tables and claims leave those numbers out.
+
+    Args:
+        section: the experiment's section, changed in place.
+        specs: the experiment's runs.
+        results: their results by key.
+    """
+    from .runner import nonfinite_fields
+
+    bad = {}
+    for spec in specs:
+        fields = nonfinite_fields(results[spec.key])
+        if fields and spec.key not in bad:
+            bad[spec.key] = {"label": spec.label, "file": f"runs/{spec.key}/result.json", "not_finite": fields}
+    if not bad:
+        return
+    names = "; ".join(f"{b['label']} (`{b['file']}`: {', '.join(b['not_finite'])})" for b in bad.values())
+    section.verdict = (
+        f"{len(bad)} run(s) diverged or failed, their numbers left out of every mean and comparison: {names}. "
+        + section.verdict
+    )
+    section.numbers["diverged"] = list(bad.values())
 
 
 class Experiment:

@@ -5,6 +5,8 @@ Error bars are the standard deviation over seeds."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,24 @@ _METRICS = (("test_top1", "test top-1 (%)"), ("fewshot", "{shots} accuracy on th
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
-    """Mean and spread over seeds, in percent."""
+    """Mean and spread over seeds, in percent, of the finite values (nan when none is: the point
+    is not drawn)."""
     m, s = mean_std(values)
     return 100 * m, 100 * s
+
+
+def _drawn(points: Iterable[tuple[float, ...]]) -> list[tuple[float, ...]]:
+    """The points whose mean is a finite number (a group whose every run diverged is not drawn)."""
+    return [p for p in points if math.isfinite(p[1])]
+
+
+def _log_x(ax: Any, drawn: bool, ticks: list[int] | None) -> None:
+    """A log x axis; an axis with nothing drawn (every run diverged) says so instead."""
+    if not drawn:
+        ax.text(0.5, 0.5, "no finite result: every run diverged", ha="center", va="center", transform=ax.transAxes)
+        return
+    ax.set_xscale("log")
+    _plain_log_ticks(ax, ticks)
 
 
 def _plain_log_ticks(ax: Any, ticks: list[int] | None) -> None:
@@ -34,16 +51,18 @@ def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     fig = _new_figure(10.0, 4.0)
     axes = fig.subplots(1, 2)
     for ax, (metric, label) in zip(axes, _METRICS):
+        drawn = False
         for entry in numbers["models"].values():
-            sizes = sorted(entry[metric])
-            ms = [_ms(entry[metric][n]) for n in sizes]
+            pts = _drawn((n, *_ms(entry[metric][n])) for n in sorted(entry[metric]))
+            drawn = drawn or bool(pts)
             line = ax.errorbar(
-                sizes, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=entry["title"]
-            )
-            if metric == "fewshot" and entry.get("fewshot_untrained"):
-                ax.axhline(_ms(entry["fewshot_untrained"])[0], ls="--", lw=1, color=line[0].get_color())
-        ax.set_xscale("log")
-        _plain_log_ticks(ax, sorted({n for e in numbers["models"].values() for n in e[metric]}))
+                [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                label=entry["title"],
+            )  # fmt: skip
+            untrained = _ms(entry.get("fewshot_untrained") or [])[0] if metric == "fewshot" else math.nan
+            if math.isfinite(untrained):
+                ax.axhline(untrained, ls="--", lw=1, color=line[0].get_color())
+        _log_x(ax, drawn, sorted({n for e in numbers["models"].values() for n in e[metric]}))
         ax.set_xlabel("pre-training images (nested class-balanced subsets)")
         ax.set_ylabel(label.format(shots=shots))
         ax.grid(alpha=0.3)
@@ -58,11 +77,12 @@ def plot_compute(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     fig = _new_figure(10.0, 4.0)
     axes = fig.subplots(1, 2)
     for ax, (metric, label) in zip(axes, _METRICS):
+        drawn = False
         for family, entries in numbers["families"].items():
-            pts = sorted((e["train_flops"], _ms(e[metric])[0]) for e in entries)
+            pts = _drawn(sorted((e["train_flops"], _ms(e[metric])[0]) for e in entries))
+            drawn = drawn or bool(pts)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=family)
-        ax.set_xscale("log")
-        _plain_log_ticks(ax, None)
+        _log_x(ax, drawn, None)
         ax.set_xlabel("total training FLOPs (3 x forward x images seen)")
         ax.set_ylabel(label.format(shots=shots))
         ax.grid(alpha=0.3)
@@ -80,8 +100,10 @@ def plot_bars(groups: dict[str, Any], path: Path, shots: str, title: str) -> Pat
         ms = [_ms(groups[n][metric]) for n in names]
         ax.bar(range(len(names)), [m for m, _ in ms], yerr=[s for _, s in ms], capsize=3, color="tab:blue")
         ax.set_xticks(range(len(names)), [groups[n]["title"] for n in names], rotation=20, ha="right", fontsize=8)
-        low = min(m - s for m, s in ms)
-        ax.set_ylim(max(0.0, low - 5), min(100.0, max(m + s for m, s in ms) + 2))
+        drawn = [(m, s) for m, s in ms if math.isfinite(m)]  # a variant whose every run diverged has no bar
+        if drawn:
+            low, high = min(m - s for m, s in drawn), max(m + s for m, s in drawn)
+            ax.set_ylim(max(0.0, low - 5), min(100.0, high + 2))
         ax.set_ylabel(label.format(shots=shots))
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(title)
@@ -92,12 +114,14 @@ def plot_pooling(cells: dict[str, Any], path: Path) -> Path:
     """Test top-1 against the learning rate for the class token and GAP (Figure 9)."""
     fig = _new_figure(5.5, 4.0)
     ax = fig.subplots()
+    drawn = False
     for pooling, label in (("token", "class token"), ("gap", "global average pooling")):
-        pts = sorted((c["lr"], *_ms(c["test_top1"])) for c in cells.values() if c["pooling"] == pooling)
+        pts = _drawn(sorted((c["lr"], *_ms(c["test_top1"])) for c in cells.values() if c["pooling"] == pooling))
+        drawn = drawn or bool(pts)
         ax.errorbar(
             [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=label
         )
-    ax.set_xscale("log")
+    _log_x(ax, drawn, None)
     ax.set_xlabel("learning rate")
     ax.set_ylabel("test top-1 (%)")
     ax.grid(alpha=0.3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .experiments import Experiment, Section, lead, mean_std, pct, shots_label
+from .experiments import Experiment, Section, lead, mean_of, pct, shots_label
 from .spec import RunSpec
 
 POOLINGS = {"token": "class token", "gap": "global average pooling"}
@@ -54,16 +54,22 @@ class Pooling(Experiment):
         return section
 
     def verdict(self, cells: dict[str, Any]) -> str:
-        def own_rate(p: str) -> str:  # chosen on the minival, never on the test split
-            return max(self.cfg["learning_rates"], key=lambda r: mean_std(cells[f"{p}@{r}"]["minival_top1"])[0])
+        def own_rate(p: str) -> str | None:  # chosen on the minival, never on the test split
+            rates = self.cfg["learning_rates"]
+            means = {r: m for r in rates if (m := mean_of(cells[f"{p}@{r}"]["minival_top1"])) is not None}
+            return max(means, key=means.__getitem__) if means else None
 
         tok, gap = own_rate("token"), own_rate("gap")
-        t, g = cells[f"token@{tok}"], cells[f"gap@{gap}"]
-        text = (
-            f"By the minival the class token does best at the {tok} rate and GAP at the {gap} rate (the paper: "
-            f"high and low); each at its own rate, on test top-1 "
-            + lead("the class token", t["test_top1"], "GAP", g["test_top1"])
-        )
+        if tok is None or gap is None:
+            which = " and ".join(n for n, r in (("the class token", tok), ("GAP", gap)) if r is None)
+            text = f"No learning rate can be chosen for {which} by the minival (no finite minival result)"
+        else:
+            t, g = cells[f"token@{tok}"], cells[f"gap@{gap}"]
+            text = (
+                f"By the minival the class token does best at the {tok} rate and GAP at the {gap} rate (the paper: "
+                f"high and low); each at its own rate, on test top-1 "
+                + lead("the class token", t["test_top1"], "GAP", g["test_top1"])
+            )
         if "gap@high" in cells and "gap@low" in cells:
             low, high = cells["gap@low"]["test_top1"], cells["gap@high"]["test_top1"]
             text += "; " + lead("GAP at the low rate", low, "GAP at the high rate", high)

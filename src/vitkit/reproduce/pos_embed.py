@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .experiments import Experiment, Section, lead, mean_std, pct, shots_label
+from .experiments import Experiment, Section, finite, lead, mean_of, mean_std, pct, shots_label
 from .spec import RunSpec
 
 
@@ -61,19 +61,21 @@ class PosEmbed(Experiment):
         if "none" in v and kinds:
             gap = lead("having positions (learned 1-D, 2-D, relative)", with_pos, "having none", v["none"]["test_top1"])
             parts.append(f"On test top-1 {gap} (the paper: 2.8 points on 5-shot ImageNet)")
-        if len(kinds) > 1:
-            means = {k: mean_std(v[k]["test_top1"]) for k in kinds}
-            hi, lo = max(means, key=lambda k: means[k][0]), min(means, key=lambda k: means[k][0])
-            spread = max(s for _, s in means.values())
-            span = 100 * (means[hi][0] - means[lo][0])
-            if len(v[hi]["test_top1"]) < 2:
+        means = {k: m for k in kinds if (m := mean_of(v[k]["test_top1"])) is not None}  # a kind that diverged: out
+        if len(means) > 1:
+            hi, lo = max(means, key=means.__getitem__), min(means, key=means.__getitem__)
+            spread = max(mean_std(v[k]["test_top1"])[1] for k in means)
+            span = 100 * (means[hi] - means[lo])
+            if len(finite(v[hi]["test_top1"])) < 2:
                 within = "with one seed, so no spread to weigh it against"
             elif span <= 100 * spread:
                 within = f"within the spread over seeds ({100 * spread:.1f})"
             else:
                 within = f"more than the spread over seeds ({100 * spread:.1f})"
+            left_out = [v[k]["title"] for k in kinds if k not in means]
+            without = f" ({', '.join(left_out)} left out: no finite result)" if left_out else ""
             parts.append(
                 f"the learned 1-D, 2-D and relative kinds span {span:.1f} points ({v[hi]['title']} highest), "
-                f"{within}; the paper's span is 0.2 points"
+                f"{within}; the paper's span is 0.2 points{without}"
             )
         return ("; ".join(parts) or "Too few variants were run to compare") + "."

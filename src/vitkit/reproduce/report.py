@@ -4,6 +4,7 @@ numbers (mean and spread over seeds), the figure, and one sentence on whether th
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,18 @@ def _section_md(s: Section, out: Path) -> str:
 
 
 def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``out/report.md`` and ``out/report.json`` (atomically)."""
+    """Write ``out/report.md`` and ``out/report.json`` (atomically; a number that is not finite is
+    ``null`` in the JSON).
+
+    Args:
+        out: the suite's folder.
+        sections: one per experiment whose runs are finished.
+        meta: the command, date, budget, data, machine and timing of the call.
+        runs: every reported run's result by key.
+
+    Returns:
+        The paths of ``report.md`` and ``report.json``.
+    """
     m = meta["machine"]
     minutes = sum(r.get("wall_seconds") or 0 for r in runs.values()) / 60
     size = "x".join(map(str, meta["img_size"]))
@@ -93,8 +105,27 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         "runs": runs,
     }
     js = out / "report.json"
-    write_json(js, payload)
+    write_json(js, json_safe(payload))
     return md, js
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite (a diverged run's nan or inf) as None: strict
+    JSON has no NaN, and a reader must not take it for a number.
+
+    Args:
+        value: nested dicts, lists and scalars.
+
+    Returns:
+        The same structure, copied.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def now() -> str:
