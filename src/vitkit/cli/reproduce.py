@@ -45,14 +45,40 @@ def run(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["reproduce"]
         else "vitkit reproduce"
     )
-    reproduce(
-        args.experiments,
-        out=args.out,
-        data=args.data,
-        budget=args.budget,
-        seeds=args.seeds,
-        jobs=args.jobs,
-        report=lambda line: print(line, flush=True),
-        command=command,
-    )
+    try:
+        reproduce(
+            args.experiments,
+            out=args.out,
+            data=args.data,
+            budget=args.budget,
+            seeds=args.seeds,
+            jobs=args.jobs,
+            report=lambda line: print(line, flush=True),
+            command=command,
+        )
+    except KeyboardInterrupt as e:
+        print(f"vitkit reproduce: {interrupted_line(e, args.out, command)}", file=sys.stderr, flush=True)
+        return 130
     return 0
+
+
+def interrupted_line(e: KeyboardInterrupt, out: str, command: str) -> str:
+    """The one line a stopped suite ends with: what stopped it, what is kept, how to resume.
+
+    Args:
+        e: the interruption (:class:`vitkit.reproduce.runner.Interrupted` when a signal stopped
+            the runs; a plain ``KeyboardInterrupt`` otherwise).
+        out: the suite's folder.
+        command: the command line that resumes the suite (the one that was run).
+
+    Returns:
+        The line, without the ``vitkit reproduce:`` prefix.
+    """
+    name = getattr(e, "signal_name", "SIGINT")
+    finished, total = getattr(e, "finished", None), getattr(e, "total", None)
+    kept = (
+        f"{finished} of {total} runs are finished and kept in {out}"
+        if finished is not None and total is not None
+        else f"finished runs are kept in {out}"
+    )
+    return f"stopped by {name}; {kept}; to resume (interrupted runs go on from their checkpoints), run: {command}"
