@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: venv data demo demo-5min reproduce test test-all test-peers lint format bench clean
+.PHONY: venv data demo demo-5min reproduce test test-all test-peers lint format bench docs clean
 
 $(BIN)/vitkit: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,reproduce,dev,peers,shards,onnx]"
+	$(BIN)/pip install -q -e ".[test,plot,reproduce,dev,peers,shards,onnx,docs]"
 	@touch $@
 
 venv: $(BIN)/vitkit
@@ -49,16 +49,22 @@ test-all: venv
 	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/gen_reference.py
+	$(BIN)/ruff format --check src tests benchmarks docs/gen_reference.py
 
 format: venv
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks docs/gen_reference.py
+	$(BIN)/ruff check --fix src tests benchmarks docs/gen_reference.py
+
+# The documentation site (docs/, mkdocs.yml) into site/, with --strict: a broken link or reference fails.
+docs: venv
+	$(BIN)/pip install -q -e ".[docs]"
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: venv
 	$(BIN)/python benchmarks/demo_fmnist.py
 	$(BIN)/python benchmarks/peers.py
 
 clean:
-	rm -rf $(VENV) .peers build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .peers site build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -369,7 +369,10 @@ def test_bad_distillation_settings_get_one_line(tmp_path, teacher_file):
     cases = [
         ({"train__distill": "hard"}, r"train.distill=hard needs a teacher: set train.teacher"),
         ({"train__teacher": str(teacher_file)}, r"train.teacher is set but train.distill is none"),
-        ({"train__distill": "soft", "train__teacher": "x", "train__distill_temperature": 0}, r"must be in \(0, 1000\], got 0"),
+        (
+            {"train__distill": "soft", "train__teacher": "x", "train__distill_temperature": 0},
+            r"must be in \(0, 1000\], got 0",
+        ),
         ({"train__distill_alpha": 1.5}, r"train.distill_alpha must be in \[0, 1\], got 1.5"),
         ({"train__distill": "kd"}, r"train.distill must be one of none, hard, soft"),
         ({"model__overrides__distill_token": "yes"}, r"model.overrides.distill_token must be true or false"),

@@ -99,7 +99,7 @@ ERASE_MODES = ("pixel", "rand", "const")
 @dataclass
 class ModelSection:
     name: str = "vit_s16"  # any registered name; the fields below override its config
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # config fields: width, depth, img_size, num_classes...
     init_from: str | None = None  # weights to start from (fine-tuning): any format load_pretrained reads
     init: str = checked("default", choices=INITS)  # attention initialisation of a model trained from scratch
     pos_embed_mode: str = checked("bilinear", choices=POS_EMBED_MODES)  # resizing when init_from's size differs
@@ -108,10 +108,10 @@ class ModelSection:
 @dataclass
 class DataSection:
     name: str = "fashion-mnist"  # --data: fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder, shards
-    train_split: str = "train"
-    eval_split: str = "test"
-    num_workers: int = checked(0, "[0, 256]")
-    eval_max_images: int | None = checked(None, ">= 1")
+    train_split: str = "train"  # the split training reads ("minival": the held-out part)
+    eval_split: str = "test"  # the split evaluations read ("" for none; "minival" to keep the test set unseen)
+    num_workers: int = checked(0, "[0, 256]")  # processes decoding images (folders, shards); 0: the main one
+    eval_max_images: int | None = checked(None, ">= 1")  # a fixed random subset of the evaluation split
     minival: float = checked(0, ">= 0", counts=True)  # training images held out as the split "minival"
     subset: float | None = checked(None, "> 0", counts=True)  # train on a class-balanced subset of the rest
     subset_seed: int = checked(0, SEEDS)  # fixes which images the minival and the subsets take (nested)
@@ -120,14 +120,14 @@ class DataSection:
 
 @dataclass
 class AugmentSection:
-    crop: str = checked("inception", choices=CROPS)
-    pad: int = checked(4, "[0, 4096]")
-    flip: bool = True
-    area_min: float = checked(0.05, "(0, 1]")
-    eval_crop: float = checked(1.0, "(0, 1]")
+    crop: str = checked("inception", choices=CROPS)  # inception: random area and aspect; pad: pad and crop
+    pad: int = checked(4, "[0, 4096]")  # pixels of padding of crop "pad"
+    flip: bool = True  # random horizontal flips
+    area_min: float = checked(0.05, "(0, 1]")  # crop "inception": the smallest fraction of the image kept
+    eval_crop: float = checked(1.0, "(0, 1]")  # evaluation: the central fraction kept before resizing
     randaugment: str = ""  # timm's spelling, e.g. "rand-m9-n2-mstd0.5" (m: magnitude 0-10, n: ops); "": off
     mixup_alpha: float = checked(0.0, "[0, 1000]")  # Beta(alpha, alpha) of the mixing weight; 0: off
-    cutmix_alpha: float = checked(0.0, "[0, 1000]")
+    cutmix_alpha: float = checked(0.0, "[0, 1000]")  # Beta(alpha, alpha) of CutMix's box area; 0: off
     mix_prob: float = checked(1.0, "[0, 1]")  # chance that a batch (image, pair) is mixed at all
     mix_switch_prob: float = checked(0.5, "[0, 1]")  # chance of CutMix when both alphas are above 0
     mix_mode: str = checked("batch", choices=MIX_MODES)  # one draw per batch, per pair (i, B-1-i), per image
@@ -141,12 +141,13 @@ class AugmentSection:
 
 @dataclass
 class OptimSection:
+    # muon: Muon for the encoder's weight matrices, AdamW for the rest
     name: str = checked("adamw", choices=OPTIMIZERS, ignore_case=True)
-    lr: float = checked(1e-3, ">= 0")
-    betas: tuple[float, float] = checked((0.9, 0.999), "[0, 1)")
-    eps: float = checked(1e-8, ">= 0")
-    momentum: float = checked(0.9, "[0, 1)")
-    nesterov: bool = False
+    lr: float = checked(1e-3, ">= 0")  # peak learning rate, after the warm-up
+    betas: tuple[float, float] = checked((0.9, 0.999), "[0, 1)")  # Adam's moment decays
+    eps: float = checked(1e-8, ">= 0")  # Adam's denominator term
+    momentum: float = checked(0.9, "[0, 1)")  # SGD's momentum
+    nesterov: bool = False  # SGD: Nesterov momentum
     muon_momentum: float = checked(0.95, "[0, 1)")  # muon: the encoder matrices' momentum (Nesterov)
     muon_lr_scale: float = checked(1.0, "> 0")  # muon: the encoder matrices' lr is lr times this
     muon_split_qkv: bool = False  # muon: orthogonalise a fused qkv weight as q, k and v apart
@@ -154,24 +155,24 @@ class OptimSection:
     # embeddings, relative-position tables, class or distillation tokens (optim.decays)
     weight_decay: float = checked(0.1, ">= 0")
     layer_decay: float = checked(1.0, "(0, 1]")  # layer-wise lr decay (BEiT): layer l gets lr * decay^(L+1-l)
-    schedule: str = checked("cosine", choices=SCHEDULES)
-    warmup_steps: int = checked(0, "[0, 1000000000]")
-    min_lr: float = checked(0.0, ">= 0")
+    schedule: str = checked("cosine", choices=SCHEDULES)  # after the warm-up, down to min_lr at the last step
+    warmup_steps: int = checked(0, "[0, 1000000000]")  # linear warm-up from 0 (section 4.1)
+    min_lr: float = checked(0.0, ">= 0")  # the rate the schedule ends at
 
 
 @dataclass
 class TrainSection:
-    steps: int = checked(1000, "[1, 1000000000]")
+    steps: int = checked(1000, "[1, 1000000000]")  # optimiser steps of the whole run
     batch_size: int = checked(128, "[1, 16777216]")  # global batch (all processes, all accumulation micro-steps)
-    accum_steps: int = checked(1, "[1, 65536]")
+    accum_steps: int = checked(1, "[1, 65536]")  # micro-batches a step adds up (same update, less memory)
     # auto: bf16 where the device computes it natively and fast, else fp32 (vitkit.precision);
     # bf16: autocast with fp32 weights
     precision: str = checked("auto", choices=PRECISIONS)
     bf16_weights: bool = False  # when the step computes in bf16: forward and backward on a bf16 copy of the weights
-    compile: bool = False
+    compile: bool = False  # torch.compile what computes the step
     grad_clip: float = checked(1.0, ">= 0")  # global norm; 0 disables
-    label_smoothing: float = checked(0.0, "[0, 1)")
-    loss: str = checked("softmax", choices=LOSSES)
+    label_smoothing: float = checked(0.0, "[0, 1)")  # mass moved from the label to every class
+    loss: str = checked("softmax", choices=LOSSES)  # softmax cross-entropy, or sigmoid (per-class BCE)
     head_bias_init: float | None = None  # default: 0 (softmax) / -log(K) (sigmoid)
     ema_decay: float = checked(0.0, "[0, 1)")  # Polyak averaging of the weights; 0 disables
     on_nonfinite: str = checked("stop", choices=ON_NONFINITE)  # skip: leave out a step whose loss is not finite
@@ -194,19 +195,19 @@ class TrainSection:
 @dataclass
 class LogSection:
     log_every: int = checked(50, ">= 0")  # 0: only after the last step (as eval_every, checkpoint_every)
-    eval_every: int = checked(500, ">= 0")
-    checkpoint_every: int = checked(500, ">= 0")
-    keep_last: int = checked(2, "[1, 100000]")
+    eval_every: int = checked(500, ">= 0")  # steps between evaluations (best.safetensors keeps the best)
+    checkpoint_every: int = checked(500, ">= 0")  # steps between resumable checkpoints
+    keep_last: int = checked(2, "[1, 100000]")  # checkpoints kept; older ones are removed
     tensorboard: bool = True  # when the tensorboard package is installed
-    plot: bool = True
+    plot: bool = True  # curves.png of the metrics, rewritten at each evaluation (needs matplotlib)
 
 
 @dataclass
 class Recipe:
     """A whole training recipe."""
 
-    description: str = ""
-    seed: int = checked(0, SEEDS)
+    description: str = ""  # what the recipe trains and why, in words
+    seed: int = checked(0, SEEDS)  # initialisation, data order and augmentation draws
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     augment: AugmentSection = field(default_factory=AugmentSection)

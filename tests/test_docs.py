@@ -1,0 +1,78 @@
+"""The README and the documentation stay true: generated pages current, every command line in them
+accepted by the command line's own parser, every Python block valid, every link resolving, and the
+site building with --strict where mkdocs is installed."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
+
+
+def _blocks(lang: str) -> list[tuple[str, str]]:
+    return [(p.name, m.group(2)) for p in PAGES for m in BLOCK.finditer(p.read_text()) if m.group(1) == lang]
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    out = []
+    for page, block in _blocks("bash"):
+        for line in block.splitlines():
+            line = " ".join(shlex.split(line, comments=True))
+            if "vitkit " in line and not line.startswith(("pip", "python")):
+                out.append((page, line[line.index("vitkit ") :]))
+            elif line.startswith("make "):
+                out.append((page, line))
+    return out
+
+
+def test_the_generated_reference_is_current():
+    result = subprocess.run([sys.executable, str(REPO / "docs" / "gen_reference.py"), "--check"], capture_output=True)
+    assert result.returncode == 0, result.stdout.decode()
+
+
+@pytest.mark.parametrize(("page", "line"), _command_lines())
+def test_every_command_line_in_the_docs_parses(page, line):
+    words = line.split()
+    if words[0] == "make":
+        targets = re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M)
+        assert words[1] in targets, f"{page}: make {words[1]} is not a target"
+        return
+    try:
+        build_parser().parse_args(words[1:])
+    except SystemExit as e:
+        pytest.fail(f"{page}: `{line}` is refused by the parser (exit {e.code})")
+
+
+@pytest.mark.parametrize(("page", "code"), _blocks("python"))
+def test_every_python_block_in_the_docs_compiles(page, code):
+    compile(code, page, "exec")
+
+
+def test_every_link_in_the_readme_resolves():
+    text = (REPO / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if not target.startswith("http"):
+            assert (REPO / target).exists(), target
+
+
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
