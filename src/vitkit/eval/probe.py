@@ -239,9 +239,64 @@ def evaluate_probe(
         raise UsageError(f"knn_k must be positive, got {knn_k}")
     train_x, train_y = extract_features(model, train, max_images=max_train, progress=progress, **run)
     test_x, test_y = extract_features(model, test, max_images=max_test, progress=progress, **run)
-    k, device = train.num_classes, run.get("device", "cpu")
+    return probe_features(
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        train.num_classes,
+        weight_decay=weight_decay,
+        max_iter=max_iter,
+        knn_k=knn_k,
+        knn_weighting=knn_weighting,
+        temperature=temperature,
+        device=run.get("device", "cpu"),
+    )
+
+
+def probe_features(
+    train_x: ArrayLike,
+    train_y: ArrayLike,
+    test_x: ArrayLike,
+    test_y: ArrayLike,
+    num_classes: int,
+    weight_decay: float | Sequence[float] = DEFAULT_WEIGHT_DECAY,
+    max_iter: int = 500,
+    knn_k: int = DEFAULT_K,
+    knn_weighting: Literal["distance", "majority"] = "distance",
+    temperature: float = DEFAULT_TEMPERATURE,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """A linear probe and a kNN classifier on features computed already (by
+    :func:`vitkit.eval.extract_features`, or read from an embeddings file).
+
+    Args:
+        train_x: (N_train, F) features to fit on.
+        train_y: (N_train,) their labels, in ``[0, num_classes)``.
+        test_x: (N_test, F) features to score.
+        test_y: (N_test,) their labels.
+        num_classes: the number of classes.
+        weight_decay: one value, or several to choose from (see :func:`linear_probe`).
+        max_iter: L-BFGS iterations of the probe.
+        knn_k: neighbours that vote (see :func:`knn_eval`).
+        knn_weighting: "distance" or "majority".
+        temperature: the vote temperature of "distance".
+        device: where both run.
+
+    Returns:
+        ``{"linear_probe": linear_probe(...), "knn": knn_eval(...), "num_features"}``.
+    """
+    if knn_k < 1:
+        raise UsageError(f"knn_k must be positive, got {knn_k}")
     lin = linear_probe(
-        train_x, train_y, test_x, test_y, weight_decay=weight_decay, num_classes=k, max_iter=max_iter, device=device
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        weight_decay=weight_decay,
+        num_classes=num_classes,
+        max_iter=max_iter,
+        device=device,
     )
     knn = knn_eval(
         train_x,
@@ -251,7 +306,7 @@ def evaluate_probe(
         k=knn_k,
         weighting=knn_weighting,
         temperature=temperature,
-        num_classes=k,
+        num_classes=num_classes,
         device=device,
     )
-    return {"linear_probe": lin, "knn": knn, "num_features": int(train_x.shape[1])}
+    return {"linear_probe": lin, "knn": knn, "num_features": int(np.shape(train_x)[1])}
