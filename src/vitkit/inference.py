@@ -413,7 +413,8 @@ def _act_name(module: nn.Module) -> str | None:
 
 def fold_attention_scale(model: nn.Module, where: Callable[[nn.Linear], bool] | None = None) -> int:
     """Fold each attention layer's ``1/sqrt(head_dim)`` into the query rows of its qkv projection
-    (in place) and set its scale to 1, which the attention kernel does not multiply by
+    (with ``qk_norm``, into its query norm's scale and shift, which come after it) in place, and
+    set its scale to 1, which the attention kernel does not multiply by
     (:mod:`vitkit.models.attention`): serving saves that pass over q. Exact when the scale is a
     power of two (head_dim 64 or 16). ``where`` (default: all) picks the qkv layers: serving folds
     only into the ones it packs, whose weights leave ``state_dict``. Returns the number changed."""
@@ -424,9 +425,13 @@ def fold_attention_scale(model: nn.Module, where: Callable[[nn.Linear], bool] | 
                 continue
             d = attn.qkv.out_features // 3
             with torch.no_grad():
-                attn.qkv.weight[:d] *= attn.scale
-                if attn.qkv.bias is not None:
-                    attn.qkv.bias[:d] *= attn.scale
+                if attn.q_norm is not None:  # the queries are normed after qkv: scale the norm's output
+                    attn.q_norm.weight *= attn.scale
+                    attn.q_norm.bias *= attn.scale
+                else:
+                    attn.qkv.weight[:d] *= attn.scale
+                    if attn.qkv.bias is not None:
+                        attn.qkv.bias[:d] *= attn.scale
             attn.scale = 1.0
             count += 1
     return count

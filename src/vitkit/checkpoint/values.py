@@ -27,6 +27,7 @@ MEAN_RANGE = (-1.0, 2.0)
 STD_RANGE = (1e-3, 10.0)
 CROP_PCT_RANGE = (0.5, 1.0)
 MAX_IMAGE_SIDE = 1 << 13
+MAX_LAYER_SCALE = 1e6  # the starting value of LayerScale's gammas (DINOv2: 1e-5; CaiT: 0.1 to 1e-6)
 MAX_NESTING = 64  # brackets inside one another in a JSON value (vitkit's own metadata nests 6 deep)
 
 # A JSON string (possibly unterminated, at the end of a text), or one bracket outside strings.
@@ -172,7 +173,7 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
     """The fields of a vitkit model config read from a file (``ViTConfig.to_dict()`` or
     ``ResNetConfig.to_dict()``): known names, JSON types and sane ranges. Choices the config
     itself checks (divisibility, GroupNorm widths...) are left to it."""
-    from ..models.config import POOLINGS, POS_EMBEDS, ResNetConfig, ViTConfig
+    from ..models.config import ACTIVATIONS, MAX_REGISTERS, MLP_TYPES, POOLINGS, POS_EMBEDS, ResNetConfig, ViTConfig
 
     if not isinstance(d, dict):
         raise CheckpointError(f"{where}: the model config must be a JSON object, got {type(d).__name__}")
@@ -201,12 +202,19 @@ def check_config_dict(d: Any, arch: str, where: str) -> None:
             "drop_rate": lambda v, k: number(v, where, key(k), 0.0, 1.0),
             "attn_drop_rate": lambda v, k: number(v, where, key(k), 0.0, 1.0),
             "drop_path_rate": lambda v, k: number(v, where, key(k), 0.0, 1.0),
-            "act": lambda v, k: choice(v, where, key(k), ("gelu_tanh", "gelu")),
+            "act": lambda v, k: choice(v, where, key(k), ACTIVATIONS),
             "ln_eps": lambda v, k: number(v, where, key(k), 0.0, 1.0, lo_open=True),
             "resnet_units": lambda v, k: v is None or units(v, where, key(k), min_stages=0),
             "resnet_width": lambda v, k: integer(v, where, key(k), 32, MAX_DIM),
             "dynamic_img_size": lambda v, k: flag(v, where, key(k)),
             "distill_token": lambda v, k: flag(v, where, key(k)),
+            "num_registers": lambda v, k: integer(v, where, key(k), 0, MAX_REGISTERS),
+            "layer_scale_init": lambda v, k: v is None or number(v, where, key(k), -MAX_LAYER_SCALE, MAX_LAYER_SCALE),
+            "pre_norm": lambda v, k: flag(v, where, key(k)),
+            "fc_norm": lambda v, k: flag(v, where, key(k)),
+            "qk_norm": lambda v, k: flag(v, where, key(k)),
+            "mlp_type": lambda v, k: choice(v, where, key(k), MLP_TYPES),
+            "patch_bias": lambda v, k: flag(v, where, key(k)),
         }
     else:
         checks |= {

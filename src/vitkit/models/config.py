@@ -7,6 +7,7 @@ such as ``"B/16"`` or ``"R50+ViT-B/16"`` are parsed into a :class:`ViTConfig`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,7 +20,15 @@ POOLINGS: tuple[str, ...] = ("token", "gap", "map")
 # sincos2d: fixed 2-D sine-cosine (big_vision); none.
 PosEmbed = Literal["learned", "learned2d", "sincos2d", "relative", "none"]
 POS_EMBEDS: tuple[str, ...] = ("learned", "learned2d", "sincos2d", "relative", "none")
-Activation = Literal["gelu_tanh", "gelu"]
+# gelu_tanh: GELU's tanh approximation (the official JAX code, SigLIP); gelu: the exact GELU (timm,
+# Hugging Face, DINOv2); quick_gelu: x * sigmoid(1.702 x) (OpenAI's CLIP).
+Activation = Literal["gelu_tanh", "gelu", "quick_gelu"]
+ACTIVATIONS: tuple[str, ...] = ("gelu_tanh", "gelu", "quick_gelu")
+# mlp: Linear -> activation -> Linear (eq. 3); swiglu: the gated MLP of DINOv2's giant model,
+# SiLU(x W_gate) * (x W_value) -> Linear, the two input projections packed in one layer.
+MlpType = Literal["mlp", "swiglu"]
+MLP_TYPES: tuple[str, ...] = ("mlp", "swiglu")
+MAX_REGISTERS = 1 << 10  # register tokens a model may have (DINOv2's have 4, the paper tries up to 16)
 
 # name -> (width D, depth L, heads, MLP size); Table 1 of the paper, Ti and S from later work.
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -114,6 +123,14 @@ class ViTConfig:
     resnet_width: int = 64  # width of the ResNet stem (64 * width factor)
     dynamic_img_size: bool = False  # resize position embeddings at run time for other input sizes
     distill_token: bool = False  # DeiT: a second prefix token, after the class token, with its own head
+    # Pieces of later ViTs, each off by default (the paper's model has none of them):
+    num_registers: int = 0  # learned tokens after the class (and distillation) token, no position (DINOv2-reg)
+    layer_scale_init: float | None = None  # a number: LayerScale on both residual branches, gammas start there
+    pre_norm: bool = False  # a LayerNorm on z0, before the first block (CLIP's ln_pre; timm's norm_pre)
+    fc_norm: bool = False  # the final LayerNorm after pooling instead of on every token (timm's fc_norm)
+    qk_norm: bool = False  # a LayerNorm over each head's queries and keys before their product
+    mlp_type: MlpType = "mlp"  # swiglu: mlp_dim is the gated width, the packed input layer twice that
+    patch_bias: bool = True  # False: the patch embedding has no bias (CLIP)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
@@ -129,8 +146,11 @@ class ViTConfig:
         if self.pos_embed not in POS_EMBEDS:
             choices = ", ".join(repr(c) for c in POS_EMBEDS[:-1]) + f" or {POS_EMBEDS[-1]!r}"
             raise ValueError(f"pos_embed must be {choices}, got {self.pos_embed!r}")
-        if self.act not in ("gelu_tanh", "gelu"):
-            raise ValueError(f"act must be 'gelu_tanh' or 'gelu', got {self.act!r}")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"act must be 'gelu_tanh', 'gelu' or 'quick_gelu', got {self.act!r}")
+        if self.mlp_type not in MLP_TYPES:
+            raise ValueError(f"mlp_type must be 'mlp' or 'swiglu', got {self.mlp_type!r}")
+        self._check_optional_pieces()
         if self.pos_embed == "learned2d" and self.width % 2:
             raise ValueError(
                 f"pos_embed 'learned2d' needs an even width (a row half and a column half), got width {self.width}"
@@ -155,6 +175,18 @@ class ViTConfig:
             )
         check_divisible(self.img_size, self.total_stride, what="img_size")
 
+    def _check_optional_pieces(self) -> None:
+        """The later pieces' values (registers, LayerScale) and the combinations vitkit cannot build."""
+        registers = self.num_registers
+        if isinstance(registers, bool) or not isinstance(registers, int) or not 0 <= registers <= MAX_REGISTERS:
+            raise ValueError(f"num_registers must be an integer from 0 to {MAX_REGISTERS}, got {registers!r}")
+        scale = self.layer_scale_init
+        number = isinstance(scale, (int, float)) and not isinstance(scale, bool)
+        if scale is not None and not (number and math.isfinite(scale)):
+            raise ValueError(f"layer_scale_init must be a finite number or None (no LayerScale), got {scale!r}")
+        if self.distill_token and self.fc_norm:
+            raise ValueError("distill_token (DeiT) feeds its two heads from the normed tokens; it takes no fc_norm")
+
     @property
     def stem_stride(self) -> int:
         """Downsampling of the ResNet stem of a hybrid (1 for a plain ViT): :func:`hybrid_stem_stride`."""
@@ -177,18 +209,26 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token (classifier "token"), then DeiT's
-        distillation token (``distill_token``)."""
-        return (1 if self.classifier == "token" else 0) + (1 if self.distill_token else 0)
+        """Tokens before the patches: the class token (classifier "token"), DeiT's distillation
+        token (``distill_token``), then the register tokens (``num_registers``)."""
+        return (1 if self.classifier == "token" else 0) + (1 if self.distill_token else 0) + self.num_registers
 
     @property
     def pos_prefix_rows(self) -> int:
-        """Rows of the position embedding before the grid's: one per prefix token that gets a
-        position (none with ``cls_pos_embed`` False)."""
-        return self.num_prefix_tokens if self.cls_pos_embed else 0
+        """Rows of the position embedding before the grid's: one for the class token and one for
+        the distillation token, when they get a position (``cls_pos_embed``). Registers never do."""
+        if not self.cls_pos_embed:
+            return 0
+        return self.num_prefix_tokens - self.num_registers
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_json_dict(self)
+        """JSON-ready fields. The later pieces (:data:`OPTIONAL_FIELDS`) are written only when
+        used, so a model without them is written as before they existed."""
+        d = _to_json_dict(self)
+        for name, default in OPTIONAL_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
@@ -196,6 +236,18 @@ class ViTConfig:
 
     def replace(self, **overrides: Any) -> ViTConfig:
         return _replace_checked(self, overrides)
+
+
+# The fields of the pieces later ViTs add, with the value that leaves them out.
+OPTIONAL_FIELDS: dict[str, Any] = {
+    "num_registers": 0,
+    "layer_scale_init": None,
+    "pre_norm": False,
+    "fc_norm": False,
+    "qk_norm": False,
+    "mlp_type": "mlp",
+    "patch_bias": True,
+}
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Analytic forward cost of a model, for ``vitkit models`` and the benchmarks.
 
 Counted: 2 x multiply-adds of every matrix multiply and convolution (patch embedding, q/k/v,
-the two attention products Q K^T and A V, output projection, MLP, a MAP head's, pre-logits, head, ResNet
-convolutions; with relative positions, the query against the offset table Q R^T). Not counted:
-normalisation, activations, softmax, pooling, additions, gathers (a few percent at most). This
-is the convention of the peers' published figures (ViT-B/16 at 224 px: 35.13 GFLOPs).
+the two attention products Q K^T and A V, output projection, MLP (a SwiGLU's three matrices), a
+MAP head's, pre-logits, head, ResNet convolutions; with relative positions, the query against the
+offset table Q R^T). Not counted: normalisation (LayerScale, q/k norms too), activations, softmax,
+pooling, additions, gathers (a few percent at most). This is the convention of the peers'
+published figures (ViT-B/16 at 224 px: 35.13 GFLOPs).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def vit_flops(cfg: ViTConfig, img_size: tuple[int, int] | None = None) -> int:
     D, M = cfg.width, cfg.mlp_dim
     flops += 2 * gh * gw * ph * pw * cin * D  # patch embedding
     N = gh * gw + cfg.num_prefix_tokens
-    per_block = 2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D + 2 * 2 * N * D * M
+    mlp_mats = 3 if cfg.mlp_type == "swiglu" else 2  # SwiGLU: gate and value D x M, then M x D
+    per_block = 2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D + 2 * mlp_mats * N * D * M
     if cfg.pos_embed == "relative":  # q @ R^T: 2 N hd num_offsets per head, heads x hd = D
         per_block += 2 * N * D * relative_num_offsets(gh * gw, cfg.num_prefix_tokens)
     flops += cfg.depth * per_block
@@ -119,7 +121,8 @@ def approx_params(cfg: ViTConfig | ResNetConfig) -> int:
     if cfg.resnet_units is not None:  # the patches come from the ResNet's last stage
         cin = cfg.resnet_width * 4 * 2 ** max(len(cfg.resnet_units) - 1, 0)
     feat = cfg.representation_size or D
-    block = 4 * D * D + 2 * D * M + 9 * D + M
+    mlp_mats = 3 if cfg.mlp_type == "swiglu" else 2
+    block = 4 * D * D + mlp_mats * D * M + 9 * D + (mlp_mats - 1) * M
     table = (gh * gw + cfg.num_prefix_tokens) * D if cfg.pos_embed.startswith("learned") else 0
     pre_logits = (D + 1) * cfg.representation_size if cfg.representation_size else 0
     head = (feat + 1) * cfg.num_classes * (2 if cfg.distill_token else 1)

@@ -27,6 +27,33 @@ HYBRIDS: dict[str, tuple[tuple[int, ...], str, int]] = {
     "r26_vit_s32": ((2, 2, 2, 2), "S", 1),
 }
 
+# Later ViTs whose released weights vitkit loads, each built as its authors' code builds it:
+# name -> (ViT size or (width, depth, heads, MLP size), patch size, other config fields).
+# DINOv2 (Oquab et al., 2023; with registers, Darcet et al., 2024): LayerScale, exact GELU, trained
+# at 518 px (a 37 x 37 position table); the giant's MLP is a SwiGLU of width 4096. CLIP's image
+# towers (Radford et al., 2021; the names of timm's): a LayerNorm before the blocks, a patch
+# embedding without bias, LayerNorm epsilon 1e-5, the image projection as the head; OpenAI's were
+# trained with QuickGELU, OpenCLIP's with the exact GELU. SigLIP (Zhai et al., 2023): no class
+# token, attention pooling (MAP), GELU's tanh approximation.
+_DINOV2 = {"img_size": 518, "act": "gelu", "layer_scale_init": 1e-5, "num_classes": 0}
+_GIANT = (1536, 40, 24, 4096)
+_CLIP = {"pre_norm": True, "patch_bias": False, "ln_eps": 1e-5, "act": "gelu"}
+_SIGLIP = {"classifier": "map", "act": "gelu_tanh", "num_classes": 0}
+RELEASES: dict[str, tuple[str | tuple[int, int, int, int], int, dict[str, Any]]] = {
+    **{f"vit_{s.lower()}14_dinov2": (s, 14, _DINOV2) for s in ("S", "B", "L")},
+    "vit_g14_dinov2": (_GIANT, 14, {**_DINOV2, "mlp_type": "swiglu"}),
+    **{f"vit_{s.lower()}14_reg4_dinov2": (s, 14, {**_DINOV2, "num_registers": 4}) for s in ("S", "B", "L")},
+    "vit_g14_reg4_dinov2": (_GIANT, 14, {**_DINOV2, "mlp_type": "swiglu", "num_registers": 4}),
+    "vit_b16_clip": ("B", 16, {**_CLIP, "num_classes": 512}),
+    "vit_b32_clip": ("B", 32, {**_CLIP, "num_classes": 512}),
+    "vit_l14_clip": ("L", 14, {**_CLIP, "num_classes": 768}),
+    "vit_b16_clip_quickgelu": ("B", 16, {**_CLIP, "act": "quick_gelu", "num_classes": 512}),
+    "vit_b32_clip_quickgelu": ("B", 32, {**_CLIP, "act": "quick_gelu", "num_classes": 512}),
+    "vit_l14_clip_quickgelu": ("L", 14, {**_CLIP, "act": "quick_gelu", "num_classes": 768}),
+    "vit_b16_siglip": ("B", 16, _SIGLIP),
+    "vit_so400m14_siglip": ((1152, 27, 16, 4304), 14, _SIGLIP),
+}
+
 LISTED = [
     "vit_ti16",
     "vit_s16",
@@ -47,13 +74,15 @@ LISTED = [
     "bit_r101x3",
     "bit_r152x2",
     "bit_r152x4",
+    *RELEASES,
 ]
 
 _SIZE_KEYS = {k.lower(): k for k in VIT_SIZES}
 
 
 def list_models() -> list[str]:
-    """The registered model names (any ``vit_<size><patch>`` also works in :func:`create_model`)."""
+    """The registered model names: the paper's ViTs, hybrids and BiT ResNets, and the later
+    releases of :data:`RELEASES` (any ``vit_<size><patch>`` also works in :func:`create_model`)."""
     return list(LISTED)
 
 
@@ -87,6 +116,11 @@ def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
             resnet_units=units,
             resnet_width=64,
         )
+        return base.replace(**overrides)
+    if key in RELEASES:
+        size, patch, fields = RELEASES[key]
+        width, depth, heads, mlp = VIT_SIZES[size] if isinstance(size, str) else size
+        base = ViTConfig(patch_size=patch, width=width, depth=depth, num_heads=heads, mlp_dim=mlp, **fields)
         return base.replace(**overrides)
     m = re.fullmatch(r"vit_(ti|s|m|b|l|h)(\d+)", key)
     if m:

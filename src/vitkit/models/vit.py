@@ -12,6 +12,15 @@ pooling ("map", :class:`.heads.MAPHead`).
 DeiT's distillation token (Touvron et al., ICML 2021; ``distill_token``) is a second prefix token
 after the class token, with its own position and its own linear head ``head_dist``, trained
 against a teacher's predictions; at evaluation the model returns the mean of the two heads' logits.
+
+Later ViTs add pieces, each off by default (:class:`~.config.ViTConfig`), so that their released
+weights load and compute what their authors' code computes:
+- register tokens (Darcet et al., ICLR 2024; DINOv2 with registers): ``num_registers`` learned
+  tokens after the class (and distillation) token, without a position embedding;
+- LayerScale (Touvron et al., 2021; DINOv2): ``x = x + gamma_1 * MSA(LN(x))``, and so for the MLP;
+- a LayerNorm on z0 before the first block (CLIP, ``pre_norm``), the final norm moved after
+  pooling (``fc_norm``), a LayerNorm over each head's queries and keys (``qk_norm``);
+- the SwiGLU MLP of DINOv2's giant model (``mlp_type="swiglu"``) and OpenAI CLIP's QuickGELU.
 """
 
 from __future__ import annotations
@@ -51,7 +60,9 @@ class PatchEmbed(nn.Module):
         hybrid = cfg.resnet_units is not None  # () too: the ResNet root alone (R+ViT-Ti/16)
         self.backbone = HybridStem(cfg.resnet_units, cfg.resnet_width, cfg.in_chans) if hybrid else None
         in_chans = self.backbone.out_chans if self.backbone is not None else cfg.in_chans
-        self.proj = nn.Conv2d(in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.proj = nn.Conv2d(
+            in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=cfg.patch_bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backbone is not None:
@@ -80,11 +91,17 @@ def kept_patches(patches: int, rate: float) -> int:
 
 
 def add_tokens_and_positions(
-    patches: torch.Tensor, prefix: torch.Tensor | None, pos: torch.Tensor | None, cls_pos_embed: bool
+    patches: torch.Tensor,
+    prefix: torch.Tensor | None,
+    pos: torch.Tensor | None,
+    cls_pos_embed: bool,
+    registers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """z0 of eq. 1 from the patch tokens (B, N, D): the prefix tokens (1, P, D) (the class token,
     then DeiT's distillation token; None for none) put first and E_pos (if any) added, to every
-    token or, with ``cls_pos_embed`` False (big_vision), to the patches before the prefix joins them."""
+    token or, with ``cls_pos_embed`` False (big_vision), to the patches before the prefix joins them.
+    The register tokens (1, R, D), if any, go in after the prefix tokens once the positions are
+    added: they have none (DINOv2 with registers)."""
     x = patches
     if prefix is not None:
         tokens = prefix.expand(x.shape[0], -1, -1)  # (B, P, D)
@@ -94,6 +111,10 @@ def add_tokens_and_positions(
         x = torch.cat([tokens, x], dim=1)  # (B, P+N, D)
     if pos is not None:
         x = x + pos
+    if registers is not None:
+        p = 0 if prefix is None else prefix.shape[1]
+        regs = registers.expand(x.shape[0], -1, -1)  # (B, R, D)
+        x = torch.cat([x[:, :p], regs, x[:, p:]], dim=1)  # (B, P+R+N, D)
     return x
 
 
@@ -116,6 +137,9 @@ class Attention(nn.Module):
     added to the content logits before the softmax. The query is scaled as for the content logits,
     so both terms are on one scale and folding the scale into the query weights
     (:func:`vitkit.inference.fold_attention_scale`) leaves the bias as it was.
+
+    ``qk_norm`` puts a LayerNorm (over head_dim, shared by the heads) on each head's queries and
+    keys before their product: ``q_norm`` and ``k_norm``.
     """
 
     impl: str = "auto"
@@ -127,12 +151,16 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         relative: tuple[int, int] | None = None,
+        qk_norm: bool = False,
+        ln_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=ln_eps) if qk_norm else None
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=ln_eps) if qk_norm else None
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -175,6 +203,8 @@ class Attention(nn.Module):
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         bias = self.relative_bias(q) if self.rel_embed is not None else None
         out, weights = attend(
             q, k, v, scale=self.scale, dropout_p=self.attn_drop, training=self.training, impl=self.impl,
@@ -185,19 +215,64 @@ class Attention(nn.Module):
         return (out, weights) if return_weights else out
 
 
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: the sigmoid approximation of GELU that OpenAI's CLIP was trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def activation(act: str) -> nn.Module:
+    """The MLP's activation module for a config's ``act``: "gelu_tanh", "gelu" or "quick_gelu"."""
+    if act == "quick_gelu":
+        return QuickGELU()
+    return nn.GELU(approximate="tanh" if act == "gelu_tanh" else "none")
+
+
 class Mlp(nn.Module):
     """Linear(D, D_mlp) -> GELU -> Linear(D_mlp, D), dropout after each dense layer."""
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu_tanh", drop: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU(approximate="tanh" if act == "gelu_tanh" else "none")
+        self.act = activation(act)
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP of DINOv2's giant model: ``fc2(SiLU(x W_gate) * (x W_value))``.
+
+    ``fc1`` packs the two input projections, D -> 2 D_mlp, the gate's half first (the layout of
+    DINOv2's ``w12`` and timm's ``SwiGLUPacked``); ``fc2`` is D_mlp -> D (DINOv2's ``w3``).
+    Dropout after the product and after ``fc2``."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden)
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # (..., 2 D_mlp) -> 2 x (..., D_mlp)
+        return self.drop2(self.fc2(self.drop1(F.silu(gate) * value)))
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch, ``x * gamma`` (CaiT; DINOv2's ``ls1``
+    and ``ls2``); ``gamma`` (D,) starts at ``init``."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
 
 
 class DropPath(nn.Module):
@@ -215,15 +290,24 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm encoder layer: ``x = x + MSA(LN(x)); x = x + MLP(LN(x))``."""
+    """Pre-norm encoder layer: ``x = x + MSA(LN(x)); x = x + MLP(LN(x))``; with LayerScale
+    (``cfg.layer_scale_init``) each branch is scaled by its ``gamma`` before it is added."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         rel = (cfg.grid_size[0] * cfg.grid_size[1], cfg.num_prefix_tokens) if cfg.pos_embed == "relative" else None
-        self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_drop_rate, cfg.drop_rate, relative=rel)
+        self.attn = Attention(
+            cfg.width, cfg.num_heads, cfg.attn_drop_rate, cfg.drop_rate, rel, qk_norm=cfg.qk_norm, ln_eps=cfg.ln_eps
+        )
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
-        self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.act, cfg.drop_rate)
+        if cfg.mlp_type == "swiglu":
+            self.mlp: nn.Module = SwiGLU(cfg.width, cfg.mlp_dim, cfg.drop_rate)
+        else:
+            self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.act, cfg.drop_rate)
+        scaled = cfg.layer_scale_init is not None
+        self.ls1 = LayerScale(cfg.width, cfg.layer_scale_init) if scaled else nn.Identity()
+        self.ls2 = LayerScale(cfg.width, cfg.layer_scale_init) if scaled else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
     def forward(
@@ -233,8 +317,8 @@ class Block(nn.Module):
         (B, H, N, N), which makes the attention take its explicit path."""
         attn = self.attn(self.norm1(x), return_weights=return_weights)
         attn_out, weights = attn if return_weights else (attn, None)
-        x = x + self.drop_path(attn_out)
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.ls1(attn_out))
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
         return (x, weights) if return_weights else x
 
 
@@ -260,6 +344,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distill_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_registers, D)) if cfg.num_registers else None
         (gh, gw), prefix_rows = cfg.grid_size, cfg.pos_prefix_rows
         self.pos_embed_row = self.pos_embed_col = self.pos_embed_prefix = None
         if cfg.pos_embed == "learned":
@@ -273,6 +358,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             self.pos_embed_col = nn.Parameter(torch.empty(1, gw, D // 2))
             self.pos_embed_prefix = nn.Parameter(torch.empty(1, prefix_rows, D)) if prefix_rows else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        self.norm_pre = nn.LayerNorm(D, eps=cfg.ln_eps) if cfg.pre_norm else None
         self.patch_drop_rate = 0.0  # training only; see set_patch_drop
         self.patch_drop_flat_weight = 1.0  # how likely a flat patch is kept, against one with content
         self.patch_drop_share = (0, 1)  # (rank, processes): this batch's part of the global one
@@ -281,11 +367,13 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList([Block(cfg, dpr[i]) for i in range(cfg.depth)])
-        self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
+        # With fc_norm the final LayerNorm acts on the pooled token; the tokens stay as the last block left them.
+        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(D, eps=cfg.ln_eps)
 
         self.attn_pool = None
         if cfg.classifier == "map":
             self.attn_pool = MAPHead(D, cfg.num_heads, Mlp(D, cfg.mlp_dim, cfg.act), cfg.ln_eps)
+        self.fc_norm = nn.LayerNorm(D, eps=cfg.ln_eps) if cfg.fc_norm else None
         self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else None
@@ -294,7 +382,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     # -- initialisation (as the official code: xavier-uniform dense layers, lecun-normal patch
     #    kernel, N(0, 0.02) position embeddings, zero class token and head; DeiT's distillation
-    #    token truncated N(0, 0.02) as DeiT's, so that it starts apart from the class token) -----
+    #    token truncated N(0, 0.02) as DeiT's, so that it starts apart from the class token;
+    #    registers N(0, 1e-6) as DINOv2's, so that they start apart from one another) -----------
     def reset_parameters(self) -> None:
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -310,7 +399,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         proj = self.patch_embed.proj
         fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
         nn.init.trunc_normal_(proj.weight, std=math.sqrt(1 / fan_in) / 0.87962566103423978)
-        nn.init.zeros_(proj.bias)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)
         for table in (self.pos_embed, self.pos_embed_row, self.pos_embed_col, self.pos_embed_prefix):
             if isinstance(table, nn.Parameter):
                 nn.init.normal_(table, std=0.02)
@@ -321,6 +411,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             nn.init.zeros_(self.cls_token)
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
+        for blk in self.blocks:
+            for scale in (blk.ls1, blk.ls2):
+                if isinstance(scale, LayerScale):
+                    nn.init.constant_(scale.gamma, self.cfg.layer_scale_init)
         if self.pre_logits is not None:
             nn.init.zeros_(self.pre_logits.bias)
         for head in (self.head, self.head_dist):
@@ -368,19 +464,23 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         return resample_pos_embed(self.pos_embed, grid, old_grid=cfg.grid_size, num_prefix_tokens=cfg.pos_prefix_rows)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W) -> token sequence z0 (B, N(+1), D), dropout applied; in training
-        with a patch drop rate (:meth:`set_patch_drop`) only the kept patch tokens: a random subset
-        of the grid, in raster order."""
+        """Images (B, C, H, W) -> token sequence z0 (B, P+N, D), dropout applied, then ``norm_pre``
+        where the model has one (CLIP); in training with a patch drop rate (:meth:`set_patch_drop`)
+        only the kept patch tokens: a random subset of the grid, in raster order."""
         self._check_input(x)
         if self.training and self.patch_drop_rate > 0 and self.patch_embed.backbone is None:
-            return self.pos_drop(self._embed_kept_patches(x))
+            return self._pre_norm(self.pos_drop(self._embed_kept_patches(x)))
         x = self.patch_embed(x)  # (B, D, gh, gw)
         grid = (x.shape[2], x.shape[3])
         x = x.flatten(2).transpose(1, 2)  # (B, gh*gw, D), raster order
-        x = add_tokens_and_positions(x, self.prefix_tokens(), self.pos_embed_table(grid), self.cfg.cls_pos_embed)
+        pos = self.pos_embed_table(grid)
+        x = add_tokens_and_positions(x, self.prefix_tokens(), pos, self.cfg.cls_pos_embed, self.reg_token)
         if self.training and self.patch_drop_rate > 0:
             x = self._drop_patches(x)
-        return self.pos_drop(x)
+        return self._pre_norm(self.pos_drop(x))
+
+    def _pre_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.norm_pre is None else self.norm_pre(x)
 
     def _kept_index(
         self, batch: int, patches: int, device: torch.device, flat: torch.Tensor | None = None
@@ -422,11 +522,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         if pos is not None:  # the kept patches' rows, after the prefix tokens' (none with cls_pos_embed False)
             rows = pos.shape[1] - patches
             pos = torch.cat([pos[:, :rows].expand(B, -1, -1), pos[0, rows:][idx]], dim=1)
-        return add_tokens_and_positions(tokens, self.prefix_tokens(), pos, self.cfg.cls_pos_embed)
+        return add_tokens_and_positions(tokens, self.prefix_tokens(), pos, self.cfg.cls_pos_embed, self.reg_token)
 
     def prefix_tokens(self) -> torch.Tensor | None:
-        """The learned tokens put before the patches, (1, P, D): the class token, then the
-        distillation token; None for a GAP model."""
+        """The learned tokens put before the patches that may have a position, (1, P, D): the
+        class token, then the distillation token; None for a GAP model. The register tokens
+        (``reg_token``, (1, R, D)) follow them, without a position (:func:`add_tokens_and_positions`)."""
         tokens = [t for t in (self.cls_token, self.dist_token) if t is not None]
         if not tokens:
             return None
@@ -473,13 +574,15 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         Returns a dict with ``"tokens"``: the residual stream after each block in ``indices``
         (all blocks by default; negative indices count from the last), ``"attention"``: the
         (B, heads, N, N) softmax weights of those blocks when ``return_attention`` (computed by
-        the explicit path), ``"embedded"``: z0, and ``"normed"``: LN(z_L).
+        the explicit path), ``"embedded"``: z0 (after ``norm_pre``, where there is one), and
+        ``"normed"``: LN(z_L) (with ``fc_norm``, the tokens as the last block left them).
 
         ``output_fmt="NCHW"`` gives dense feature maps instead, as a detection or segmentation
         neck takes them: each of ``"tokens"`` is the patch tokens alone laid out on their grid,
         (B, D, H / s, W / s) for an input of H x W pixels and ``s = cfg.total_stride`` (a
-        hybrid's CNN stride included), and ``"prefix_tokens"`` holds the class token's (B, 1, D)
-        of each (empty for "gap" and "map"). ``norm`` applies the encoder's final LayerNorm to
+        hybrid's CNN stride included), and ``"prefix_tokens"`` holds the tokens before the
+        patches of each, (B, P, D): the class token, the distillation token and the registers, those
+        the model has (none for "gap" and "map" without registers). ``norm`` applies the encoder's final LayerNorm to
         each kept block's tokens (timm's ``norm=True``).
         """
         if output_fmt not in ("NLC", "NCHW"):
@@ -509,11 +612,16 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     # -- head (eq. 4) ------------------------------------------------------------------------
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, P+N, D) -> one vector per image (B, D): the class token, the MAP head's
+        output (attending over every token, registers included, as timm's ``attn_pool``) or the
+        mean of the patch tokens; then ``fc_norm`` where the model has one."""
         if self.cfg.classifier == "token":
-            return tokens[:, 0]  # (B, D)
-        if self.attn_pool is not None:
-            return self.attn_pool(tokens)  # (B, D); "map" has no prefix token
-        return tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+            x = tokens[:, 0]  # (B, D)
+        elif self.attn_pool is not None:
+            x = self.attn_pool(tokens)  # (B, D)
+        else:
+            x = tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+        return x if self.fc_norm is None else self.fc_norm(x)
 
     def forward_head(
         self, tokens: torch.Tensor, pre_logits: bool = False

@@ -1,0 +1,218 @@
+"""The pieces of later ViTs (registers, LayerScale, pre-norm, fc_norm, q/k norm, SwiGLU, QuickGELU)
+and the loading of DINOv2, CLIP and SigLIP weights from timm and Hugging Face files, with the
+peers' own models as the reference where they are installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.analysis.attention import cls_rollout_map, collect_attention, mean_attention_distance
+from vitkit.inference import fold_attention_scale
+from vitkit.models import ViTConfig, model_flops
+from vitkit.models.vit import LayerScale, QuickGELU, SwiGLU
+
+TINY = dict(img_size=28, patch_size=7, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5)
+ALL_PIECES = dict(
+    num_registers=3, layer_scale_init=0.5, pre_norm=True, qk_norm=True, mlp_type="swiglu", act="quick_gelu"
+)
+
+
+def tiny(**kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_s16", **{**TINY, **kw})
+    _randomise(model)
+    return model
+
+
+def _randomise(model: torch.nn.Module, seed: int = 0) -> None:
+    """Random values for every parameter (zero-initialised heads and tokens included), so that
+    each piece changes the output."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] % 2 == 0 else 0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces, each off by default.
+
+
+def test_pieces_are_off_by_default():
+    model = vitkit.create_model("vit_ti16", **TINY)
+    names = " ".join(model.state_dict())
+    for piece in ("reg_token", "ls1", "ls2", "q_norm", "k_norm", "fc_norm", "norm_pre"):
+        assert piece not in names
+    assert "patch_embed.proj.bias" in names and "norm.weight" in names
+    assert not {"num_registers", "layer_scale_init", "pre_norm", "fc_norm", "qk_norm"} & set(model.cfg.to_dict())
+    assert isinstance(model.blocks[0].ls1, torch.nn.Identity) and model.blocks[0].attn.q_norm is None
+
+
+def test_config_writes_only_the_pieces_in_use_and_reads_them_back():
+    cfg = ViTConfig(**{**TINY, **ALL_PIECES, "fc_norm": True, "classifier": "gap", "patch_bias": False})
+    d = cfg.to_dict()
+    assert {"num_registers", "layer_scale_init", "pre_norm", "qk_norm", "mlp_type", "fc_norm", "patch_bias"} <= set(d)
+    assert ViTConfig.from_dict(d) == cfg
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(num_registers=-1), "num_registers"),
+        (dict(num_registers=True), "num_registers"),
+        (dict(layer_scale_init=float("nan")), "layer_scale_init"),
+        (dict(mlp_type="geglu"), "mlp_type"),
+        (dict(act="relu"), "quick_gelu"),
+        (dict(distill_token=True, fc_norm=True), "fc_norm"),
+    ],
+)
+def test_config_refuses_wrong_pieces(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ViTConfig(**{**TINY, **bad})
+
+
+def test_registers_follow_the_class_token_without_a_position():
+    model = tiny(num_registers=4).eval()
+    assert model.num_prefix_tokens == 5 and model.cfg.pos_prefix_rows == 1
+    assert model.pos_embed.shape == (1, 1 + 16, 32)  # the class token's row and the grid's: none for registers
+    x = torch.randn(2, 3, 28, 28)
+    z0 = model.embed(x)
+    assert z0.shape == (2, 5 + 16, 32)
+    torch.testing.assert_close(z0[:, 1:5], model.reg_token.expand(2, -1, -1), atol=0, rtol=0)
+    torch.testing.assert_close(z0[:, 0], (model.cls_token + model.pos_embed[:, :1])[:, 0].expand(2, -1))
+    # cls_pos_embed=False (timm's no_embed_class): the table is the grid's alone
+    unplaced = tiny(num_registers=4, cls_pos_embed=False)
+    assert unplaced.pos_embed.shape == (1, 16, 32) and unplaced.cfg.pos_prefix_rows == 0
+    # a GAP model with registers: they are its prefix, left out of the mean
+    gap = tiny(num_registers=2, classifier="gap").eval()
+    tokens = gap.forward_features(x)
+    assert tokens.shape == (2, 2 + 16, 32)
+    torch.testing.assert_close(gap.pool(tokens), tokens[:, 2:].mean(1))
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos2d", "learned2d"])
+def test_registers_at_another_resolution(pos_embed):
+    static = tiny(num_registers=2, pos_embed=pos_embed).eval()
+    dynamic = tiny(num_registers=2, pos_embed=pos_embed, dynamic_img_size=True).eval()
+    dynamic.load_state_dict(static.state_dict())
+    static.set_img_size((42, 35))
+    x = torch.randn(1, 3, 42, 35)
+    with torch.no_grad():
+        out = static.forward_features(x)
+        assert out.shape == (1, 3 + 6 * 5, 32)
+        torch.testing.assert_close(dynamic.forward_features(x), out)
+
+
+def test_registers_in_intermediates_features_attention_and_analyses():
+    model = tiny(num_registers=3, classifier="map").eval()  # no class token: the registers are the prefix
+    x = torch.randn(2, 3, 28, 28)
+    out = model.forward_intermediates(x, return_attention=True, output_fmt="NCHW")
+    assert [t.shape for t in out["tokens"]] == [(2, 32, 4, 4)] * 2
+    assert [t.shape for t in out["prefix_tokens"]] == [(2, 3, 32)] * 2
+    assert [w.shape for w in out["attention"]] == [(2, 2, 19, 19)] * 2
+    features = vitkit.create_model("vit_s16", **TINY, num_registers=3, features_only=True, out_indices=[0, 1])
+    assert [f.shape for f in features(x)] == [(2, 32, 4, 4)] * 2
+    assert cls_rollout_map(model, x).shape == (2, 4, 4)
+    distance = mean_attention_distance(collect_attention(model, x), (4, 4), 7, model.num_prefix_tokens)
+    assert distance.shape == (2, 2) and torch.isfinite(distance).all()
+
+
+def test_patch_dropout_keeps_the_registers():
+    model = tiny(num_registers=3).train()
+    model.set_patch_drop(0.5)
+    z0 = model.embed(torch.randn(2, 3, 28, 28))
+    assert z0.shape == (2, 1 + 3 + 8, 32)
+    torch.testing.assert_close(z0[:, 1:4], model.reg_token.expand(2, -1, -1), atol=0, rtol=0)
+
+
+def test_layer_scale_pre_norm_and_fc_norm_where_they_act():
+    model = vitkit.create_model("vit_s16", **TINY, layer_scale_init=1e-5)
+    gammas = [m.gamma for m in model.modules() if isinstance(m, LayerScale)]
+    assert len(gammas) == 4 and all(torch.equal(g, torch.full((32,), 1e-5)) for g in gammas)
+    model = tiny(pre_norm=True).eval()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        z0 = model.embed(x)
+        torch.testing.assert_close(model.norm_pre(model.pos_drop(_raw_tokens(model, x))), z0)
+    model = tiny(fc_norm=True, classifier="gap").eval()
+    assert isinstance(model.norm, torch.nn.Identity) and "norm.weight" not in model.state_dict()
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        pooled = model.forward_head(tokens, pre_logits=True)
+        torch.testing.assert_close(pooled, model.fc_norm(tokens.mean(1)))  # no prefix token
+        torch.testing.assert_close(model(x), model.head(pooled))
+
+
+def _raw_tokens(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """z0 before the pre-norm: the class token and the patches, positions added."""
+    patches = model.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, D)
+    return torch.cat([model.cls_token.expand(x.shape[0], -1, -1), patches], dim=1) + model.pos_embed
+
+
+def test_swiglu_and_quick_gelu_compute_their_formulas():
+    torch.manual_seed(0)
+    mlp = SwiGLU(8, 12)
+    x = torch.randn(3, 8)
+    w = mlp.fc1.weight  # (24, 8): the gate's 12 rows, then the value's
+    gate, value = x @ w[:12].T + mlp.fc1.bias[:12], x @ w[12:].T + mlp.fc1.bias[12:]
+    expected = (gate * torch.sigmoid(gate) * value) @ mlp.fc2.weight.T + mlp.fc2.bias
+    torch.testing.assert_close(mlp(x), expected)
+    torch.testing.assert_close(QuickGELU()(x), x * torch.sigmoid(1.702 * x))
+    model = vitkit.create_model("vit_s16", **TINY, mlp_type="swiglu")
+    assert model.blocks[0].mlp.fc1.weight.shape == (128, 32) and model.blocks[0].mlp.fc2.weight.shape == (32, 64)
+    with torch.device("meta"):
+        plain = vitkit.create_model("vit_s16", **TINY)
+    tokens, depth = 1 + 16, 2
+    assert model_flops(model) - model_flops(plain) == depth * 2 * tokens * 32 * 64  # one more D x M matrix
+
+
+@pytest.mark.parametrize("pieces", [dict(qk_norm=True), ALL_PIECES], ids=["qk_norm", "all"])
+def test_attention_paths_agree_with_the_pieces(pieces):
+    model = tiny(**pieces).train()
+    x = torch.randn(2, 3, 28, 28)
+    outs, grads = {}, {}
+    for impl in ("sdpa", "math", "recompute"):
+        model.set_attention_impl(impl)
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        outs[impl] = out.detach()
+        grads[impl] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    for impl in ("sdpa", "recompute"):
+        torch.testing.assert_close(outs[impl], outs["math"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grads[impl], grads["math"], atol=1e-4, rtol=1e-4)
+    model.zero_grad()
+    model.set_attention_impl("auto")
+    model.set_grad_checkpointing(True)
+    model(x).square().sum().backward()
+    torch.testing.assert_close(torch.cat([p.grad.flatten() for p in model.parameters()]), grads["math"])
+    weights = model.eval().forward_intermediates(x, return_attention=True)["attention"]
+    assert weights[0].shape == (
+        2,
+        2,
+        1 + 3 * ("num_registers" in pieces) + 16,
+        1 + 3 * ("num_registers" in pieces) + 16,
+    )
+
+
+def test_folding_the_attention_scale_into_the_query_norm_is_exact():
+    model = tiny(qk_norm=True, width=64, num_heads=4).eval()  # head_dim 16: the scale 1/4 is a power of two
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        before = model(x)
+        assert fold_attention_scale(model) == 2
+        assert model.blocks[0].attn.scale == 1.0
+        torch.testing.assert_close(model(x), before, atol=0, rtol=0)
+
+
+def test_release_models_build_with_their_pieces():
+    with torch.device("meta"):
+        reg = vitkit.create_model("vit_s14_reg4_dinov2")
+        giant = vitkit.create_model("vit_g14_dinov2")
+        clip = vitkit.create_model("vit_b16_clip_quickgelu")
+        siglip = vitkit.create_model("vit_so400m14_siglip")
+    assert reg.cfg.num_registers == 4 and reg.cfg.img_size == (518, 518) and reg.pos_embed.shape == (1, 1 + 37**2, 384)
+    assert isinstance(giant.blocks[0].mlp, SwiGLU) and giant.blocks[0].mlp.fc1.out_features == 8192
+    assert clip.norm_pre is not None and clip.patch_embed.proj.bias is None and clip.cfg.act == "quick_gelu"
+    assert siglip.attn_pool is not None and siglip.cls_token is None and siglip.cfg.num_heads == 16
