@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 
 from ..errors import VitkitError
-from . import analyze, bench, convert, fewshot, finetune, models, predict, probe, reproduce, train
+from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train
 from . import eval as evaluate
 
 COMMANDS: dict[str, ModuleType] = {
@@ -25,6 +25,7 @@ COMMANDS: dict[str, ModuleType] = {
     "fewshot": fewshot,
     "probe": probe,
     "predict": predict,
+    "embed": embed,
     "analyze": analyze,
     "reproduce": reproduce,
     "bench": bench,

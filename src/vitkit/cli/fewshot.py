@@ -8,7 +8,6 @@ from .common import (
     count,
     describe,
     load_model,
-    model_arguments,
     num,
     precision_argument,
     progress,
@@ -16,12 +15,13 @@ from .common import (
     run_options,
     split_arguments,
 )
+from .embed import embeddings_json, embeddings_lines, reads_embeddings, source_arguments
 
 HELP = "few-shot linear accuracy (closed-form least squares, as the paper)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    model_arguments(p)
+    source_arguments(p)
     precision_argument(p)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     split_arguments(
@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if reads_embeddings(args):
+        return _run_embeddings(args)
     from ..data import build_dataset
     from ..eval import DEFAULT_L2_GRID, evaluate_fewshot
 
@@ -54,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
             progress=update,
             **run_options(args),
         )
-    _print(res, model, args)
+    source = [
+        f"checkpoint   {model.load_report.path} ({model.load_report.source})",
+        f"data         {args.data}: {res['num_classes']} classes; samples from {args.train_split}, "
+        f"accuracy on {res['num_test']} {args.test_split} images; {res['num_features']} features",
+    ]
+    _print(res, source, args)
     if args.json:
         from ..files import write_json
 
@@ -64,13 +71,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(res: dict, model: object, args: argparse.Namespace) -> None:
+def _run_embeddings(args: argparse.Namespace) -> int:
+    """Few-shot accuracy on two embeddings files (vitkit embed): labels from the class folder of
+    each path, samples drawn from the train file as from a dataset in the same order."""
+    from ..eval import DEFAULT_L2_GRID, fewshot_eval
+    from ..eval.embed import labelled_embeddings
+
+    data = labelled_embeddings(args.train_embeddings, args.test_embeddings, args.max_train, args.max_test)
+    l2 = list(DEFAULT_L2_GRID) if args.l2_grid else args.l2
+    k = len(data.classes)
+    res = fewshot_eval(data.train_x, data.train_y, data.test_x, data.test_y, args.shots, args.seeds, l2, num_classes=k)
+    res = {**res, "num_features": int(data.train_x.shape[1]), "num_test": int(data.test_x.shape[0])}
+    source = [*embeddings_lines(data), f"features     {res['num_features']}"]
+    _print(res, source, args)
+    if args.json:
+        from ..files import write_json
+
+        write_json(args.json, {**embeddings_json(data, args), **res})
+    return 0
+
+
+def _print(res: dict, source: list[str], args: argparse.Namespace) -> None:
+    print("\n".join(source))
     k = res["num_classes"]
-    print(f"checkpoint   {model.load_report.path} ({model.load_report.source})")
-    print(
-        f"data         {args.data}: {k} classes; samples from {args.train_split}, "
-        f"accuracy on {res['num_test']} {args.test_split} images; {res['num_features']} features"
-    )
     print(f"few-shot linear accuracy, mean ± std over {args.seeds} seed(s)\n")
     if len(res["l2"]) == 1:
         print(f"{'shots':>5}  {'l2':>8}  {'accuracy':>17}  {'train images':>12}")

@@ -358,7 +358,7 @@ def embed_folder(
     """
     if batch_size < 1:
         raise UsageError(f"batch_size must be positive, got {batch_size}")
-    out_path = _check_out(out)
+    out_path = check_output(out)
     pool_fn = pool_function(model, pool)
     run = _prepare_run(model, Path(folder), list(files) if files is not None else None, pool, batch_size)
     run.device = torch.device(device)
@@ -395,14 +395,26 @@ def embed_folder(
     return result
 
 
-def _check_out(out: str | Path | None) -> Path | None:
+def check_output(out: str | Path | None) -> Path | None:
+    """Check, before any work, that embeddings can be written to ``out``.
+
+    Args:
+        out: the file to write, or None (nothing is written).
+
+    Returns:
+        ``out`` as a path, or None.
+
+    Raises:
+        UsageError: a suffix other than .safetensors or .parquet, .parquet without pyarrow, a
+            folder that does not exist, or a folder where the file goes.
+    """
     if out is None:
         return None
     path = Path(out)
     if path.suffix.lower() not in SUFFIXES:
         raise UsageError(f"{path}: embeddings are written as {' or '.join(SUFFIXES)}; name the file so")
     if path.suffix.lower() == ".parquet":
-        _pyarrow()
+        _pyarrow(path)
     if not path.parent.is_dir():
         raise UsageError(f"{path}: the folder {path.parent} does not exist; create it first")
     if path.is_dir():
@@ -410,12 +422,14 @@ def _check_out(out: str | Path | None) -> Path | None:
     return path
 
 
-def _pyarrow() -> Any:
+def _pyarrow(path: Path) -> Any:
     try:
         import pyarrow
         import pyarrow.parquet
     except ImportError:
-        raise UsageError(".parquet embeddings need pyarrow: pip install pyarrow (or write .safetensors)") from None
+        raise UsageError(
+            f"{path}: .parquet embeddings need pyarrow: pip install pyarrow (or use .safetensors)"
+        ) from None
     return pyarrow
 
 
@@ -505,7 +519,7 @@ def _finish(
         if p:
             tail = tail or tuple(vectors.shape[1:])
             crc = zlib.crc32(vectors.reshape(-1).view(torch.uint8).numpy(), crc)
-    meta = {**run.metadata, "skipped": skipped}
+    meta = {**run.metadata, "shape": [len(paths), *(tail or ())], "skipped": skipped}
     if tail is None:
         if parts is not None:
             parts.remove(n_batches)
@@ -558,7 +572,7 @@ def _write_parquet(
 ) -> None:
     """A parquet table of columns ``path`` and ``embedding`` (each row's values flattened, float32;
     its shape in the metadata ``shape``), the other metadata in the schema's."""
-    pa = _pyarrow()
+    pa = _pyarrow(out)
     import pyarrow.parquet as pq
 
     width = int(np.prod(tail))
@@ -566,7 +580,7 @@ def _write_parquet(
     column = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), type=pa.float32()), width)
     table = pa.table({"path": pa.array(paths, type=pa.string()), "embedding": column})
     stored = {k: v for k, v in _string_metadata(meta).items() if k != "paths"}
-    table = table.replace_schema_metadata({**stored, "shape": json.dumps([len(paths), *tail])})
+    table = table.replace_schema_metadata(stored)
     atomic_write(out, lambda f: pq.write_table(table, f))
 
 
@@ -612,6 +626,8 @@ def _decoded(path: Path, raw: dict[str, str]) -> dict[str, Any]:
         raise UsageError(f"{path}: not an embeddings file of vitkit embed (no format {FORMAT!r} in its metadata)")
     meta: dict[str, Any] = {}
     for k, v in raw.items():
+        if k == CHECKSUM_KEY:
+            continue  # checked when the file was read
         try:
             meta[k] = json.loads(v) if k in _JSON_KEYS else v
         except (ValueError, RecursionError):
@@ -620,7 +636,7 @@ def _decoded(path: Path, raw: dict[str, str]) -> dict[str, Any]:
 
 
 def _read_parquet(path: Path) -> tuple[torch.Tensor, dict[str, Any], list[str]]:
-    _pyarrow()
+    _pyarrow(path)
     import pyarrow.parquet as pq
 
     try:
@@ -761,6 +777,7 @@ __all__ = [
     "EmbeddingResult",
     "Embeddings",
     "LabelledEmbeddings",
+    "check_output",
     "embed_folder",
     "image_files",
     "labelled_embeddings",
