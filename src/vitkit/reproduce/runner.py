@@ -17,13 +17,14 @@ import json
 import math
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,7 @@ def train_and_score(spec: RunSpec, run_dir: Path, init_from: str | None, setting
         tree["model"]["init_from"] = init_from
     recipe = recipe_from_dict(tree)
     start = time.perf_counter()
+    _clear_interrupted_start(run_dir)
     train(recipe, run_dir)
     out = {
         "key": spec.key,
@@ -184,6 +186,39 @@ def train_and_score(spec: RunSpec, run_dir: Path, init_from: str | None, setting
     out["wall_seconds"] = time.perf_counter() - start
     write_json(run_dir / "result.json", out)
     return out
+
+
+def _clear_interrupted_start(run_dir: Path) -> None:
+    """A run stopped while it claimed its folder leaves the lock file alone there (with at most the
+    temporary of the folder's marker), which a run refuses as not a run folder. Under a suite's
+    ``runs/`` nothing else makes such a folder: it is emptied, unless a live run holds the lock."""
+    from ..files import temporary_target
+    from ..train.runfolder import LOCK, MARKER
+
+    try:
+        names = {p.name for p in run_dir.iterdir()}
+    except OSError:
+        return
+    if LOCK not in names or any(n != LOCK and temporary_target(n) != MARKER for n in names):
+        return
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:
+            pass
+        except OSError:
+            return  # held: a live run is starting there, and says so itself
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                (run_dir / name).unlink()
+    finally:
+        os.close(fd)
 
 
 def _train_seconds(run_dir: Path) -> float | None:
@@ -402,21 +437,17 @@ def stop_on_signals() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _spawning() -> Iterator[None]:
-    """Around starting a run process: SIGINT and SIGTERM held back in this process (delivered on
-    leaving, to its own handlers), and SIGINT ignored, which the new process inherits: until it
-    has its own process group and handler, a terminal's Ctrl-C must not break its start-up with a
-    traceback (this process stops it instead)."""
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back in this thread, delivered on leaving (to the handlers of
+    :func:`stop_on_signals`): a process started inside is registered before a stop can look."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a blocked signal stays pending meanwhile
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _signal_run(pid: int, sig: int) -> None:
@@ -425,7 +456,7 @@ def _signal_run(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
         return
     except (ProcessLookupError, PermissionError, AttributeError):
-        pass  # not yet the leader of its own group (still starting), or no process groups here
+        pass  # its group is gone (its own process may still be a zombie), or no process groups here
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 
@@ -442,17 +473,24 @@ def _watch_parent(parent: int) -> None:
             return
 
 
-def _worker(conn: Connection, threads: int) -> None:
-    """A run process: trains and scores the runs the suite sends, one at a time, answering
-    ``("ok", result)`` or ``("error", exception)``; ``None`` or a closed connection ends it. It leads
-    its own process group, so a terminal's Ctrl-C reaches the suite's process alone, which stops
-    the runs itself (SIGINT to the group: the run stops as Ctrl-C would stop ``vitkit train``)."""
+def _worker(fd: int, threads: int) -> None:
+    """A run process (``python -c``, started by :class:`_Processes` in a process group of its
+    own, so a terminal's Ctrl-C reaches the suite's process alone, which stops the runs itself).
+    It trains and scores the runs the suite sends over the socket ``fd``, one at a time, answering
+    ``("ok", result)`` or ``("error", exception)``; ``None`` or a closed socket ends it. SIGINT to
+    its group stops the run as Ctrl-C would stop ``vitkit train``: from its last checkpoint on.
+
+    Args:
+        fd: its end of the socket pair.
+        threads: torch's intra-op threads.
+    """
     code = 1
+    conn = Connection(fd)
     try:
-        if hasattr(os, "setpgid"):
-            os.setpgid(0, 0)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # it started with SIGINT ignored
-        conn.send(("ready", None))  # from now on SIGINT to its group stops it cleanly
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if hasattr(signal, "pthread_sigmask"):  # started while the suite held them back
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        conn.send(("ready", None))  # from now on SIGINT stops it cleanly
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
         _threads(threads)
         while (job := conn.recv()) is not None:
@@ -477,6 +515,15 @@ def _worker(conn: Connection, threads: int) -> None:
         os._exit(code)
 
 
+# A run process imports vitkit from where the suite's process found it (its sys.path, as
+# multiprocessing's spawn passes it), then serves runs.
+_WORKER = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+    "from vitkit.reproduce.runner import _worker; _worker(int(sys.argv[1]), int(sys.argv[2]))"
+)
+PARALLEL = hasattr(os, "killpg") and os.name == "posix"  # run processes need process groups
+
+
 def _portable(e: Exception, run_dir: Path) -> Exception:
     """``e`` as the suite's process can unpickle it (else a :class:`TrainingError` that names the
     run and says what it was), with the run's traceback as a note (``vitkit -v`` shows it)."""
@@ -495,11 +542,11 @@ def _portable(e: Exception, run_dir: Path) -> Exception:
 class _Process:
     """A run process of the suite and the run it is on (None: idle)."""
 
-    proc: Any  # multiprocessing.Process
+    proc: subprocess.Popen[bytes]
     conn: Connection
     job: tuple[Any, ...] | None = None
     started: float = 0.0
-    ready: bool = False  # it has its process group and SIGINT handler
+    ready: bool = False  # past its start-up: SIGINT stops it cleanly
 
 
 _PENDING = object()  # no answer yet
@@ -511,11 +558,18 @@ class _Processes:
     the last checkpoint, from which the next call resumes) and, after a grace period, SIGKILL."""
 
     def __init__(self, jobs: int, threads: int) -> None:
-        self.ctx = get_context("spawn")
         self.jobs, self.threads = jobs, threads
         self.procs: list[_Process] = []
 
     def __enter__(self) -> _Processes:
+        # A signal may be taken by any of this process's threads; its handler runs in the main
+        # thread, which may be waiting for a run to answer. The wake-up socket ends that wait.
+        self.wake, self._wake_in = socket.socketpair()
+        self.wake.setblocking(False)
+        self._wake_in.setblocking(False)
+        self._old_wake = None
+        if threading.current_thread() is threading.main_thread():
+            self._old_wake = signal.set_wakeup_fd(self._wake_in.fileno(), warn_on_full_buffer=False)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: Any) -> None:
@@ -537,18 +591,24 @@ class _Processes:
                     self._join(timeout=STOP_GRACE_SECONDS)
         finally:
             self._kill()
+            if self._old_wake is not None:
+                signal.set_wakeup_fd(self._old_wake)
+            self.wake.close()
+            self._wake_in.close()
 
     def start(self, job: tuple[Any, ...]) -> None:
         """Send ``job`` to an idle process, starting one if fewer than ``jobs`` are running."""
         idle = next((p for p in self.procs if p.job is None), None)
         if idle is None:
-            parent, child = self.ctx.Pipe()
-            proc = self.ctx.Process(target=_worker, args=(child, self.threads), name="vitkit-reproduce-run")
-            with _spawning():  # a signal now is handled once the process is in self.procs
-                proc.start()
-                idle = _Process(proc, parent)
+            parent, child = socket.socketpair()
+            with _signals_held(), child:  # a signal now is handled once the process is in self.procs
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _WORKER, str(child.fileno()), str(self.threads), json.dumps(sys.path)],
+                    pass_fds=(child.fileno(),),
+                    process_group=0,  # its own group from the start: a terminal's Ctrl-C never reaches it
+                )
+                idle = _Process(proc, Connection(parent.detach()))
                 self.procs.append(idle)
-            child.close()
         idle.job, idle.started = job, time.perf_counter()
         with contextlib.suppress(OSError):  # the process is gone: wait() reports it
             idle.conn.send(job)
@@ -563,10 +623,13 @@ class _Processes:
         """Block until a run answers or a process ends: ``(process, message)`` pairs, the message
         None for a process that ended without answering."""
         busy = self.busy()
-        ready = set(wait([p.conn for p in busy] + [p.proc.sentinel for p in busy]))
+        ready = set(wait([p.conn for p in busy] + [self.wake], timeout=1.0))
+        if self.wake in ready:
+            with contextlib.suppress(BlockingIOError):
+                self.wake.recv(4096)  # a signal came: its handler runs as this returns
         out = []
         for p in busy:
-            if p.conn in ready or p.proc.sentinel in ready:
+            if p.conn in ready or p.proc.poll() is not None:
                 message = self._receive(p)
                 if message is not _PENDING:
                     out.append((p, message))
@@ -584,19 +647,20 @@ class _Processes:
                 p.ready = True
         except (EOFError, OSError):
             return None
-        return _PENDING if p.proc.is_alive() else None
+        return _PENDING if p.proc.poll() is None else None
 
     def _join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for p in self.procs:
-            p.proc.join(max(0.0, deadline - time.monotonic()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.proc.wait(max(0.0, deadline - time.monotonic()))
 
     def _kill(self) -> None:
         with _signals_ignored():
             for p in self.procs:
-                if p.proc.is_alive():
+                if p.proc.poll() is None:
                     _signal_run(p.proc.pid, signal.SIGKILL)
-                p.proc.join()
+                p.proc.wait()
                 p.conn.close()
         self.procs.clear()
 
@@ -703,6 +767,9 @@ class Runner:
         if not specs:
             return
         args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings) for s in specs]
+        if self.jobs > 1 and not PARALLEL:
+            self.report(f"--jobs {self.jobs}: runs go one at a time on this system (no process groups)")
+            self.jobs = 1
         if self.jobs == 1:  # in this process: a signal interrupts the training where it is
             for a in args:
                 start = time.perf_counter()
@@ -719,7 +786,7 @@ class Runner:
                     assert job is not None
                     if message is None:
                         raise TrainingError(
-                            f"{job[1]}: the run's process ended (exit code {p.proc.exitcode}) before the run "
+                            f"{job[1]}: the run's process ended (exit code {p.proc.returncode}) before the run "
                             "finished; run the same command again to resume it"
                         )
                     kind, payload = message
