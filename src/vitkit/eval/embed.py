@@ -37,10 +37,11 @@ import contextlib
 import hashlib
 import json
 import os
+import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,6 +65,7 @@ TENSOR = "embeddings"
 SUFFIXES = (".safetensors", ".parquet")
 MAX_PATHS_JSON = 64 << 20  # the paths are kept in the safetensors header, which readers cap at 100 MB
 _MANIFEST = "run.json"
+Batch = tuple[torch.Tensor, list[str], list[tuple[str, str]]]  # vectors, their paths, (path, why) skipped
 _JSON_KEYS = ("config", "preprocessing", "paths", "skipped", "shape")  # metadata stored as JSON; the rest is text
 
 
@@ -226,8 +228,8 @@ class _Run:
     batch_size: int
     device: torch.device
     precision: str
-    metadata: dict[str, Any]
-    key: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any]  # what the file's metadata says of the run
+    key: dict[str, Any]  # what must be the same for parts of an earlier call to be used
 
     def chunks(self) -> Iterator[tuple[int, list[str]]]:
         for i, start in enumerate(range(0, len(self.files), self.batch_size)):
@@ -264,7 +266,7 @@ class _Parts:
     def path(self, index: int) -> Path:
         return self.dir / f"{index:05d}.safetensors"
 
-    def load(self, index: int, chunk: list[str]) -> tuple[torch.Tensor, list[str], list[tuple[str, str]]] | None:
+    def load(self, index: int, chunk: list[str]) -> Batch | None:
         """Part ``index`` if it is there, whole, and holds exactly ``chunk``; else None."""
         p = self.path(index)
         if not p.is_file():
@@ -360,39 +362,63 @@ def embed_folder(
         raise UsageError(f"batch_size must be positive, got {batch_size}")
     out_path = check_output(out)
     pool_fn = pool_function(model, pool)
-    run = _prepare_run(model, Path(folder), list(files) if files is not None else None, pool, batch_size)
-    run.device = torch.device(device)
-    run.precision = resolve_precision(precision, run.device).name
-    run.key["precision"] = run.metadata["precision"] = run.precision
+    dev = torch.device(device)
+    listed = list(files) if files is not None else None
+    run = _prepare_run(model, Path(folder), listed, pool, batch_size, dev, resolve_precision(precision, dev).name)
     parts = _Parts(out_path, run.key) if out_path is not None else None
     if parts is not None:
         parts.open()
     was_training = model.training
     model.eval().to(run.device)
-    kept: list[tuple[torch.Tensor, list[str], list[tuple[str, str]]]] = []
-    computed = reused = 0
-    pool_threads = ThreadPoolExecutor(workers) if workers > 0 else None
-    try:
-        for index, chunk in run.chunks():
-            batch = parts.load(index, chunk) if parts is not None else None
-            if batch is None:
-                batch = _embed_batch(run, chunk, pool_fn, pool_threads)
-                computed += 1
-                if parts is not None:
-                    parts.write(index, *batch)
-            else:
-                reused += 1
-            if parts is None:
-                kept.append(batch)
-            if progress is not None:
-                progress(len(chunk))
-    finally:
-        model.train(was_training)
-        if pool_threads is not None:
-            pool_threads.shutdown()
+    with contextlib.ExitStack() as stack:
+        stack.callback(model.train, was_training)
+        threads = None
+        if workers > 0:
+            threads = stack.enter_context(ThreadPoolExecutor(workers))
+            stack.enter_context(_bomb_guard())
+        kept, computed, reused = _run_batches(run, parts, pool_fn, threads, progress)
     result = _finish(run, parts, out_path, kept)
     result.computed_batches, result.reused_batches = computed, reused
     return result
+
+
+@contextlib.contextmanager
+def _bomb_guard() -> Iterator[None]:
+    """Keep Pillow's decompression-bomb warning an error while threads decode:
+    :func:`vitkit.preprocessing.read_image` makes it one for each file, but the warning filters are
+    one global list, which threads save and restore over one another."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        yield
+
+
+def _run_batches(
+    run: _Run,
+    parts: _Parts | None,
+    pool_fn: Callable[[torch.Tensor], torch.Tensor],
+    threads: ThreadPoolExecutor | None,
+    progress: Callable[[int], None] | None,
+) -> tuple[list[Batch], int, int]:
+    """Every batch, computed or read back from ``parts``: (the batches when nothing is written,
+    how many were computed, how many read back)."""
+    kept: list[Batch] = []
+    computed = reused = 0
+    for index, chunk in run.chunks():
+        batch = parts.load(index, chunk) if parts is not None else None
+        if batch is None:
+            batch = _embed_batch(run, chunk, pool_fn, threads)
+            computed += 1
+            if parts is not None:
+                parts.write(index, *batch)
+        else:
+            reused += 1
+        if parts is None:
+            kept.append(batch)
+        if progress is not None:
+            progress(len(chunk))
+    return kept, computed, reused
 
 
 def check_output(out: str | Path | None) -> Path | None:
@@ -433,8 +459,16 @@ def _pyarrow(path: Path) -> Any:
     return pyarrow
 
 
-def _prepare_run(model: nn.Module, folder: Path, files: list[str] | None, pool: str, batch_size: int) -> _Run:
-    """The run's files, preprocessing, metadata and key (the precision is set by the caller)."""
+def _prepare_run(
+    model: nn.Module,
+    folder: Path,
+    files: list[str] | None,
+    pool: str,
+    batch_size: int,
+    device: torch.device,
+    precision: str,
+) -> _Run:
+    """The run's files, preprocessing, metadata and key."""
     files = image_files(folder) if files is None else files
     if not files:
         raise DataError(f"{folder}: no image files to embed")
@@ -451,6 +485,7 @@ def _prepare_run(model: nn.Module, folder: Path, files: list[str] | None, pool: 
         "weights_sha256": digest,
         "pool": pool,
         "preprocessing": pre.to_dict(),
+        "precision": precision,
         "batch_size": batch_size,
         "files": len(files),
         "files_sha256": hashlib.sha256(listing.encode()).hexdigest(),
@@ -465,14 +500,15 @@ def _prepare_run(model: nn.Module, folder: Path, files: list[str] | None, pool: 
         "config": _config(model),
         "pool": pool,
         "preprocessing": pre.to_dict(),
+        "precision": precision,
         "folder": str(folder.resolve()),
     }
-    return _Run(model, folder, files, pool, pre, in_chans, batch_size, torch.device("cpu"), "fp32", metadata, key)
+    return _Run(model, folder, files, pool, pre, in_chans, batch_size, device, precision, metadata, key)
 
 
 def _embed_batch(
     run: _Run, chunk: list[str], pool_fn: Callable[[torch.Tensor], torch.Tensor], threads: ThreadPoolExecutor | None
-) -> tuple[torch.Tensor, list[str], list[tuple[str, str]]]:
+) -> Batch:
     """One batch of files -> (vectors of the readable ones, their paths, (path, why) of the others)."""
 
     def read(rel: str) -> torch.Tensor | str:
@@ -493,13 +529,11 @@ def _embed_batch(
 # Assembly
 
 
-def _finish(
-    run: _Run, parts: _Parts | None, out: Path | None, kept: list[tuple[torch.Tensor, list[str], list[tuple[str, str]]]]
-) -> EmbeddingResult:
+def _finish(run: _Run, parts: _Parts | None, out: Path | None, kept: list[Batch]) -> EmbeddingResult:
     """The result: from the batches kept in memory, or assembled from the parts into ``out``."""
     n_batches = sum(1 for _ in run.chunks())
 
-    def batches() -> Iterator[tuple[torch.Tensor, list[str], list[tuple[str, str]]]]:
+    def batches() -> Iterator[Batch]:
         if parts is None:
             yield from kept
             return
