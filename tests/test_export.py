@@ -1,39 +1,101 @@
 from __future__ import annotations
 
 import copy
+import json
+import sys
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import vitkit
+from test_export_pt2 import small_model
 from vitkit.bench import bench_model, prepare_inference
 from vitkit.cli import main
+from vitkit.errors import ExportError
 from vitkit.inference import Int8Linear, PackedLinear, onednn_int8_available, onednn_linear_available
 from vitkit.precision import bf16_support
 
 
 def test_onnx_export_matches_pytorch(tmp_path):
     pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    import onnxruntime as ort
+
+    from vitkit.export import ONNX_OPSET, export_onnx
+
+    m = small_model("token")
+    path = tmp_path / "m.onnx"
+    result = export_onnx(m, path)
+    assert result["exporter"] == "dynamo" and result["fallback"] is None
+    assert result["opset"] == ONNX_OPSET == 18 and result["batch_sizes"] == [1, 3]
+    assert result["max_abs_diff"] is not None and result["max_abs_diff"] < 1e-5
+    proto = onnx.load(path)
+    assert [(o.domain, o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [("", 18)]
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["vitkit.config"]) == m.cfg.to_dict() and meta["vitkit.arch"] == "vit"
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["pixels"] and [o.name for o in sess.get_outputs()] == ["logits"]
+    x = torch.randn(5, 3, 32, 32)  # dynamic batch: another size again
+    with torch.no_grad():
+        np.testing.assert_allclose(sess.run(None, {"pixels": x.numpy()})[0], m(x).numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gap_sincos2d", "map", "deit", "hybrid", "bit_resnet"])
+def test_onnx_dynamo_export_of_every_family(tmp_path, family):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
     from vitkit.export import export_onnx
 
-    torch.manual_seed(0)
-    m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5)
-    torch.nn.init.normal_(m.head.weight, std=0.1)
-    result = export_onnx(m, tmp_path / "m.onnx")
-    assert result["max_abs_diff"] is not None and result["max_abs_diff"] < 1e-4
+    result = export_onnx(small_model(family), tmp_path / "m.onnx")
+    assert result["exporter"] == "dynamo" and result["opset"] == 18
+    assert result["max_abs_diff"] is not None and result["max_abs_diff"] < 1e-5
 
 
 def test_convert_cli_to_onnx(tmp_path, fixtures, capsys):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    assert main(["convert", str(fixtures / "r_vit_tiny" / "params_prelinen.npz"), str(tmp_path / "r.onnx")]) == 0
-    assert "logits within" in capsys.readouterr().out
+    pytest.importorskip("onnxscript")
+    import onnxruntime as ort
+
+    src, dst = fixtures / "r_vit_tiny" / "params_prelinen.npz", tmp_path / "r.onnx"
+    assert main(["convert", str(src), str(dst)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(
+        f"ONNX opset 18 by the dynamo exporter, dynamic batch; onnxruntime {ort.__version__}: logits within"
+    )
+    assert out[0].endswith("of PyTorch at batch sizes 1 and 3 (tolerance 1.0e-04)")
+    assert out[1] == f"official {src} -> onnx {dst}"
+    x = np.load(fixtures / "r_vit_tiny" / "input.npy").transpose(0, 3, 1, 2)  # NHWC -> NCHW
+    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"pixels": np.ascontiguousarray(x)})[0]
+    assert np.abs(got - np.load(fixtures / "r_vit_tiny" / "logits.npy")).max() < 1e-5  # the official model's
+
+
+def test_onnx_without_onnxscript_falls_back_to_torchscript_and_says_so(tmp_path, fixtures, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from vitkit.export import export_onnx
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # an install without onnxscript
+    result = export_onnx(small_model("token"), tmp_path / "m.onnx")
+    assert result["exporter"] == "torchscript" and result["opset"] == 18
+    assert result["fallback"] == "onnxscript is not installed (pip install 'vitkit[onnx]')"
+    assert result["max_abs_diff"] is not None and result["max_abs_diff"] < 1e-5
+    src, dst = fixtures / "r_vit_tiny" / "params_prelinen.npz", tmp_path / "r.onnx"
+    assert main(["convert", str(src), str(dst)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "note: written by the TorchScript exporter, which PyTorch deprecates: onnxscript is not installed "
+        "(pip install 'vitkit[onnx]')"
+    )
+    assert out[1].startswith("ONNX opset 18 by the torchscript exporter, dynamic batch; onnxruntime")
+    assert dst.is_file()
 
 
 def test_onnx_without_the_onnx_package_is_one_line(tmp_path, fixtures, capsys, monkeypatch):
-    import sys
-
     monkeypatch.setitem(sys.modules, "onnx", None)  # what an install without the onnx extra has
     src = fixtures / "r_vit_tiny" / "params_prelinen.npz"
     assert main(["convert", str(src), str(tmp_path / "r.onnx")]) == 2
@@ -42,6 +104,45 @@ def test_onnx_without_the_onnx_package_is_one_line(tmp_path, fixtures, capsys, m
         f"vitkit convert: error: {tmp_path / 'r.onnx'}: writing ONNX needs the onnx package: pip install 'vitkit[onnx]'"
     ]
     assert not (tmp_path / "r.onnx").exists()
+
+
+class Eigenvalues(nn.Module):
+    """A head neither ONNX exporter has a translation for (``linalg.eigvalsh``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x[:, :4].reshape(-1, 2, 2)
+        return torch.linalg.eigvalsh(a @ a.transpose(1, 2))
+
+
+def test_onnx_refuses_a_model_neither_exporter_handles_in_one_line(tmp_path):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    from vitkit.export import export_onnx
+
+    m = small_model("gap_sincos2d")
+    m.head = Eigenvalues()
+    path = tmp_path / "m.onnx"
+    with pytest.raises(ExportError) as e:
+        export_onnx(m, path)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(
+        f"{path}: ONNX cannot hold VisionTransformer (width 192, depth 2, patch 8x8, classifier 'gap', "
+        "pos_embed 'sincos2d'): the dynamo exporter failed: No ONNX function found for"
+    )
+    assert "aten._linalg_eigh" in message
+    assert "the TorchScript exporter failed too: Exporting the operator 'aten::linalg_eigvalsh'" in message
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_onnx_refuses_weights_one_file_cannot_hold_before_exporting(tmp_path, monkeypatch):
+    pytest.importorskip("onnx")
+    import vitkit.export as export
+
+    monkeypatch.setattr(export, "ONNX_MAX_BYTES", 1 << 20)  # a ViT-H or BiT-R152x4 against 2 GB
+    monkeypatch.setattr(export, "_onnx_dynamo", None)  # never reached
+    with pytest.raises(ExportError, match=r"GiB of weights, more than one ONNX file holds \(2 GB\): export it to "):
+        export.export_onnx(small_model("token"), tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("pack", [None, False])

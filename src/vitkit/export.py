@@ -1,12 +1,23 @@
-"""Weights out of vitkit: to the official .npz, timm, Hugging Face and vitkit files, and ONNX for
-serving with the outputs checked against PyTorch in onnxruntime."""
+"""Models and weights out of vitkit: to the official .npz, timm, Hugging Face and vitkit files, and
+for serving to a ``torch.export`` program (``.pt2``, optionally compiled ahead of time by
+AOTInductor) or ONNX, each checked against the PyTorch model before it is written.
+
+The serving formats are traced for a dynamic batch dimension and checked on batch sizes other
+than the one traced: the ``.pt2`` program as :func:`torch.export.load` reads it back, the ONNX
+file in onnxruntime. A file that fails its check, or a model the exporter cannot trace, is
+refused in one line and nothing is written.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import logging
+import re
+import shutil
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,34 +28,303 @@ from torch import nn
 from .errors import CheckpointError, ExportError, UsageError, writing
 from .files import atomic_write, write_text
 
-FORMATS = ("vitkit", "official", "timm", "hf", "onnx")
+FORMATS = ("vitkit", "official", "timm", "hf", "onnx", "pt2")
+
+# The ONNX opset written: the dynamo exporter's own (onnxscript's torchlib is written for 18;
+# a later one is reached by converting the graph, an earlier one not at all). onnxruntime reads it
+# from 1.14 on.
+ONNX_OPSET = 18
+# Outputs of a .pt2 program run the same kernels as the model; onnxruntime's kernels (MatMul,
+# LayerNormalization, Softmax) sum in other orders, measured at a few 1e-6 on small ViTs. Both
+# tolerances are absolute for outputs within [-1, 1] and scale with the largest output beyond.
+PT2_ATOL = 1e-5
+ONNX_ATOL = 1e-4
+# One ONNX file holds at most 2 GB (a protobuf message); larger models need external data.
+ONNX_MAX_BYTES = 2**31 - 1
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def export_onnx(
+def _reason(e: BaseException) -> str:
+    """The first line of the innermost cause of an exporter's error: the exporters wrap the error
+    that says what failed (an operator without a translation, a data-dependent branch) in one
+    that says which step failed."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep the exporters' progress lines, graph dumps, logged warnings and Python warnings
+    (about the deprecated TorchScript exporter, tracer shape checks) out of the caller's output;
+    what failed is in the exception, which :func:`_reason` reads."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def describe_model(model: nn.Module) -> str:
+    """A model in a few words for a message: its class and the config fields that make its
+    family (pooling, positions, a hybrid's stem), e.g. ``VisionTransformer (width 192, depth 2,
+    patch 8x8, classifier 'token', pos_embed 'learned')``.
+
+    Args:
+        model: any module; a vitkit model's config is described.
+
+    Returns:
+        One line.
+    """
+    from .models import ResNetConfig, ViTConfig
+
+    cfg = getattr(model, "cfg", None)
+    name = type(model).__name__
+    if isinstance(cfg, ViTConfig):
+        parts = [f"width {cfg.width}", f"depth {cfg.depth}", f"patch {cfg.patch_size[0]}x{cfg.patch_size[1]}"]
+        if cfg.resnet_units is not None:
+            parts.append(f"ResNet stem {list(cfg.resnet_units)}")
+        parts += [f"classifier {cfg.classifier!r}", f"pos_embed {cfg.pos_embed!r}"]
+        if cfg.distill_token:
+            parts.append("distillation token")
+        return f"{name} ({', '.join(parts)})"
+    if isinstance(cfg, ResNetConfig):
+        return f"{name} (units {list(cfg.units)}, width x{cfg.width_factor})"
+    return name
+
+
+def _example_input(model: nn.Module, batch: int) -> torch.Tensor:
+    """A random fp32 image batch of the model's input shape."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(cfg, "img_size"):
+        raise UsageError(f"exporting needs a vitkit model (its .cfg gives the input size), got {type(model).__name__}")
+    if batch < 1:
+        raise UsageError(f"export batch must be at least 1, got {batch}")
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    return torch.randn(batch, cfg.in_chans, *cfg.img_size, device=device)
+
+
+def _batch_dim() -> Any:
+    return torch.export.Dim("batch", min=1)
+
+
+def _check_batches(batch: int) -> tuple[int, int]:
+    """The batch sizes an export is checked on: one image (what serving sees most, and the size
+    tracers like to specialise on) and one more than the batch traced."""
+    return (1, batch + 1)
+
+
+def _leaves(out: Any) -> list[np.ndarray]:
+    """The tensors of a model's output (logits, a tuple, a list of maps) as fp32 arrays, in order."""
+    leaves = out if isinstance(out, (list, tuple)) else [out]
+    return [np.asarray(t.detach().float().cpu().numpy() if isinstance(t, torch.Tensor) else t) for t in leaves]
+
+
+def _compare(
+    model: nn.Module,
+    run: Callable[[torch.Tensor], Any],
+    example: torch.Tensor,
+    batches: tuple[int, ...],
+    atol: float,
+    path: Path,
+    what: str,
+) -> tuple[float, float]:
+    """Run the exported model (``run``) and the eager one on random batches of each size and
+    raise :class:`ExportError` naming ``path`` when they differ by more than the tolerance:
+    ``atol`` times the largest eager output where that is above 1. Returns (max abs difference,
+    tolerance)."""
+    worst, tol = 0.0, atol
+    for b in batches:
+        x = torch.randn(b, *example.shape[1:], device=example.device)
+        with torch.no_grad():
+            want, got = _leaves(model(x)), _leaves(run(x))
+        if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+            shapes = [g.shape for g in got], [w.shape for w in want]
+            raise ExportError(f"{path}: {what} gives outputs of shapes {shapes[0]} at batch {b}, PyTorch {shapes[1]}")
+        scale = max([1.0] + [float(np.abs(w).max()) for w in want if w.size])
+        tol = max(tol, atol * scale)
+        diff = max([0.0] + [float(np.abs(g - w).max()) if w.size else 0.0 for g, w in zip(got, want)])
+        if not diff <= atol * scale:  # NaN fails too
+            raise ExportError(
+                f"{path}: {what} outputs differ from PyTorch by {diff:.3g} at batch {b} "
+                f"(tolerance {atol * scale:.3g}); not written"
+            )
+        worst = max(worst, diff)
+    return worst, tol
+
+
+def _metadata(model: nn.Module) -> dict[str, str]:
+    """What a serving file records of the model besides its graph: its architecture and config,
+    and the preprocessing its inputs need (``vitkit.preprocessing``, JSON)."""
+    from .checkpoint.native import config_to_meta
+    from .preprocessing import Preprocessing
+
+    meta = config_to_meta(model.cfg)
+    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(model.cfg)
+    return {
+        "vitkit.arch": meta["arch"],
+        "vitkit.config": meta["config"],
+        "vitkit.preprocessing": json.dumps(pre.to_dict(), sort_keys=True),
+    }
+
+
+def _prepare(model: nn.Module) -> nn.Module:
+    if any(p.is_meta for p in model.parameters()):
+        raise UsageError(f"{describe_model(model)} has no weights (built on the meta device): nothing to export")
+    return model.eval().float()
+
+
+def aoti_available() -> str | None:
+    """Why AOTInductor packaging cannot run here (no ``torch._inductor.aoti_compile_and_package``
+    in this torch, or no C++ compiler on the PATH), or None when it can."""
+    import os
+
+    try:
+        import torch._inductor as inductor
+    except ImportError:
+        return "this torch has no Inductor"
+    if not hasattr(inductor, "aoti_compile_and_package"):
+        return f"torch {torch.__version__} has no torch._inductor.aoti_compile_and_package"
+    cxx = os.environ.get("CXX") or "c++"
+    if not any(shutil.which(c) for c in (cxx, "g++", "clang++")):
+        return "AOTInductor compiles C++: no compiler found (install g++ or set CXX)"
+    return None
+
+
+def _pt2_bytes(model: nn.Module, x: torch.Tensor, path: Path, aoti: bool) -> bytes:
+    """The model traced by ``torch.export`` on ``x`` with a dynamic batch dimension, as the bytes
+    of a ``.pt2`` file: the program with vitkit's metadata, or its AOTInductor package. A model
+    that cannot be traced or compiled is an :class:`ExportError` of one line naming it."""
+    try:
+        with _quiet(), torch.no_grad():
+            program = torch.export.export(model, (x,), dynamic_shapes=({0: _batch_dim()},))
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise ExportError(f"{path}: torch.export cannot export {describe_model(model)}: {_reason(e)}") from None
+    buf = io.BytesIO()
+    try:
+        with _quiet():
+            if aoti:
+                import torch._inductor as inductor
+
+                inductor.aoti_compile_and_package(program, package_path=buf)
+            else:
+                meta = json.dumps(_metadata(model), sort_keys=True)
+                torch.export.save(program, buf, extra_files={"vitkit.json": meta})
+    except MemoryError:
+        raise
+    except Exception as e:
+        step = "AOTInductor cannot compile" if aoti else "torch.export cannot save"
+        raise ExportError(f"{path}: {step} {describe_model(model)}: {_reason(e)}") from None
+    return buf.getvalue()
+
+
+def export_program(
     model: nn.Module,
     path: str | Path,
     batch: int = 2,
-    opset: int = 17,
     check: bool = True,
-    atol: float = 1e-4,
-) -> dict[str, float | str | None]:
-    """Write ``model`` (fp32, eval) to ``path`` as ONNX with a dynamic batch dimension.
+    atol: float = PT2_ATOL,
+    aoti: bool = False,
+) -> dict[str, Any]:
+    """Write ``model`` (fp32, eval mode; it is put in both) to ``path`` as a ``torch.export``
+    program with a dynamic batch dimension, saved by :func:`torch.export.save` and read back by
+    :func:`torch.export.load` (``ep.module()(pixels)`` gives the model's outputs); with ``aoti``,
+    compiled ahead of time by AOTInductor instead and packaged for
+    ``torch._inductor.aoti_load_package`` (C++ compiler needed, :func:`aoti_available`; a
+    minute or more on a CPU). The file records the model's config and preprocessing
+    (``extra_files={"vitkit.json": ...}`` for a program).
 
-    With ``check`` and onnxruntime installed, runs both on the same random batch and raises
-    :class:`ExportError` when the logits differ by more than ``atol`` (max abs). Returns
-    ``{"max_abs_diff": ..., "onnxruntime": version or None}``.
+    With ``check``, the bytes written are first read back and run on two batch sizes other than
+    the traced one (:func:`_check_batches`), and an output that differs from the eager model's by
+    more than ``atol`` (times the largest output, where that is above 1) is an
+    :class:`ExportError` naming ``path`` and the difference, with nothing written. A model
+    ``torch.export`` cannot trace (data-dependent control flow, an unsupported operator) is an
+    :class:`ExportError` of one line naming the model and what failed.
+
+    Args:
+        model: a vitkit model (its ``cfg`` gives the input shape).
+        path: the ``.pt2`` file to write, atomically.
+        batch: the batch size traced.
+        check: compare the program with the model before writing.
+        atol: the tolerance of the check.
+        aoti: write an AOTInductor package instead of a program.
+
+    Returns:
+        ``{"format": "pt2", "exporter": "torch.export" or "aoti", "torch": version,
+        "max_abs_diff": float or None, "tolerance": float, "batch_sizes": the sizes checked,
+        "dynamic_batch": True}``.
     """
-    model = model.eval().float()
-    cfg = model.cfg
-    try:
-        import onnx  # noqa: F401  (the exporter writes through it)
-    except ImportError:
-        raise ExportError(f"{path}: writing ONNX needs the onnx package: pip install 'vitkit[onnx]'") from None
-    x = torch.randn(batch, cfg.in_chans, *cfg.img_size)
+    path = Path(path)
+    model = _prepare(model)
+    if aoti and (why := aoti_available()):
+        raise ExportError(f"{path}: cannot package with AOTInductor: {why}")
+    x = _example_input(model, batch)
+    data = _pt2_bytes(model, x, path, aoti)
+    result: dict[str, Any] = {
+        "format": "pt2",
+        "exporter": "aoti" if aoti else "torch.export",
+        "torch": torch.__version__,
+        "max_abs_diff": None,
+        "tolerance": atol,
+        "batch_sizes": [],
+        "dynamic_batch": True,
+    }
+    if check:
+        batches = _check_batches(batch)
+        with _quiet():
+            if aoti:
+                import torch._inductor as inductor
+
+                run = inductor.aoti_load_package(io.BytesIO(data))
+            else:
+                run = torch.export.load(io.BytesIO(data)).module()
+        what = "the AOTInductor package" if aoti else "the exported program"
+        diff, tol = _compare(model, run, x, batches, atol, path, what)
+        result.update(max_abs_diff=diff, tolerance=tol, batch_sizes=list(batches))
+    with writing(path):
+        atomic_write(path, lambda f: f.write(data))
+    return result
+
+
+def _onnx_dynamo(model: nn.Module, x: torch.Tensor, opset: int) -> Any:
+    """The model as an ONNX ``ModelProto`` by the dynamo exporter (``torch.export``, then
+    onnxscript's translations), the batch dimension dynamic."""
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            model,
+            (x,),
+            None,
+            dynamo=True,
+            input_names=["pixels"],
+            output_names=["logits"],
+            dynamic_shapes=({0: _batch_dim()},),
+            opset_version=opset,
+            external_data=False,
+            verbose=False,
+        )
+    return program.model_proto
+
+
+def _onnx_torchscript(model: nn.Module, x: torch.Tensor, opset: int) -> Any:
+    """The model as an ONNX ``ModelProto`` by the TorchScript exporter, which PyTorch deprecates
+    and which needs no onnxscript: what :func:`export_onnx` falls back to."""
+    import onnx
+
     buf = io.BytesIO()
-    # The TorchScript exporter handles scaled_dot_product_attention and needs no extra package.
-    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer warnings about Python-side shape checks
+    with _quiet(), torch.no_grad():
         torch.onnx.export(
             model,
             (x,),
@@ -55,39 +335,150 @@ def export_onnx(
             opset_version=opset,
             dynamo=False,
         )
-    data = buf.getvalue()
-    result: dict[str, float | str | None] = {"max_abs_diff": None, "onnxruntime": None}
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def _onnx_proto(model: nn.Module, x: torch.Tensor, opset: int, path: Path) -> tuple[Any, str | None]:
+    """The model as an ONNX ``ModelProto`` by the dynamo exporter, else by the TorchScript one,
+    and why the dynamo exporter did not write it (None when it did). A model neither exporter
+    handles is an :class:`ExportError` of one line naming it and both failures."""
+    try:
+        import onnxscript  # noqa: F401  (the dynamo exporter translates through it)
+    except ImportError:
+        fallback = "onnxscript is not installed (pip install 'vitkit[onnx]')"
+    else:
+        try:
+            return _onnx_dynamo(model, x, opset), None
+        except MemoryError:
+            raise
+        except Exception as e:
+            fallback = f"the dynamo exporter failed: {_reason(e)}"
+    try:
+        return _onnx_torchscript(model, x, opset), fallback
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise ExportError(
+            f"{path}: ONNX cannot hold {describe_model(model)}: {fallback}; the TorchScript exporter "
+            f"failed too: {_reason(e)}"
+        ) from None
+
+
+def _onnxruntime_check(model: nn.Module, data: bytes, x: torch.Tensor, atol: float, path: Path) -> dict[str, Any]:
+    """Run the ONNX file ``data`` in onnxruntime against the model (:func:`_compare`); nothing
+    when onnxruntime is not installed."""
     try:
         import onnxruntime as ort
     except ImportError:
-        ort = None
-    if check and ort is not None:  # checked before it is written: a file that fails is not left behind
-        sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-        probe = torch.randn(batch + 1, cfg.in_chans, *cfg.img_size)  # another batch size than traced
-        got = sess.run(["logits"], {"pixels": probe.numpy()})[0]
-        with torch.no_grad():
-            want = model(probe).numpy()
-        diff = float(np.abs(got - want).max())
-        result.update(max_abs_diff=diff, onnxruntime=ort.__version__)
-        if not diff <= atol:
-            raise ExportError(f"{path}: onnxruntime logits differ from PyTorch by {diff:.3g} (> {atol}); not written")
+        return {}
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    batches = _check_batches(x.shape[0])
+
+    def run(pixels: torch.Tensor) -> list[np.ndarray]:
+        return sess.run(None, {"pixels": pixels.cpu().numpy()})
+
+    diff, tol = _compare(model, run, x, batches, atol, path, f"onnxruntime {ort.__version__}")
+    return {"max_abs_diff": diff, "tolerance": tol, "batch_sizes": list(batches), "onnxruntime": ort.__version__}
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | Path,
+    batch: int = 2,
+    opset: int = ONNX_OPSET,
+    check: bool = True,
+    atol: float = ONNX_ATOL,
+) -> dict[str, Any]:
+    """Write ``model`` (fp32, eval mode; it is put in both) to ``path`` as ONNX with a dynamic
+    batch dimension (input ``pixels``, output ``logits``), by PyTorch's dynamo exporter
+    (``torch.onnx.export(..., dynamo=True)``; needs onnxscript, in the ``onnx`` extra).
+
+    Where the dynamo exporter cannot run (onnxscript is not installed) or fails on the model,
+    the TorchScript exporter, which PyTorch deprecates, writes the file instead, and the result
+    says so (``exporter`` "torchscript", ``fallback`` why). A model neither can export is an
+    :class:`ExportError` of one line naming the model and what failed. The file's metadata
+    (``metadata_props``) records the model's config and preprocessing (:func:`_metadata`).
+
+    With ``check`` and onnxruntime installed, the file is run on two batch sizes other than the
+    traced one before it is written, and outputs that differ from PyTorch's by more than ``atol``
+    (times the largest output, where that is above 1) are an :class:`ExportError` naming ``path``,
+    with nothing written. A model of more than 2 GB of weights (one ONNX file's limit) is refused
+    before any work: export it to ``.pt2`` instead.
+
+    Args:
+        model: a vitkit model (its ``cfg`` gives the input shape).
+        path: the ``.onnx`` file to write, atomically.
+        batch: the batch size traced.
+        opset: the ONNX opset (:data:`ONNX_OPSET`; 18 or later).
+        check: run the file in onnxruntime against the model before writing.
+        atol: the tolerance of the check.
+
+    Returns:
+        ``{"format": "onnx", "exporter": "dynamo" or "torchscript", "fallback": why the dynamo
+        exporter did not write it (None when it did), "opset": the file's ai.onnx opset,
+        "max_abs_diff": float or None (not checked), "tolerance": float, "batch_sizes": the sizes
+        checked, "onnxruntime": its version or None}``.
+    """
+    path = Path(path)
+    if opset < ONNX_OPSET:
+        raise UsageError(f"ONNX opset {opset}: the dynamo exporter writes opset {ONNX_OPSET} or later")
+    model = _prepare(model)
+    try:
+        import onnx  # noqa: F401  (the TorchScript exporter and the fallback's metadata use it)
+    except ImportError:
+        raise ExportError(f"{path}: writing ONNX needs the onnx package: pip install 'vitkit[onnx]'") from None
+    if (size := _weight_bytes(model)) > ONNX_MAX_BYTES:
+        raise ExportError(
+            f"{path}: {describe_model(model)} has {size / 2**30:.1f} GiB of weights, more than one ONNX file "
+            "holds (2 GB): export it to .pt2 instead"
+        )
+    x = _example_input(model, batch)
+    proto, fallback = _onnx_proto(model, x, opset, path)
+    for key, value in _metadata(model).items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    data = proto.SerializeToString()
+    written_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    result: dict[str, Any] = {
+        "format": "onnx",
+        "exporter": "torchscript" if fallback else "dynamo",
+        "fallback": fallback,
+        "opset": written_opset,
+        "max_abs_diff": None,
+        "tolerance": atol,
+        "batch_sizes": [],
+        "onnxruntime": None,
+    }
+    if check:  # before it is written: a file that fails is not left behind
+        result.update(_onnxruntime_check(model, data, x, atol, path))
     with writing(path):
         atomic_write(path, lambda f: f.write(data))
     return result
 
 
 # What each format writes: one file of this suffix, or a folder ("hf").
-SUFFIXES = {"vitkit": ".safetensors", "official": ".npz", "timm": ".safetensors", "onnx": ".onnx"}
-_FILE_SUFFIXES = (".safetensors", ".npz", ".onnx", ".bin", ".pth", ".pt", ".json")
+SUFFIXES = {"vitkit": ".safetensors", "official": ".npz", "timm": ".safetensors", "onnx": ".onnx", "pt2": ".pt2"}
+_FILE_SUFFIXES = (".safetensors", ".npz", ".onnx", ".pt2", ".bin", ".pth", ".pt", ".json")
 
 
 def format_for(dst: str | Path) -> str:
     """The format a destination's name asks for: ``.safetensors`` vitkit, ``.npz`` official,
-    ``.onnx`` ONNX; any other name is a :class:`UsageError` (a Hugging Face folder needs
-    ``to="hf"`` said; vitkit writes no pickled ``.pth``/``.bin``)."""
+    ``.onnx`` ONNX, ``.pt2`` a ``torch.export`` program; any other name is a :class:`UsageError`
+    (a Hugging Face folder needs ``to="hf"`` said; vitkit writes no pickled ``.pth``/``.bin``).
+
+    Args:
+        dst: the destination.
+
+    Returns:
+        One of :data:`FORMATS`.
+    """
     dst = Path(dst)
     suffix = dst.suffix.lower()
-    for fmt in ("vitkit", "official", "onnx"):
+    for fmt in ("vitkit", "official", "onnx", "pt2"):
         if suffix == SUFFIXES[fmt]:
             return fmt
     if suffix in (".pth", ".pt", ".bin"):
@@ -96,8 +487,8 @@ def format_for(dst: str | Path) -> str:
             "(--to timm for a timm state dict)"
         )
     raise UsageError(
-        f"{dst}: cannot tell the format from the name: use .safetensors (vitkit), .npz (official) or .onnx, "
-        "or say --to (hf writes a folder)"
+        f"{dst}: cannot tell the format from the name: use .safetensors (vitkit), .npz (official), .onnx "
+        "or .pt2 (torch.export), or say --to (hf writes a folder)"
     )
 
 
@@ -150,14 +541,14 @@ def check_exportable(model: nn.Module, to: str) -> None:
 
 
 def export_weights(
-    model: nn.Module, dst: str | Path, to: str, layout: str = "prelinen"
-) -> dict[str, float | str | None]:
+    model: nn.Module, dst: str | Path, to: str, layout: str = "prelinen", aoti: bool = False
+) -> dict[str, Any]:
     """Write a loaded vitkit model's weights to ``dst`` in format ``to``: "vitkit" (safetensors
     with config), "official" (``.npz``, key ``layout`` "prelinen" or "linen"), "timm"
     (safetensors state dict, with vitkit's config in its metadata for vitkit to read back), "hf"
-    (a Hugging Face folder: ``model.safetensors`` and ``config.json``) or "onnx" (checked in
-    onnxruntime, :func:`export_onnx`). Returns the ONNX check (``{"max_abs_diff",
-    "onnxruntime"}``, both None for the other formats).
+    (a Hugging Face folder: ``model.safetensors`` and ``config.json``), "onnx" (checked in
+    onnxruntime, :func:`export_onnx`) or "pt2" (a ``torch.export`` program, or with ``aoti`` an
+    AOTInductor package, checked against the model, :func:`export_program`).
 
     What a format cannot hold is refused before anything is written, so that what is written
     loads back (:func:`vitkit.load_pretrained`) as the same model: the official ``.npz`` records
@@ -166,6 +557,18 @@ def export_weights(
     class-token ViTs whose class token has a position. A name that does not fit the format
     (``.pth``, an ``.npz`` called ``.safetensors``) is refused too. A failed write names ``dst``
     and leaves no partial file.
+
+    Args:
+        model: the model to write.
+        dst: the file (a folder for "hf").
+        to: one of :data:`FORMATS`.
+        layout: the official format's key layout.
+        aoti: for "pt2", an AOTInductor package instead of a program.
+
+    Returns:
+        For "onnx" and "pt2" the check of the file written (:func:`export_onnx`,
+        :func:`export_program`); for the others ``{"format": to, "max_abs_diff": None,
+        "onnxruntime": None}``.
     """
     from .checkpoint import hf_config_for, save_checkpoint, to_hf, to_official, to_timm
     from .checkpoint.io import write_safetensors
@@ -177,8 +580,14 @@ def export_weights(
         raise UsageError(f"unknown export format {to!r}: one of {', '.join(FORMATS)}")
     if to == "official" and layout not in ("prelinen", "linen"):
         raise UsageError(f"official layout must be 'prelinen' or 'linen', got {layout!r}")
+    if aoti and to != "pt2":
+        raise UsageError(f"AOTInductor packages are .pt2 files: aoti does not apply to the {to} format")
     check_exportable(model, to)
     check_destination(dst, to)
+    if to == "onnx":
+        return export_onnx(model, dst)
+    if to == "pt2":
+        return export_program(model, dst, aoti=aoti)
     sd = model.state_dict()
     if to == "vitkit":
         with writing(dst):
@@ -197,9 +606,7 @@ def export_weights(
             write_safetensors(dst, tensors, meta)
     elif to == "hf":
         _write_hf(dst, to_hf(sd, model.cfg), hf_config_for(model.cfg), model.cfg.num_classes)
-    else:
-        return export_onnx(model, dst)
-    return {"max_abs_diff": None, "onnxruntime": None}
+    return {"format": to, "max_abs_diff": None, "onnxruntime": None}
 
 
 def _write_hf(dst: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], num_classes: int) -> None:

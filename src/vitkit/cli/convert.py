@@ -1,25 +1,34 @@
-"""``vitkit convert``: weights from any supported format to vitkit, official .npz, timm, HF or ONNX."""
+"""``vitkit convert``: weights from any supported format to vitkit, official .npz, timm or HF, or a
+model for serving: a ``torch.export`` program (.pt2, optionally AOTInductor-compiled) or ONNX."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .common import count, parse_size, real
 
-HELP = "convert weights between official .npz, timm, HF and vitkit"
+HELP = "convert weights between official .npz, timm, HF and vitkit, or export to .pt2 or ONNX"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="weights: .npz, .safetensors, .bin, a Hugging Face folder, a vitkit run or a name")
-    p.add_argument("dst", help="output: .safetensors (vitkit), .npz (official), .onnx, a folder with --to hf")
+    p.add_argument(
+        "dst", help="output: .safetensors (vitkit), .npz (official), .onnx, .pt2 (torch.export), a folder with --to hf"
+    )
     p.add_argument(
         "--to",
-        choices=["vitkit", "official", "timm", "hf", "onnx"],
+        choices=["vitkit", "official", "timm", "hf", "onnx", "pt2"],
         default=None,
         help="format (default: from dst's suffix); timm writes .safetensors, hf a folder",
     )
     p.add_argument("--layout", choices=["prelinen", "linen"], default="prelinen", help="official key layout")
+    p.add_argument(
+        "--aoti",
+        action="store_true",
+        help="with .pt2: compile ahead of time with AOTInductor (needs a C++ compiler; a minute or more on a CPU)",
+    )
     p.add_argument("--name", default=None, help="check the weights against this model name")
     p.add_argument("--img-size", type=parse_size, default=None, help="resize position embeddings")
     p.add_argument("--num-classes", type=count(0, 1_000_000), default=None, help="replace the head")
@@ -44,13 +53,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..export import check_destination, export_weights, format_for
+    from ..errors import ExportError, UsageError
+    from ..export import aoti_available, check_destination, export_weights, format_for
     from ..hub import load_pretrained
     from .common import download_bar
 
     dst = Path(args.dst)
-    to = args.to or format_for(dst)  # .safetensors vitkit, .npz official, .onnx; other names need --to
+    to = args.to or format_for(dst)  # .safetensors vitkit, .npz official, .onnx, .pt2; other names need --to
     check_destination(dst, to)  # before the weights are read: a name vitkit could not read back is refused
+    if args.aoti and to != "pt2":
+        raise UsageError(f"--aoti writes an AOTInductor package, a .pt2 file: not the {to} format")
+    if args.aoti and (why := aoti_available()):
+        raise ExportError(f"{dst}: cannot package with AOTInductor: {why}")
     overrides = {}
     if args.img_size:
         overrides["img_size"] = args.img_size
@@ -64,10 +78,41 @@ def run(args: argparse.Namespace) -> int:
         model = load_pretrained(args.src, name=args.name, num_heads=args.num_heads, progress=bar, **overrides)
     for note in model.load_report.notes:
         print(f"note: {note}")
-    check = export_weights(model, dst, to, layout=args.layout)
-    if to == "onnx" and check["max_abs_diff"] is not None:
-        print(f"onnxruntime {check['onnxruntime']}: logits within {check['max_abs_diff']:.2e} of PyTorch")
-    elif to == "onnx":
-        print("onnxruntime is not installed: the export was not checked (pip install onnxruntime)")
+    check = export_weights(model, dst, to, layout=args.layout, aoti=args.aoti)
+    for line in export_lines(check):
+        print(line)
     print(f"{model.load_report.source} {args.src} -> {to} {dst}")
     return 0
+
+
+def export_lines(check: dict[str, Any]) -> list[str]:
+    """What a serving export's check says, for people: which exporter wrote the file (a note
+    when ONNX fell back to the TorchScript exporter), and how close its outputs are to PyTorch's.
+
+    Args:
+        check: what :func:`vitkit.export.export_weights` returned.
+
+    Returns:
+        The lines to print; none for the weight formats.
+    """
+    fmt = check.get("format")
+    if fmt not in ("onnx", "pt2"):
+        return []
+    lines = []
+    if fmt == "onnx" and check.get("fallback"):
+        lines.append(f"note: written by the TorchScript exporter, which PyTorch deprecates: {check['fallback']}")
+    sizes = " and ".join(str(b) for b in check.get("batch_sizes", []))
+    if fmt == "pt2":
+        what = "AOTInductor package" if check["exporter"] == "aoti" else "torch.export program"
+        where = f"{what} (torch {check['torch']}, dynamic batch)"
+    else:
+        where = f"ONNX opset {check['opset']} by the {check['exporter']} exporter, dynamic batch"
+    if check["max_abs_diff"] is None:
+        lines.append(f"{where}; not checked: onnxruntime is not installed (pip install onnxruntime)")
+    else:
+        runner = f"onnxruntime {check['onnxruntime']}" if fmt == "onnx" else "read back"
+        lines.append(
+            f"{where}; {runner}: logits within {check['max_abs_diff']:.2e} of PyTorch at batch sizes {sizes} "
+            f"(tolerance {check['tolerance']:.1e})"
+        )
+    return lines
