@@ -563,7 +563,7 @@ def _finish(run: _Run, parts: _Parts | None, out: Path | None, kept: list[Batch]
         return EmbeddingResult(torch.cat([v for v, p, _ in kept if p]), paths, skipped, meta)
     stored = {**meta, "paths": paths}
     if out.suffix.lower() == ".parquet":
-        _write_parquet(out, (v for v, p, _ in batches() if p), paths, tail, stored)
+        _write_parquet(out, batches, tail, stored)
     else:
         _write_safetensors(out, lambda: (v for v, p, _ in batches() if p), (len(paths), *tail), crc, stored)
     parts.remove(n_batches)
@@ -602,20 +602,27 @@ def _write_safetensors(
 
 
 def _write_parquet(
-    out: Path, vectors: Iterator[torch.Tensor], paths: list[str], tail: tuple[int, ...], meta: dict[str, Any]
+    out: Path, batches: Callable[[], Iterator[Batch]], tail: tuple[int, ...], meta: dict[str, Any]
 ) -> None:
     """A parquet table of columns ``path`` and ``embedding`` (each row's values flattened, float32;
-    its shape in the metadata ``shape``), the other metadata in the schema's."""
+    its shape in the metadata ``shape``), the other metadata in the schema's; one row group per
+    batch, so memory holds one batch."""
     pa = _pyarrow(out)
     import pyarrow.parquet as pq
 
     width = int(np.prod(tail))
-    flat = np.concatenate([v.reshape(-1, width).numpy() for v in vectors])  # (N, prod(tail))
-    column = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), type=pa.float32()), width)
-    table = pa.table({"path": pa.array(paths, type=pa.string()), "embedding": column})
     stored = {k: v for k, v in _string_metadata(meta).items() if k != "paths"}
-    table = table.replace_schema_metadata(stored)
-    atomic_write(out, lambda f: pq.write_table(table, f))
+    schema = pa.schema([("path", pa.string()), ("embedding", pa.list_(pa.float32(), width))], metadata=stored)
+
+    def write(f: Any) -> None:
+        with pq.ParquetWriter(f, schema) as writer:
+            for vectors, paths, _ in batches():
+                if paths:
+                    flat = pa.array(vectors.reshape(-1).numpy(), type=pa.float32())  # (B * width,)
+                    column = pa.FixedSizeListArray.from_arrays(flat, width)
+                    writer.write_table(pa.table({"path": pa.array(paths, pa.string()), "embedding": column}, schema))
+
+    atomic_write(out, write)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -684,7 +691,7 @@ def _read_parquet(path: Path) -> tuple[torch.Tensor, dict[str, Any], list[str]]:
         raise UsageError(f"{path}: no path and embedding columns with a shape; not an embeddings file")
     flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     try:
-        vectors = torch.from_numpy(np.asarray(flat, dtype=np.float32).reshape(shape))
+        vectors = torch.from_numpy(np.array(flat, dtype=np.float32).reshape(shape))  # a copy torch may write
     except ValueError:
         raise UsageError(f"{path}: its embedding column does not have the shape {shape} it states") from None
     return vectors, meta, table.column("path").to_pylist()
