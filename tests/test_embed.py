@@ -272,6 +272,13 @@ def test_bad_input_is_one_line(ckpt, data, tmp_path, capsys):
     missing = str(tmp_path / "nowhere" / "e.safetensors")
     assert "does not exist" in _one_line_error([*embed, str(data / "val"), "--out", missing], capsys)
     assert "name the file so" in _one_line_error([*embed, str(data / "val"), "--out", str(tmp_path / "e.npy")], capsys)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("a.png", "b.jpg"):
+        (broken / name).write_bytes(b"\x89PNG not really")
+    unread = _one_line_error([*embed, str(broken), "--out", str(tmp_path / "b.safetensors")], capsys)
+    assert "none of its 2 image files could be read" in unread and "a.png" in unread
+    assert not (tmp_path / "b.safetensors.parts").exists()
 
     files = {}
     for name, pool, weights in [("va", "pooled", ckpt), ("patch", "patch", ckpt), ("cls", "cls", ckpt)]:

@@ -274,9 +274,9 @@ class _Parts:
         try:
             tensors, meta = read_safetensors(p)
             paths, skipped = json.loads(meta["paths"]), [tuple(s) for s in json.loads(meta["skipped"])]
+            unread = {path for path, _ in skipped}
         except (CheckpointError, KeyError, ValueError, TypeError, RecursionError):
             return None  # damaged: computed again
-        unread = {s[0] for s in skipped}
         if meta.get("run") != self.key_sha256 or paths != [c for c in chunk if c not in unread]:
             return None
         if len(paths) + len(skipped) != len(chunk):
