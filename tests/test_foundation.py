@@ -4,6 +4,8 @@ peers' own models as the reference where they are installed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -216,3 +218,217 @@ def test_release_models_build_with_their_pieces():
     assert isinstance(giant.blocks[0].mlp, SwiGLU) and giant.blocks[0].mlp.fc1.out_features == 8192
     assert clip.norm_pre is not None and clip.patch_embed.proj.bias is None and clip.cfg.act == "quick_gelu"
     assert siglip.attn_pool is not None and siglip.cls_token is None and siglip.cfg.num_heads == 16
+
+
+# ---------------------------------------------------------------------------------------------
+# timm's state dicts (timm's own names), against timm's forward.
+
+SMALL_TIMM = dict(img_size=28, patch_size=7, embed_dim=32, depth=2, num_heads=2)
+TIMM_CASES = {
+    "dinov2": ("vit_small_patch14_dinov2", {}, {}),
+    "dinov2_reg4": ("vit_small_patch14_reg4_dinov2", {}, {}),
+    "dinov2_giant_swiglu": ("vit_giant_patch14_dinov2", dict(mlp_ratio=4.0), {}),
+    "clip": ("vit_base_patch16_clip_224", dict(num_classes=6), {}),
+    "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(num_classes=6), dict(act="quick_gelu")),
+    "siglip": ("vit_base_patch16_siglip_224", {}, {}),
+    "qk_norm": ("vit_small_patch16_224", dict(qk_norm=True, num_classes=6), {}),
+    "reg4_gap_fc_norm": ("vit_base_patch16_reg4_gap_256", dict(num_classes=6), {}),
+}
+
+
+def _timm():
+    return pytest.importorskip("timm", reason="timm is not installed (it needs torchvision)", exc_type=ImportError)
+
+
+def _save(sd: dict[str, torch.Tensor], path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in sd.items()}, path)
+    return path
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", TIMM_CASES)
+def test_timm_release_loads_exactly(case, tmp_path):
+    timm = _timm()
+    arch, kw, given = TIMM_CASES[case]
+    torch.manual_seed(0)
+    peer = timm.create_model(arch, pretrained=False, **{"num_classes": 0, **SMALL_TIMM, **kw}).eval()
+    _randomise(peer)
+    ours = vitkit.load_pretrained(_save(peer.state_dict(), tmp_path / "timm.safetensors"), num_heads=2, **given)
+    assert ours.load_report.source == "timm"
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        tokens, ref_tokens = ours.forward_features(x), peer.forward_features(x)
+        pooled = ours.forward_head(tokens, pre_logits=True)
+        ref_pooled = peer.forward_head(ref_tokens, pre_logits=True)
+        diffs = [(tokens - ref_tokens).abs().max(), (pooled - ref_pooled).abs().max()]
+        if peer.num_classes:
+            diffs.append((ours(x) - peer(x)).abs().max())
+    assert max(diffs) < 1e-5, diffs
+    assert not ours.load_report.assumed.keys() - {"act", "ln_eps"}  # the heads were given
+
+
+def test_timm_file_pieces_read_from_the_tensors(tmp_path):
+    """Without timm: a timm-named file holding every piece reads back as the model it came from."""
+    from vitkit.checkpoint import to_timm
+
+    model = tiny(**{**ALL_PIECES, "act": "gelu"}, cls_pos_embed=False).eval()
+    path = _save(to_timm(model.state_dict()), tmp_path / "model.safetensors")
+    back = vitkit.load_pretrained(path, num_heads=2, ln_eps=1e-6)  # with a pre-norm timm's CLIP 1e-5 is assumed
+    for field in ("num_registers", "pre_norm", "qk_norm", "mlp_type", "mlp_dim", "cls_pos_embed", "patch_bias"):
+        assert getattr(back.cfg, field) == getattr(model.cfg, field), field
+    assert back.cfg.layer_scale_init is not None
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+
+
+def test_dinov2_own_file_names_and_register_positions(tmp_path):
+    """DINOv2's own files (torch.hub): ``register_tokens``, the SwiGLU's ``w12``/``w3`` and the
+    masked-image token; a file giving the registers position rows has them folded into the tokens."""
+    model = tiny(num_registers=2, mlp_type="swiglu", layer_scale_init=1e-5, act="gelu").eval()
+    sd = {k.replace("reg_token", "register_tokens").replace("mlp.fc1", "mlp.w12").replace("mlp.fc2", "mlp.w3"): v
+          for k, v in model.state_dict().items()}  # fmt: skip
+    sd["mask_token"] = torch.zeros(1, 32)
+    back = vitkit.load_pretrained(_save(sd, tmp_path / "dinov2.safetensors"), num_heads=2)
+    assert any("mask_token" in n for n in back.load_report.notes)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+    # timm's layout without no_embed_class: rows for the class token, then the registers, then the grid
+    reg_rows = torch.randn(1, 2, 32)
+    sd = dict(model.state_dict())
+    sd["pos_embed"] = torch.cat([sd["pos_embed"][:, :1], reg_rows, sd["pos_embed"][:, 1:]], dim=1)
+    sd["reg_token"] = sd["reg_token"] - reg_rows
+    back = vitkit.load_pretrained(_save(sd, tmp_path / "rows.safetensors"), num_heads=2)
+    assert any("register" in n for n in back.load_report.notes)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x))
+
+
+@pytest.mark.parametrize(
+    "key,piece",
+    [
+        ("rope.periods", "RoPE"),
+        ("blocks.0.attn.norm.weight", "scale_attn_norm"),
+        ("storage_tokens", "storage tokens"),
+        ("blocks.0.mlp.fc1_g.weight", "unpacked SwiGLU"),
+    ],
+)
+def test_pieces_vitkit_does_not_have_are_refused_by_name(key, piece, tmp_path):
+    from vitkit.checkpoint import to_timm
+
+    sd = to_timm(tiny().state_dict())
+    sd[key] = torch.zeros(4)
+    with pytest.raises(vitkit.CheckpointError, match=rf"{piece}.*{re.escape(key)}"):
+        vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
+
+
+def test_timm_class_token_with_fc_norm_is_refused(tmp_path):
+    from vitkit.checkpoint import to_timm
+
+    sd = to_timm(tiny().state_dict())
+    sd["fc_norm.weight"], sd["fc_norm.bias"] = sd.pop("norm.weight"), sd.pop("norm.bias")
+    with pytest.raises(vitkit.CheckpointError, match="global_pool='avg'"):
+        vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face models, saved as transformers saves them, against transformers' forward.
+
+SMALL_HF = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+IMAGENET = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+
+
+def _hf():
+    return pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
+
+
+def _hf_model(case: str):
+    """(model, its image processor, the image side) for one family, small and random."""
+    t = _hf()
+    if case.startswith("dinov2"):
+        extra = dict(use_swiglu_ffn=True) if case == "dinov2_swiglu" else {}
+        if case == "dinov2_registers":
+            model = t.Dinov2WithRegistersModel(
+                t.Dinov2WithRegistersConfig(**SMALL_HF, image_size=28, patch_size=7, num_register_tokens=4)
+            )
+        else:
+            model = t.Dinov2Model(t.Dinov2Config(**SMALL_HF, image_size=28, patch_size=7, **extra))
+        proc = t.BitImageProcessorPil(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224}, **IMAGENET)
+    elif case.startswith("clip"):
+        vision = dict(**SMALL_HF, image_size=28, patch_size=7, projection_dim=12)
+        if case == "clip_with_projection":
+            text = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+            model = t.CLIPModel(t.CLIPConfig(vision_config=vision, text_config=text, projection_dim=12))
+        else:
+            model = t.CLIPVisionModel(t.CLIPVisionConfig(**vision))
+        proc = t.CLIPImageProcessorPil()
+    else:
+        model = t.SiglipVisionModel(t.SiglipVisionConfig(**SMALL_HF, image_size=28, patch_size=7))
+        proc = t.SiglipImageProcessorPil()
+    return model.eval(), proc
+
+
+HF_CASES = ["dinov2", "dinov2_swiglu", "dinov2_registers", "clip", "clip_with_projection", "siglip"]
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", HF_CASES)
+def test_hf_release_loads_exactly(case, tmp_path):
+    peer, proc = _hf_model(case)
+    _randomise(peer)
+    peer.save_pretrained(tmp_path / "hf")
+    proc.save_pretrained(tmp_path / "hf")
+    ours = vitkit.load_pretrained(tmp_path / "hf")
+    assert ours.load_report.source == "hf" and not ours.load_report.assumed
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        out = peer.vision_model(pixel_values=x) if case == "clip_with_projection" else peer(pixel_values=x)
+        tokens = ours.forward_features(x)
+        pooled = ours.forward_head(tokens, pre_logits=True)
+        diffs = {"pooler_output": (pooled - out.pooler_output).abs().max()}
+        if case.startswith("clip"):  # CLIP's last_hidden_state is before its final norm
+            last = ours.forward_intermediates(x, indices=[-1])["tokens"][0]
+            diffs["last_hidden_state"] = (last - out.last_hidden_state).abs().max()
+        else:
+            diffs["last_hidden_state"] = (tokens - out.last_hidden_state).abs().max()
+        if case == "clip_with_projection":
+            diffs["image_embeds"] = (ours(x) - peer.get_image_features(pixel_values=x).pooler_output).abs().max()
+    assert max(diffs.values()) < 1e-5, diffs
+    pre = ours.preprocessing
+    if case.startswith("dinov2"):  # shorter side to 256, the central 224
+        assert pre.mean == (0.485, 0.456, 0.406) and pre.crop_pct == 224 / 256 and pre.interpolation == "bicubic"
+    elif case.startswith("clip"):
+        assert list(pre.mean) == CLIP_MEAN and pre.crop_pct == 1.0
+    else:
+        assert pre.mean == (0.5, 0.5, 0.5) and pre.std == (0.5, 0.5, 0.5)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", ["dinov2_swiglu", "dinov2_registers", "clip", "siglip"])
+def test_hf_module_names_load_without_config(case, tmp_path):
+    """transformers >= 5 names its modules otherwise than its files (Dinov2's q_proj, gate_proj...):
+    a state dict of the module names loads too, given the heads; the family's defaults are assumed."""
+    peer, _ = _hf_model(case)
+    _randomise(peer)
+    ours = vitkit.load_pretrained(_save(peer.state_dict(), tmp_path / "raw.safetensors"), num_heads=2)
+    assert set(ours.load_report.assumed) == {"act", "ln_eps"}
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        ref = peer(pixel_values=x).pooler_output
+        assert (ours.forward_head(ours.forward_features(x), pre_logits=True) - ref).abs().max() < 1e-5
+
+
+def test_hf_model_types_vitkit_does_not_read_are_refused(tmp_path):
+    import json
+
+    folder = tmp_path / "dinov3"
+    folder.mkdir()
+    sd = {"embeddings.patch_embeddings.weight": torch.zeros(32, 3, 16, 16), "rope_embeddings.inv_freq": torch.zeros(8)}
+    _save(sd, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"model_type": "dinov3_vit"}))
+    with pytest.raises(vitkit.CheckpointError, match=r"dinov3_vit.*RoPE"):
+        vitkit.load_pretrained(folder)

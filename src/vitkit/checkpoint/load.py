@@ -20,28 +20,34 @@ from torch import nn
 from ..errors import CheckpointError, UsageError, VitkitError
 from ..models.config import ResNetConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_embed
-from ..models.registry import build_model, model_config
+from ..models.registry import RELEASES, build_model, canonical_name, model_config
 from ..preprocessing import Preprocessing
 from . import values
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
 from .native import FORMAT, carried_metadata, config_from_meta, preprocessing_from_meta, read_native
 from .official import convert_official, is_official, select_arrays
 from .peers import (
-    HF_DEFAULTS,
-    TIMM_DEFAULTS,
+    HF_FAMILY_DEFAULTS,
     convert_hf,
     convert_timm,
     heads_for,
+    hf_family,
+    hf_preprocessing,
     is_hf,
     is_timm,
     read_hf_dir,
+    read_json_beside,
+    timm_model_name,
+    timm_preprocessing,
     timm_to_vitkit,
 )
 
 log = logging.getLogger("vitkit")
 
 # Architecture fields a model name fixes; a file whose tensors disagree is an error.
-_ARCH_FIELDS = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_units")
+_ARCH_FIELDS = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_units", "num_registers", "mlp_type")
+# Values a file may not record that the name of a release (models.registry.RELEASES) says.
+_RELEASE_FIELDS = ("act", "ln_eps")
 
 
 @dataclass
@@ -70,6 +76,7 @@ class _Loaded:
     heads_known: bool = False  # the file gives the number of heads (timm tensors alone do not)
     assumed: dict[str, tuple[Any, str]] = field(default_factory=dict)  # field -> (value assumed, on what grounds)
     metadata: dict[str, str] = field(default_factory=dict)  # a vitkit file's metadata to keep (carried_metadata)
+    name: str | None = None  # the vitkit model the file's own config names (a timm hub folder's architecture)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -154,38 +161,69 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
         raise CheckpointError(f"{p}: unknown weight format '{suffix}' (expected .safetensors, .npz, .bin or .pth)")
     keys = set(tensors)
     if is_hf(keys):
-        config = hf_cfg()
-        if config is None and num_heads is None:  # a guess of the heads would give other outputs
-            raise CheckpointError(
-                f"{p.parent / 'config.json'}: missing; Hugging Face weights keep their number of attention heads "
-                "there (or pass num_heads)"
-                if in_hf_folder
-                else f"{p}: Hugging Face weights without config.json (vitkit reads the one beside model.safetensors "
-                "or pytorch_model.bin): the number of attention heads is not in the tensors; pass num_heads"
-            )
-        sd, cfg, notes = convert_hf(tensors, config, p, num_heads=num_heads)
-        loaded = _Loaded(sd, cfg, "hf", Preprocessing.for_config(cfg), notes, heads_known=True)
-        if config is None:  # what transformers would read from a config.json that leaves them out
-            loaded.assumed = {k: (v, "Hugging Face's default") for k, v in HF_DEFAULTS.items()}
-        return loaded
+        return _read_hf(p, tensors, hf_cfg(), num_heads, in_hf_folder)
     if is_timm(keys):
         if TIMM_CONFIG_KEY in meta:
             return _read_timm_with_config(p, tensors, meta, num_heads)
-        heads = num_heads
-        if heads is None and (config := hf_cfg()) is not None and "num_heads" in config:
-            heads = values.integer(config["num_heads"], str(p.parent / "config.json"), "num_heads")
-        sd, cfg = convert_timm(tensors, p, heads)
-        loaded = _Loaded(sd, cfg, "timm", Preprocessing.for_config(cfg), heads_known=heads is not None)
-        if heads is None:
-            loaded.assumed["num_heads"] = heads_for(cfg.width)
-        loaded.assumed |= {k: (v, "timm's default") for k, v in TIMM_DEFAULTS.items()}
-        if cfg.pos_embed == "none":
-            loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
-        return loaded
+        return _read_timm(p, tensors, hf_cfg(), num_heads)
     if is_official(keys):
         raise CheckpointError(f"{p}: official JAX weights are read from .npz files")
     sample = sorted(keys)[:5]
     raise CheckpointError(f"{p}: tensors are not a ViT vitkit recognises (first keys: {sample})")
+
+
+_HF_FAMILY_NAMES = {"dinov2": " for DINOv2", "clip": " for CLIP", "siglip": " for SigLIP"}
+
+
+def _read_hf(
+    p: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any] | None, num_heads: int | None, in_folder: bool
+) -> _Loaded:
+    """A Hugging Face file (a ViT, DINOv2, CLIP or SigLIP image tower), with the ``config.json``
+    and ``preprocessor_config.json`` of its folder when it is in one."""
+    if config is None and num_heads is None:  # a guess of the heads would give other outputs
+        raise CheckpointError(
+            f"{p.parent / 'config.json'}: missing; Hugging Face weights keep their number of attention heads "
+            "there (or pass num_heads)"
+            if in_folder
+            else f"{p}: Hugging Face weights without config.json (vitkit reads the one beside model.safetensors "
+            "or pytorch_model.bin): the number of attention heads is not in the tensors; pass num_heads"
+        )
+    sd, cfg, notes = convert_hf(tensors, config, p, num_heads=num_heads)
+    proc = read_json_beside(p, "preprocessor_config.json") if in_folder else None
+    pre = hf_preprocessing(proc, p.parent / "preprocessor_config.json") if proc is not None else None
+    loaded = _Loaded(sd, cfg, "hf", pre or Preprocessing.for_config(cfg), notes, heads_known=True)
+    if config is None:  # what transformers would read from a config.json that leaves them out
+        family = hf_family(set(tensors), None)
+        said = {"act": cfg.act, "ln_eps": HF_FAMILY_DEFAULTS[family]["ln_eps"]}
+        why = "Hugging Face's default" + _HF_FAMILY_NAMES.get(family, "")
+        loaded.assumed = {k: (v, why) for k, v in said.items()}
+    return loaded
+
+
+def _read_timm(
+    p: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any] | None, num_heads: int | None
+) -> _Loaded:
+    """A timm state dict (or DINOv2's own file), with what the timm hub ``config.json`` of its
+    folder says: the architecture (the vitkit model it is, see :func:`timm_model_name`), the heads
+    and ``pretrained_cfg``'s preprocessing. Values nothing says are assumed aloud."""
+    where = p.parent / "config.json"
+    heads = num_heads
+    if heads is None and config is not None and "num_heads" in config:
+        heads = values.integer(config["num_heads"], str(where), "num_heads")
+    notes: list[str] = []
+    sd, cfg = convert_timm(tensors, p, heads, notes)
+    pre = timm_preprocessing(config.get("pretrained_cfg"), where) if config is not None else None
+    loaded = _Loaded(sd, cfg, "timm", pre or Preprocessing.for_config(cfg), notes, heads_known=heads is not None)
+    if config is not None and isinstance(config.get("architecture"), str):
+        loaded.name = timm_model_name(config["architecture"])
+    if heads is None:
+        loaded.assumed["num_heads"] = heads_for(cfg.width)
+    clip = " for its CLIP towers" if cfg.pre_norm else ""
+    loaded.assumed["act"] = (cfg.act, "timm's default")
+    loaded.assumed["ln_eps"] = (cfg.ln_eps, f"timm's default{clip}")
+    if cfg.pos_embed == "none":
+        loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
+    return loaded
 
 
 def _read_timm_with_config(p: Path, tensors: dict, meta: dict[str, str], num_heads: int | None) -> _Loaded:
@@ -241,6 +279,11 @@ def _apply_name(loaded: _Loaded, name: str, path: Path) -> None:
             detail = ", ".join(f"{f} {a} in the file vs {b} for {name}" for f, (a, b) in diff.items())
             raise CheckpointError(f"{path}: weights do not fit {name}: {detail}")
         loaded.assumed.pop("num_heads", None)  # the name says it
+        if canonical_name(name) in RELEASES:  # a release's name says how its authors built it
+            said = {f: getattr(named, f) for f in _RELEASE_FIELDS if f in loaded.assumed}
+            loaded.cfg = loaded.cfg.replace(**said)
+            for f in said:
+                loaded.assumed.pop(f)
 
 
 def _resize_positions(sd: dict[str, torch.Tensor], cfg: ViTConfig, grid: tuple[int, int], mode: str) -> list[str]:
@@ -403,6 +446,7 @@ def load_pretrained(
         raise UsageError("out_indices picks the maps of a features_only=True model; pass features_only=True too")
     loaded = read_any(path, num_heads=num_heads)
     p = Path(path)
+    name = name or loaded.name
     if name is not None:
         _apply_name(loaded, name, p)
     assumed = {k: v for k, v in loaded.assumed.items() if k not in overrides}

@@ -16,26 +16,61 @@ import torch
 from ..errors import CheckpointError
 from ..models.config import VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
+from ..models.registry import RELEASES
+from ..preprocessing import Preprocessing
 from . import values
 
-_UNSUPPORTED_TIMM = (
-    "fc_norm.", "reg_token", "attn.q_norm", "attn.k_norm", "ls1.", "ls2.", "norm_pre.",
-    "attn_pool.pos_embed", "attn_pool.q_norm", "attn_pool.k_norm",
-)  # fmt: skip
+# Pieces of timm's (and DINOv3's) ViTs that vitkit's does not have: a part of a key -> what it is.
+_UNSUPPORTED_TIMM = {
+    "rope": "rotary position embeddings (RoPE: DINOv3, EVA)",
+    "storage_tokens": "DINOv3's storage tokens (with RoPE)",
+    "local_cls_norm": "DINOv3's local class-token norm",
+    "bias_mask": "DINOv3's masked qkv bias",
+    "attn.norm.": "a norm inside attention (timm's scale_attn_norm)",
+    "mlp.norm.": "a norm inside the MLP (timm's scale_mlp_norm)",
+    "patch_embed.norm.": "a norm after the patch embedding",
+    "attn.q_bias": "separate q and v biases (BEiT, EVA)",
+    "mlp.fc1_g.": "an unpacked SwiGLU (fc1_g, fc1_x)",
+    "attn_pool.pos_embed": "a position embedding in the attention pooling",
+    "attn_pool.q_norm": "q/k norm in the attention pooling",
+    "attn_pool.k_norm": "q/k norm in the attention pooling",
+}
+
+# Names of DINOv2's own files (torch.hub) that differ from timm's.
+_DINOV2_NAMES = [(r"^register_tokens$", "reg_token"), (r"\.mlp\.w12\.", ".mlp.fc1."), (r"\.mlp\.w3\.", ".mlp.fc2.")]
+# Tensors a file may hold that play no part in an image's forward pass: DINOv2's masked-image token.
+_TRAINING_ONLY = ("mask_token",)
+
+
+def unsupported_pieces(keys: Any, table: dict[str, str] = _UNSUPPORTED_TIMM) -> str | None:
+    """What a state dict's keys hold that vitkit's ViT does not have, as one phrase naming the
+    pieces and the first keys of each; None when there is nothing.
+
+    Args:
+        keys: the state dict's keys.
+        table: a part of a key -> the piece it belongs to.
+
+    Returns:
+        The phrase, or None.
+    """
+    found: dict[str, list[str]] = {}
+    for k in sorted(keys):
+        for part, what in table.items():
+            if part in k:
+                found.setdefault(what, []).append(k)
+                break
+    if not found:
+        return None
+    return "; ".join(f"{what} ({', '.join(ks[:3])}{', ...' if len(ks) > 3 else ''})" for what, ks in found.items())
 
 
 def is_timm(keys: set[str]) -> bool:
     return "patch_embed.proj.weight" in keys and any(k.startswith("blocks.0.") for k in keys)
 
 
-def is_hf(keys: set[str]) -> bool:
-    return any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for k in keys)
-
-
-# What timm's VisionTransformer and Hugging Face's ViTConfig use when nothing says otherwise: the
-# values a state dict without its config is read with (its tensors show neither).
+# What timm's VisionTransformer uses when nothing says otherwise: the values a state dict without
+# its config is read with (its tensors show neither). Hugging Face's: HF_FAMILY_DEFAULTS.
 TIMM_DEFAULTS: dict[str, Any] = {"act": "gelu", "ln_eps": 1e-6}
-HF_DEFAULTS: dict[str, Any] = {"act": "gelu", "ln_eps": 1e-12}
 
 
 def heads_for(width: int) -> tuple[int, str]:
@@ -114,24 +149,35 @@ def _count_units(sd: dict[str, torch.Tensor]) -> tuple[int, ...]:
     return tuple(counts[s] for s in sorted(counts))
 
 
-def timm_to_vitkit(sd: dict[str, torch.Tensor], path: Any = "<timm>") -> dict[str, torch.Tensor]:
-    """timm parameter names -> vitkit's (float32), refusing timm features vitkit does not have."""
-    bad = sorted(k for k in sd if any(p in k for p in _UNSUPPORTED_TIMM))
-    if bad:
-        raise CheckpointError(
-            f"{path}: timm features vitkit's ViT does not have (norm after pooling, "
-            f"register tokens, qk-norm, layer scale...): {bad[:6]}"
-        )
+def timm_to_vitkit(
+    sd: dict[str, torch.Tensor], path: Any = "<timm>", notes: list[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """timm parameter names -> vitkit's (float32), refusing pieces vitkit does not have, each
+    named with its keys. DINOv2's own names (``register_tokens``, the SwiGLU's ``w12`` and
+    ``w3``) are read too; its masked-image token, which images never use, is left out (said in
+    ``notes``)."""
+    if bad := unsupported_pieces(sd):
+        raise CheckpointError(f"{path}: the file holds pieces vitkit's ViT does not have: {bad}")
     out = {}
     for k, v in sd.items():
+        if k in _TRAINING_ONLY:
+            if notes is not None:
+                notes.append(f"left out {k!r}: a token of masked-image training, not used on images")
+            continue
         k = k.replace("pre_logits.fc.", "pre_logits.")
+        for pattern, repl in _DINOV2_NAMES:
+            k = re.sub(pattern, repl, k)
         out[_timm_backbone_key(k)] = v.float()
     return out
 
 
-def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None):
-    """timm ``VisionTransformer`` state dict -> (vitkit state dict, config read off the tensors)."""
-    out = timm_to_vitkit(sd, path)
+def convert_timm(
+    sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None, notes: list[str] | None = None
+) -> tuple[dict[str, torch.Tensor], ViTConfig]:
+    """timm ``VisionTransformer`` state dict (or DINOv2's own) -> (vitkit state dict, config read
+    off the tensors). What was changed on the way is said in ``notes``: a position row of a
+    register token folded into it, a token left out."""
+    out = timm_to_vitkit(sd, path, notes)
     latents = out["attn_pool.latent"].shape[1] if "attn_pool.latent" in out else 1
     if latents != 1:
         raise CheckpointError(f"{path}: timm attention pooling with {latents} latent tokens; vitkit's MAP head has one")
@@ -150,9 +196,11 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
     classifier = "token" if "cls_token" in out else "map" if "attn_pool.latent" in out else "gap"
     distill = "dist_token" in out  # DeiT's distilled models: a second prefix token and head_dist
     prefix = (1 if classifier == "token" else 0) + (1 if distill else 0)
-    img = (224, 224)
+    img, cls_pos_embed = (224, 224), True
     if "pos_embed" in out:
-        img = _grid_img(out["pos_embed"].shape[1] - prefix, (ph, pw), stride, path)
+        rows = _timm_position_rows(out, prefix, (ph, pw), stride, path, notes)
+        img = _grid_img(out["pos_embed"].shape[1] - rows, (ph, pw), stride, path)
+        cls_pos_embed = rows > 0 or prefix == 0
     cfg = ViTConfig(
         img_size=img,
         patch_size=(ph, pw),
@@ -161,17 +209,90 @@ def convert_timm(sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: i
         width=width,
         depth=depth,
         num_heads=num_heads or heads_for(width)[0],
-        mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
         classifier=classifier,
         representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
         pos_embed="learned" if "pos_embed" in out else "none",
-        act=TIMM_DEFAULTS["act"],
-        ln_eps=TIMM_DEFAULTS["ln_eps"],
+        cls_pos_embed=cls_pos_embed,
         resnet_units=units,
         resnet_width=out["patch_embed.backbone.conv_root.weight"].shape[0] if units else 64,
         distill_token=distill,
+        **_timm_pieces(out, path),
     )
     return out, cfg
+
+
+def _timm_pieces(out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
+    """The config fields of the later pieces a timm state dict holds, and its MLP's kind and width:
+    a packed SwiGLU's first layer is twice as wide as its second's input."""
+    if "fc_norm.weight" in out and "norm.weight" in out:
+        raise CheckpointError(f"{path}: a final norm both before and after pooling; vitkit's ViT has one of them")
+    if "fc_norm.weight" not in out and "norm.weight" not in out:
+        raise CheckpointError(f"{path}: no final norm (timm's final_norm=False); vitkit's ViT always has one")
+    if "fc_norm.weight" in out and "cls_token" in out:
+        raise CheckpointError(
+            f"{path}: a class token and a norm after pooling: timm builds these for global_pool='avg', the mean "
+            "of the patch tokens with the class token kept in the sequence, which vitkit's ViT does not pool"
+        )
+    fc1, fc2 = out["blocks.0.mlp.fc1.weight"].shape[0], out["blocks.0.mlp.fc2.weight"].shape[1]
+    swiglu = fc1 == 2 * fc2 and fc1 != fc2
+    pre_norm = "norm_pre.weight" in out
+    return {
+        "mlp_dim": fc2,
+        "mlp_type": "swiglu" if swiglu else "mlp",
+        "num_registers": out["reg_token"].shape[1] if "reg_token" in out else 0,
+        "layer_scale_init": LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in out else None,
+        "pre_norm": pre_norm,
+        "fc_norm": "fc_norm.weight" in out,
+        "qk_norm": "blocks.0.attn.q_norm.weight" in out,
+        "patch_bias": "patch_embed.proj.bias" in out,
+        **timm_defaults(pre_norm),
+    }
+
+
+# The starting value of LayerScale's gammas recorded for loaded weights (DINOv2's): the file's
+# gammas replace it; it matters only to a model trained anew from the config.
+LAYER_SCALE_INIT = 1e-5
+
+
+def timm_defaults(pre_norm: bool) -> dict[str, Any]:
+    """The activation and LayerNorm epsilon timm builds a ViT with when its file does not say:
+    timm's defaults, and for a CLIP tower (a norm before the blocks) the epsilon of its CLIP models.
+
+    Args:
+        pre_norm: whether the model has a LayerNorm before the blocks.
+
+    Returns:
+        ``{"act": ..., "ln_eps": ...}``.
+    """
+    return {"act": TIMM_DEFAULTS["act"], "ln_eps": TIMM_CLIP_LN_EPS if pre_norm else TIMM_DEFAULTS["ln_eps"]}
+
+
+TIMM_CLIP_LN_EPS = 1e-5
+
+
+def _timm_position_rows(
+    out: dict[str, torch.Tensor], prefix: int, patch: tuple[int, int], stride: int, path: Any, notes: list[str] | None
+) -> int:
+    """How many rows of timm's position table belong to the tokens before the patches: the class
+    and distillation tokens' (``prefix``), none (timm's ``no_embed_class``: DINOv2 with registers),
+    or, for a file that gives the registers positions too, theirs after those; such a register's
+    row is added to the register token (in ``out``) and left out of the table, which computes the
+    same: a register's position is a constant."""
+    rows = out["pos_embed"].shape[1]
+    registers = out["reg_token"].shape[1] if "reg_token" in out else 0
+    for candidate in dict.fromkeys((prefix + registers, prefix, 0)):
+        if candidate <= rows and square_side(rows - candidate) is not None:
+            break
+    else:
+        return prefix  # the error of a table without a square grid: _grid_img's
+    if registers and candidate == prefix + registers:
+        pe = out["pos_embed"]
+        out["reg_token"] = out["reg_token"] + pe[:, prefix : prefix + registers]
+        out["pos_embed"] = torch.cat([pe[:, :prefix], pe[:, prefix + registers :]], dim=1)
+        if notes is not None:
+            notes.append(f"the position rows of the {registers} register tokens added to them")
+        return prefix
+    return candidate
 
 
 # Parameter names (last component) of the position embeddings timm and Hugging Face cannot hold.
@@ -220,7 +341,9 @@ def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------------
-# Hugging Face transformers (ViTModel / ViTForImageClassification)
+# Hugging Face transformers: ViTModel / ViTForImageClassification, Dinov2Model and
+# Dinov2WithRegistersModel, CLIPVisionModel (or CLIPModel's vision tower), SiglipVisionModel (or
+# SiglipModel's vision tower)
 
 
 _HF_V5_NAMES = [  # transformers >= 5 module names -> the names its files (and older versions) use
@@ -234,10 +357,73 @@ _HF_V5_NAMES = [  # transformers >= 5 module names -> the names its files (and o
 ]
 
 
-def _hf_legacy_name(key: str) -> str:
-    for pattern, repl in _HF_V5_NAMES:
+def _hf_legacy_name(key: str, patterns: list[tuple[str, str]] = _HF_V5_NAMES) -> str:
+    for pattern, repl in patterns:
         key = re.sub(pattern, repl, key)
     return key
+
+
+# A config.json's model_type -> the family of converters that reads it.
+HF_MODEL_TYPES = {
+    "vit": "vit",
+    "dinov2": "dinov2",
+    "dinov2_with_registers": "dinov2",
+    "clip": "clip",
+    "clip_vision_model": "clip",
+    "siglip": "siglip",
+    "siglip_vision_model": "siglip",
+}
+# What each family's config class has when its config.json leaves a key out.
+HF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit": {"act": "gelu", "ln_eps": 1e-12},
+    "dinov2": {"act": "gelu", "ln_eps": 1e-6},
+    "clip": {"act": "quick_gelu", "ln_eps": 1e-5},
+    "siglip": {"act": "gelu_pytorch_tanh", "ln_eps": 1e-6},
+}
+HF_DEFAULTS: dict[str, Any] = HF_FAMILY_DEFAULTS["vit"]
+# Hugging Face's activation names -> vitkit's (gelu_new is GELU's tanh approximation, written out).
+_HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "quick_gelu": "quick_gelu"}
+# Tensors of a CLIP or SigLIP file that are not the image tower's.
+_OTHER_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+
+
+def is_hf(keys: set[str]) -> bool:
+    prefixes = ("vit.embeddings.", "embeddings.patch_embeddings.", "dinov2.embeddings.", "vision_model.embeddings.")
+    return any(k.startswith(prefixes) for k in keys) or "embeddings.patch_embedding.weight" in keys
+
+
+def hf_family(keys: set[str], hf_config: dict[str, Any] | None, where: str = "config.json") -> str:
+    """Which Hugging Face model a file holds: "vit", "dinov2", "clip" or "siglip", from its
+    ``config.json``'s ``model_type`` or, without one, from its tensors' names.
+
+    Args:
+        keys: the state dict's keys.
+        hf_config: its ``config.json``, or None.
+        where: the config's path, for the message.
+
+    Returns:
+        The family.
+
+    Raises:
+        CheckpointError: a model type vitkit does not read.
+    """
+    if hf_config is not None and "model_type" in hf_config:
+        kind = hf_config["model_type"]
+        if not isinstance(kind, str) or kind not in HF_MODEL_TYPES:
+            pieces = unsupported_pieces(keys)
+            raise CheckpointError(
+                f"{where}: model_type {values.printable(str(kind), 60)!r} is not a ViT vitkit reads "
+                f"({', '.join(HF_MODEL_TYPES)}){'; it holds ' + pieces if pieces else ''}"
+            )
+        return HF_MODEL_TYPES[kind]
+    names = " ".join(keys)
+    if "class_embedding" in names:
+        return "clip"
+    if "embeddings.patch_embedding." in names:
+        return "siglip"
+    if "layer_scale1." in names or "register_tokens" in names:
+        return "dinov2"
+    return "vit"
 
 
 def convert_hf(
@@ -246,89 +432,270 @@ def convert_hf(
     path: Any = "<hf>",
     num_heads: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], ViTConfig, list[str]]:
-    """HF ViT state dict (+ its ``config.json``) -> (vitkit state dict, config, notes).
+    """HF state dict (+ its ``config.json``) -> (vitkit state dict, config, notes): a ViT, a DINOv2
+    (with or without registers), or the image tower of a CLIP or SigLIP model (the text tower of
+    a whole CLIPModel or SiglipModel file is left out, and said in the notes).
 
     The number of heads is not in the tensors: it comes from ``config.json`` (where a key
     Hugging Face left out has its default, 12 heads) or from ``num_heads``; without either
     the weights are refused. The values read from ``config.json`` are checked."""
-    sd = {_hf_legacy_name(k): v for k, v in sd.items()}
-    p = "vit." if any(k.startswith("vit.") for k in sd) else ""
-    notes: list[str] = []
-    used: set[str] = set()
-
-    def take(k: str) -> torch.Tensor:
-        if k not in sd:
-            raise CheckpointError(f"{path}: missing tensor {k!r}")
-        used.add(k)
-        return sd[k].float()
-
-    out: dict[str, torch.Tensor] = {}
-    emb = f"{p}embeddings."
-    out["patch_embed.proj.weight"] = take(f"{emb}patch_embeddings.projection.weight")
-    out["patch_embed.proj.bias"] = take(f"{emb}patch_embeddings.projection.bias")
-    out["cls_token"] = take(f"{emb}cls_token")
-    out["pos_embed"] = take(f"{emb}position_embeddings")
-    depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(rf"{re.escape(p)}encoder\.layer\.(\d+)\.", k)))
-    for i in range(depth):
-        src, dst = f"{p}encoder.layer.{i}.", f"blocks.{i}."
-        for t in ("weight", "bias"):
-            out[dst + f"norm1.{t}"] = take(src + f"layernorm_before.{t}")
-            out[dst + f"norm2.{t}"] = take(src + f"layernorm_after.{t}")
-            out[dst + f"attn.qkv.{t}"] = torch.cat(
-                [take(src + f"attention.attention.{n}.{t}") for n in ("query", "key", "value")], dim=0
-            )
-            out[dst + f"attn.proj.{t}"] = take(src + f"attention.output.dense.{t}")
-            out[dst + f"mlp.fc1.{t}"] = take(src + f"intermediate.dense.{t}")
-            out[dst + f"mlp.fc2.{t}"] = take(src + f"output.dense.{t}")
-    out["norm.weight"] = take(f"{p}layernorm.weight")
-    out["norm.bias"] = take(f"{p}layernorm.bias")
-    has_head = "classifier.weight" in sd
-    if has_head:
-        out["head.weight"] = take("classifier.weight")
-        out["head.bias"] = take("classifier.bias")
-    pooler = f"{p}pooler.dense.weight"
-    if pooler in sd and not has_head:
-        # ViTModel's pooler (dense + tanh on the class token) is the paper's pre-logits layer.
-        out["pre_logits.weight"] = take(pooler)
-        out["pre_logits.bias"] = take(f"{p}pooler.dense.bias")
-    unused = sorted(set(sd) - used)
-    if unused:
-        notes.append(f"ignored tensors not used by image classification: {unused[:6]}")
-    width, cin, ph, pw = out["patch_embed.proj.weight"].shape
     where = str(Path(path).parent / "config.json")
-    heads, act, eps, img = _hf_settings(hf_config, out, num_heads, where, path)
+    family = hf_family(set(sd), hf_config, where)
+    vision = hf_config
+    if hf_config is not None and family in ("clip", "siglip") and "vision_config" in hf_config:
+        vision, where = hf_config["vision_config"], f"{where}: vision_config"
+        if not isinstance(vision, dict):
+            raise CheckpointError(f"{where} must be a JSON object, got {type(vision).__name__}")
+    if bad := unsupported_pieces(sd):
+        raise CheckpointError(f"{path}: the file holds pieces vitkit's ViT does not have: {bad}")
+    reader = _HFReader(sd, path)
+    converters = {"vit": _hf_vit, "dinov2": _hf_dinov2, "clip": _hf_clip, "siglip": _hf_siglip}
+    fields = converters[family](reader)
+    out, prefix = reader.out, reader.prefix_rows
+    heads, act, eps, img = _hf_settings(vision, out, num_heads, where, path, family, prefix)
+    width, cin, ph, pw = out["patch_embed.proj.weight"].shape
     try:
         cfg = ViTConfig(
             img_size=img,
             patch_size=(ph, pw),
             in_chans=cin,
-            num_classes=out["head.weight"].shape[0] if has_head else 0,
+            num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0,
             width=width,
-            depth=depth,
+            depth=reader.depth,
             num_heads=heads,
-            mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
-            classifier="token",
-            representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
-            act="gelu" if act == "gelu" else "gelu_tanh",
+            mlp_dim=out["blocks.0.mlp.fc2.weight"].shape[1],
+            act=act,
             ln_eps=eps,
+            **fields,
         )
     except ValueError as e:  # heads that do not divide the width, most likely
-        raise CheckpointError(f"{where if hf_config is not None else path}: {e}") from None
-    return out, cfg, notes
+        raise CheckpointError(f"{where if vision is not None else path}: {e}") from None
+    return out, cfg, reader.finish()
+
+
+class _HFReader:
+    """Takes a Hugging Face state dict's tensors into vitkit's names, keeping track of what was
+    used: :meth:`finish` says what was left."""
+
+    def __init__(self, sd: dict[str, torch.Tensor], path: Any) -> None:
+        self.sd, self.path = sd, path
+        self.used: set[str] = set()
+        self.out: dict[str, torch.Tensor] = {}
+        self.notes: list[str] = []
+        self.depth = 0
+        self.prefix_rows = 1  # position rows before the grid's: the class token's
+
+    def has(self, key: str) -> bool:
+        return key in self.sd
+
+    def take(self, key: str) -> torch.Tensor:
+        if key not in self.sd:
+            raise CheckpointError(f"{self.path}: missing tensor {key!r}")
+        self.used.add(key)
+        return self.sd[key].float()
+
+    def put(self, dst: str, src: str, parts: tuple[str, ...] = ("weight", "bias")) -> None:
+        for t in parts:
+            self.out[f"{dst}.{t}"] = self.take(f"{src}.{t}")
+
+    def count_layers(self, pattern: str) -> None:
+        found = [int(m.group(1)) for k in self.sd if (m := re.match(pattern, k))]
+        if not found:
+            raise CheckpointError(f"{self.path}: no encoder layers (no tensor matches {pattern!r})")
+        self.depth = 1 + max(found)
+
+    def leave(self, prefixes: tuple[str, ...], why: str) -> None:
+        left = sorted(k for k in self.sd if k.startswith(prefixes) and k not in self.used)
+        if left:
+            self.used.update(left)
+            self.notes.append(f"left out {len(left)} tensor(s) {why}: {left[:3]}")
+
+    def finish(self) -> list[str]:
+        unused = sorted(set(self.sd) - self.used)
+        if unused:
+            self.notes.append(f"ignored tensors not used by image classification: {unused[:6]}")
+        return self.notes
+
+
+def _hf_vit(r: _HFReader) -> dict[str, Any]:
+    """``ViTModel`` / ``ViTForImageClassification``: a plain ViT (its pooler, dense + tanh on the
+    class token, is the paper's pre-logits layer)."""
+    r.sd = {_hf_legacy_name(k): v for k, v in r.sd.items()}
+    p = "vit." if any(k.startswith("vit.") for k in r.sd) else ""
+    emb = f"{p}embeddings."
+    r.put("patch_embed.proj", f"{emb}patch_embeddings.projection")
+    r.out["cls_token"] = r.take(f"{emb}cls_token")
+    r.out["pos_embed"] = r.take(f"{emb}position_embeddings")
+    r.count_layers(rf"{re.escape(p)}encoder\.layer\.(\d+)\.")
+    for i in range(r.depth):
+        src, dst = f"{p}encoder.layer.{i}.", f"blocks.{i}."
+        r.put(dst + "norm1", src + "layernorm_before")
+        r.put(dst + "norm2", src + "layernorm_after")
+        _hf_qkv(r, dst, src + "attention.attention.", ("query", "key", "value"))
+        r.put(dst + "attn.proj", src + "attention.output.dense")
+        r.put(dst + "mlp.fc1", src + "intermediate.dense")
+        r.put(dst + "mlp.fc2", src + "output.dense")
+    r.put("norm", f"{p}layernorm")
+    has_head = r.has("classifier.weight")
+    if has_head:
+        r.put("head", "classifier")
+    if r.has(f"{p}pooler.dense.weight") and not has_head:
+        r.put("pre_logits", f"{p}pooler.dense")
+    rep = r.out["pre_logits.weight"].shape[0] if "pre_logits.weight" in r.out else None
+    return {"classifier": "token", "representation_size": rep}
+
+
+def _hf_qkv(r: _HFReader, dst: str, src: str, names: tuple[str, str, str]) -> None:
+    """Separate query, key and value layers -> one qkv layer, (3D, D) rows q, k, v."""
+    for t in ("weight", "bias"):
+        r.out[f"{dst}attn.qkv.{t}"] = torch.cat([r.take(f"{src}{n}.{t}") for n in names], dim=0)
+
+
+_DINOV2_V5_NAMES = [  # transformers >= 5 module names of Dinov2 -> its files' names
+    (r"\.attention\.q_proj\.", ".attention.attention.query."),
+    (r"\.attention\.k_proj\.", ".attention.attention.key."),
+    (r"\.attention\.v_proj\.", ".attention.attention.value."),
+    (r"\.attention\.o_proj\.", ".attention.output.dense."),
+    (r"\.mlp\.down_proj\.", ".mlp.weights_out."),
+]
+
+
+def _hf_dinov2(r: _HFReader) -> dict[str, Any]:
+    """``Dinov2Model`` and ``Dinov2WithRegistersModel``: LayerScale (``layer_scale{1,2}.lambda1``),
+    registers after the class token without a position (``register_tokens``), and the giant's
+    SwiGLU (``mlp.weights_in``, the gate's half first, and ``mlp.weights_out``). The pooled
+    output, ``pooler_output``, is the class token after the final norm: vitkit's "token" pooling."""
+    r.sd = {_hf_legacy_name(k, _DINOV2_V5_NAMES): v for k, v in r.sd.items()}
+    p = "dinov2." if any(k.startswith("dinov2.") for k in r.sd) else ""
+    emb = f"{p}embeddings."
+    r.put("patch_embed.proj", f"{emb}patch_embeddings.projection")
+    r.out["cls_token"] = r.take(f"{emb}cls_token")
+    r.out["pos_embed"] = r.take(f"{emb}position_embeddings")  # (1, 1 + N, D): the class token's row first
+    if r.has(f"{emb}register_tokens"):
+        r.out["reg_token"] = r.take(f"{emb}register_tokens")  # (1, R, D)
+    r.leave((f"{emb}mask_token",), "of masked-image training, not used on images")
+    r.count_layers(rf"{re.escape(p)}encoder\.layer\.(\d+)\.")
+    for i in range(r.depth):
+        src, dst = f"{p}encoder.layer.{i}.", f"blocks.{i}."
+        r.put(dst + "norm1", src + "norm1")
+        r.put(dst + "norm2", src + "norm2")
+        _hf_qkv(r, dst, src + "attention.attention.", ("query", "key", "value"))
+        r.put(dst + "attn.proj", src + "attention.output.dense")
+        r.out[dst + "ls1.gamma"] = r.take(src + "layer_scale1.lambda1")
+        r.out[dst + "ls2.gamma"] = r.take(src + "layer_scale2.lambda1")
+        if r.has(src + "mlp.gate_proj.weight"):  # transformers >= 5: the SwiGLU's halves apart
+            for t in ("weight", "bias"):
+                halves = [r.take(f"{src}mlp.{n}.{t}") for n in ("gate_proj", "up_proj")]
+                r.out[f"{dst}mlp.fc1.{t}"] = torch.cat(halves, dim=0)
+            r.put(dst + "mlp.fc2", src + "mlp.weights_out")
+        elif r.has(src + "mlp.weights_in.weight"):
+            r.put(dst + "mlp.fc1", src + "mlp.weights_in")
+            r.put(dst + "mlp.fc2", src + "mlp.weights_out")
+        else:
+            r.put(dst + "mlp.fc1", src + "mlp.fc1")
+            r.put(dst + "mlp.fc2", src + "mlp.fc2")
+    r.put("norm", f"{p}layernorm")
+    r.leave(("classifier.",), "of Dinov2ForImageClassification's head (on the class and mean patch tokens together)")
+    swiglu = r.out["blocks.0.mlp.fc1.weight"].shape[0] == 2 * r.out["blocks.0.mlp.fc2.weight"].shape[1]
+    return {
+        "classifier": "token",
+        "num_registers": r.out["reg_token"].shape[1] if "reg_token" in r.out else 0,
+        "layer_scale_init": LAYER_SCALE_INIT,
+        "mlp_type": "swiglu" if swiglu else "mlp",
+    }
+
+
+def _hf_tower_layers(r: _HFReader, p: str) -> None:
+    """The encoder layers CLIP and SigLIP name alike (``encoder.layers.{i}.self_attn...``), and
+    the final norm (``post_layernorm``)."""
+    r.count_layers(rf"{re.escape(p)}encoder\.layers\.(\d+)\.")
+    for i in range(r.depth):
+        src, dst = f"{p}encoder.layers.{i}.", f"blocks.{i}."
+        r.put(dst + "norm1", src + "layer_norm1")
+        r.put(dst + "norm2", src + "layer_norm2")
+        _hf_qkv(r, dst, src + "self_attn.", ("q_proj", "k_proj", "v_proj"))
+        r.put(dst + "attn.proj", src + "self_attn.out_proj")
+        r.put(dst + "mlp.fc1", src + "mlp.fc1")
+        r.put(dst + "mlp.fc2", src + "mlp.fc2")
+    r.put("norm", f"{p}post_layernorm")
+    r.leave(_OTHER_TOWER, "of the text tower")
+    r.leave((f"{p}embeddings.position_ids",), "of position indices (0, 1, 2...)")
+
+
+def _vision_prefix(r: _HFReader) -> str:
+    return "vision_model." if any(k.startswith("vision_model.") for k in r.sd) else ""
+
+
+def _hf_clip(r: _HFReader) -> dict[str, Any]:
+    """CLIP's image tower (``CLIPVisionModel``, or ``CLIPModel``'s ``vision_model``): a patch
+    embedding without bias, a LayerNorm before the blocks (``pre_layrnorm``), and the final one
+    (``post_layernorm``) on the class token: its ``pooler_output`` is vitkit's pre-logits. A
+    whole CLIPModel's image projection (``visual_projection``, no bias) becomes the head, so the
+    model's output is CLIP's image embedding."""
+    p = _vision_prefix(r)
+    emb = f"{p}embeddings."
+    r.out["patch_embed.proj.weight"] = r.take(f"{emb}patch_embedding.weight")
+    cls = r.take(f"{emb}class_embedding")  # (D,)
+    r.out["cls_token"] = cls.reshape(1, 1, -1)
+    r.out["pos_embed"] = r.take(f"{emb}position_embedding.weight")[None]  # (1, 1 + N, D)
+    r.put("norm_pre", f"{p}pre_layrnorm")
+    _hf_tower_layers(r, p)
+    if r.has("visual_projection.weight"):
+        r.out["head.weight"] = r.take("visual_projection.weight")  # (E, D)
+        r.out["head.bias"] = torch.zeros(r.out["head.weight"].shape[0])
+    return {"classifier": "token", "pre_norm": True, "patch_bias": False}
+
+
+def _hf_siglip(r: _HFReader) -> dict[str, Any]:
+    """SigLIP's image tower (``SiglipVisionModel``, or ``SiglipModel``'s ``vision_model``): no
+    class token, the final norm on every token, then the attention-pooling head (``head``:
+    ``probe``, a ``torch.nn.MultiheadAttention`` whose packed projection splits into vitkit's
+    ``q`` and ``kv``, ``layernorm``, ``mlp``): its ``pooler_output`` is vitkit's pre-logits. A
+    tower without the head (``vision_use_head`` false) pools by the mean of the tokens (vitkit's
+    "gap"), as ``SiglipForImageClassification`` does before its ``classifier``, read as the head."""
+    p = _vision_prefix(r)
+    emb = f"{p}embeddings."
+    r.put("patch_embed.proj", f"{emb}patch_embedding")
+    r.out["pos_embed"] = r.take(f"{emb}position_embedding.weight")[None]  # (1, N, D): no class token
+    r.prefix_rows = 0
+    _hf_tower_layers(r, p)
+    head = f"{p}head."
+    if not r.has(f"{head}probe"):
+        if r.has("classifier.weight"):
+            r.put("head", "classifier")
+        return {"classifier": "gap"}
+    D = r.out["pos_embed"].shape[-1]
+    r.out["attn_pool.latent"] = r.take(f"{head}probe")  # (1, 1, D)
+    for t, src in (("weight", "in_proj_weight"), ("bias", "in_proj_bias")):
+        packed = r.take(f"{head}attention.{src}")  # (3D, ...): rows q, k, v
+        r.out[f"attn_pool.q.{t}"], r.out[f"attn_pool.kv.{t}"] = packed[:D], packed[D:]
+    r.put("attn_pool.proj", f"{head}attention.out_proj")
+    r.put("attn_pool.norm", f"{head}layernorm")
+    r.put("attn_pool.mlp.fc1", f"{head}mlp.fc1")
+    r.put("attn_pool.mlp.fc2", f"{head}mlp.fc2")
+    return {"classifier": "map"}
 
 
 def _hf_settings(
-    hf_config: dict[str, Any] | None, out: dict[str, torch.Tensor], num_heads: int | None, where: str, path: Any
+    hf_config: dict[str, Any] | None,
+    out: dict[str, torch.Tensor],
+    num_heads: int | None,
+    where: str,
+    path: Any,
+    family: str = "vit",
+    prefix: int = 1,
 ) -> tuple[int, str, float, tuple[int, int]]:
-    """Heads, activation, LayerNorm epsilon and image size of a Hugging Face ViT: the values of
-    its ``config.json`` (checked; a key it leaves out has Hugging Face's default), the heads
-    from ``num_heads`` without one, the image size from the grid of position embeddings."""
+    """Heads, activation (vitkit's name), LayerNorm epsilon and image size of a Hugging Face
+    model of ``family``: the values of its ``config.json`` (checked; a key it leaves out has that
+    family's default), the heads from ``num_heads`` without one, the image size from the grid of
+    position embeddings (after ``prefix`` rows)."""
     if hf_config is None and num_heads is None:
         raise CheckpointError(
             f"{path}: Hugging Face weights without their config.json (looked for {where}): the number of "
             "attention heads is not in the tensors; put config.json beside them or pass num_heads"
         )
     width, _, ph, pw = out["patch_embed.proj.weight"].shape
+    defaults = HF_FAMILY_DEFAULTS[family]
     if hf_config is None:
         heads, hf_config = num_heads, {}
     elif "num_attention_heads" in hf_config:
@@ -339,12 +706,13 @@ def _hf_settings(
         raise CheckpointError(
             f"{where}: no num_attention_heads, and Hugging Face's default of 12 does not divide the width {width}"
         )
-    act = hf_config.get("hidden_act", HF_DEFAULTS["act"])
-    if not isinstance(act, str) or act not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
-        raise CheckpointError(f"{where}: hidden_act {act!r} is not supported (gelu or gelu_pytorch_tanh)")
-    eps = hf_config.get("layer_norm_eps", HF_DEFAULTS["ln_eps"])
+    act = hf_config.get("hidden_act", defaults["act"])
+    swiglu = out["blocks.0.mlp.fc1.weight"].shape[0] == 2 * out["blocks.0.mlp.fc2.weight"].shape[1]
+    if not swiglu and (not isinstance(act, str) or act not in _HF_ACTS):  # a SwiGLU's gate is SiLU whatever it says
+        raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(_HF_ACTS)})")
+    eps = hf_config.get("layer_norm_eps", defaults["ln_eps"])
     eps = values.number(eps, where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
-    num_patches = out["pos_embed"].shape[1] - 1
+    num_patches = out["pos_embed"].shape[1] - prefix
     img = _grid_img(num_patches, (ph, pw), 1, path) if square_side(num_patches) else None
     if "image_size" in hf_config:  # a rectangular image size (Hugging Face takes a pair) names the grid
         h, w = values.size_pair(hf_config["image_size"], where, "image_size")
@@ -352,7 +720,7 @@ def _hf_settings(
             img = (h, w)
     if img is None:
         img = _grid_img(num_patches, (ph, pw), 1, path)  # the error: not a square, and not the config's
-    return heads, act, eps, img
+    return heads, _HF_ACTS.get(act, "gelu"), eps, img
 
 
 def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None = None) -> None:
@@ -461,3 +829,123 @@ def read_hf_dir(path: Path) -> dict[str, Any] | None:
     if not isinstance(d, dict):
         raise CheckpointError(f"{cfg}: expected a JSON object, got {type(d).__name__}")
     return d
+
+
+# ---------------------------------------------------------------------------------------------
+# What a peer's files say beside the tensors: timm's architecture and pretrained_cfg (its hub
+# config.json), transformers' preprocessor_config.json.
+
+_TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h", "giant": "g", "so400m": "so400m"}
+_PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # Pillow's codes in preprocessor_config.json
+
+
+def timm_model_name(architecture: str) -> str | None:
+    """The vitkit model a timm architecture is: ``vit_base_patch16_224`` -> ``vit_b16``, and the
+    releases of :data:`vitkit.models.registry.RELEASES`: ``vit_small_patch14_reg4_dinov2`` ->
+    ``vit_s14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224`` -> ``vit_b16_clip_quickgelu``,
+    ``vit_so400m_patch14_siglip_224`` -> ``vit_so400m14_siglip``.
+
+    Args:
+        architecture: timm's model name (its hub ``config.json``'s ``architecture``).
+
+    Returns:
+        The vitkit model name, or None for an architecture vitkit has no name for.
+    """
+    m = re.fullmatch(
+        r"vit_([a-z0-9]+)_patch(\d+)_(reg4_dinov2|dinov2|clip_quickgelu_224|clip_224|siglip_224)", architecture
+    )
+    if m and m.group(1) in _TIMM_SIZES:
+        kind = m.group(3).removesuffix("_224")
+        name = f"vit_{_TIMM_SIZES[m.group(1)]}{m.group(2)}_{kind}"
+        return name if name in RELEASES else None
+    m = re.match(r"vit_(tiny|small|base|large|huge)_patch(\d+)_", architecture)
+    return f"vit_{_TIMM_SIZES[m.group(1)]}{m.group(2)}" if m else None
+
+
+def timm_preprocessing(cfg: Any, where: Any) -> Preprocessing | None:
+    """The preprocessing of timm's ``pretrained_cfg`` (mean, std, input size, interpolation,
+    crop fraction), checked; None when it gives no mean and std.
+
+    Args:
+        cfg: the ``pretrained_cfg`` object of a timm hub ``config.json``.
+        where: the file, for messages.
+
+    Returns:
+        The preprocessing, or None.
+    """
+    if not isinstance(cfg, dict) or "mean" not in cfg or "std" not in cfg:
+        return None
+    size = cfg.get("input_size", [3, 224, 224])
+    interpolation = cfg.get("interpolation", "bicubic")
+    return _checked_preprocessing(
+        {
+            "mean": list(cfg["mean"]) if isinstance(cfg["mean"], (list, tuple)) else cfg["mean"],
+            "std": list(cfg["std"]) if isinstance(cfg["std"], (list, tuple)) else cfg["std"],
+            "img_size": list(size[-2:]) if isinstance(size, (list, tuple)) else size,
+            "interpolation": interpolation if interpolation in ("bilinear", "bicubic") else "bilinear",
+            "crop_pct": cfg.get("crop_pct", 1.0),
+        },
+        where,
+    )
+
+
+def hf_preprocessing(proc: Any, where: Any) -> Preprocessing | None:
+    """The preprocessing of a transformers ``preprocessor_config.json``, checked; None when it
+    gives no mean and std. A resize of the shorter side followed by a centre crop (CLIP's,
+    DINOv2's: shorter side 256, crop 224) is the crop fraction ``crop / shorter side``; at 1 the
+    crop of a non-square image is not kept (vitkit's crop fraction 1 resizes the whole image).
+
+    Args:
+        proc: the parsed ``preprocessor_config.json``.
+        where: the file, for messages.
+
+    Returns:
+        The preprocessing, or None.
+    """
+    if not isinstance(proc, dict) or "image_mean" not in proc or "image_std" not in proc:
+        return None
+    size = proc.get("size", 224)
+    crop = proc.get("crop_size") if proc.get("do_center_crop", "crop_size" in proc) else None
+    crop_pct = proc.get("crop_pct") or 1.0
+    if isinstance(size, dict) and "shortest_edge" in size:
+        side = size["shortest_edge"]
+        crop_side = crop.get("height", side) if isinstance(crop, dict) else crop if isinstance(crop, int) else side
+        size, crop_pct = crop_side, (crop_side / side if isinstance(side, int) and side > 0 else crop_pct)
+    elif isinstance(size, dict):
+        size = [size.get("height", 224), size.get("width", 224)]
+    return _checked_preprocessing(
+        {
+            "mean": proc["image_mean"],
+            "std": proc["image_std"],
+            "img_size": size,
+            "interpolation": _PIL_RESAMPLE.get(proc.get("resample"), "bilinear"),
+            "crop_pct": crop_pct,
+        },
+        where,
+    )
+
+
+def _checked_preprocessing(d: dict[str, Any], where: Any) -> Preprocessing:
+    if isinstance(d["img_size"], int) and not isinstance(d["img_size"], bool):
+        d["img_size"] = [d["img_size"], d["img_size"]]
+    chans = len(d["mean"]) if isinstance(d["mean"], list) else 3
+    try:
+        values.check_preprocessing(d, chans, str(where))
+    except TypeError as e:
+        raise CheckpointError(f"{where}: preprocessing values are not numbers ({e})") from None
+    return Preprocessing.from_dict(d)
+
+
+def read_json_beside(path: Path, name: str) -> Any:
+    """The JSON file ``name`` in the folder of ``path``, parsed and bounded as every config is, or
+    None without one.
+
+    Args:
+        path: a weight file.
+        name: the file name (``config.json``, ``preprocessor_config.json``).
+
+    Returns:
+        The parsed JSON, or None.
+    """
+    beside = path.parent / name
+    return values.read_json_file(beside) if beside.is_file() else None

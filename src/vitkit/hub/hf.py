@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.values import check_preprocessing
+from ..checkpoint.peers import hf_preprocessing, timm_model_name, timm_preprocessing
 from ..errors import CheckpointError, DownloadError, UsageError
 from ..preprocessing import Preprocessing
 from . import cache
@@ -25,8 +25,6 @@ from . import cache
 PREFIX = "hf-hub:"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ENDPOINT = "https://huggingface.co"
-_TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h"}
-_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # Pillow's codes in preprocessor_config.json
 
 
 @dataclass
@@ -70,10 +68,10 @@ def fetch_hub(spec: str) -> HubFiles:
     model, pre = None, None
     if config is not None and "architecture" in config:  # a timm repository
         model = timm_model_name(str(config["architecture"]))
-        pre = _timm_preprocessing(config.get("pretrained_cfg"), config_path)
+        pre = timm_preprocessing(config.get("pretrained_cfg"), config_path)
     elif config is not None:
         proc = _get(repo, "preprocessor_config.json", revision, why)
-        pre = _hf_preprocessing(_json(proc), proc) if proc is not None else None
+        pre = hf_preprocessing(_json(proc), proc) if proc is not None else None
     return HubFiles(weights, model, pre)
 
 
@@ -129,57 +127,6 @@ def _check_blob(path: Path, spec: str) -> None:
             f"{spec}: {path.name} in the hub cache is damaged (sha256 {h.hexdigest()}, expected {blob.name}); "
             f"delete {blob} to download it again"
         )
-
-
-def timm_model_name(architecture: str) -> str | None:
-    """timm's ``vit_base_patch16_224`` -> vitkit's ``vit_b16`` (None for other families)."""
-    m = re.match(r"vit_(tiny|small|base|large|huge)_patch(\d+)_", architecture)
-    return f"vit_{_TIMM_SIZES[m.group(1)]}{m.group(2)}" if m else None
-
-
-def _timm_preprocessing(cfg: Any, where: Path | None) -> Preprocessing | None:
-    if not isinstance(cfg, dict) or "mean" not in cfg or "std" not in cfg:
-        return None
-    size = cfg.get("input_size", [3, 224, 224])
-    interpolation = cfg.get("interpolation", "bicubic")
-    return _checked(
-        {
-            "mean": list(cfg["mean"]),
-            "std": list(cfg["std"]),
-            "img_size": list(size[-2:]) if isinstance(size, list) else size,
-            "interpolation": interpolation if interpolation in ("bilinear", "bicubic") else "bilinear",
-            "crop_pct": cfg.get("crop_pct", 1.0),
-        },
-        where,
-    )
-
-
-def _hf_preprocessing(proc: Any, where: Path) -> Preprocessing | None:
-    if not isinstance(proc, dict) or "image_mean" not in proc or "image_std" not in proc:
-        return None
-    size = proc.get("size", 224)
-    if isinstance(size, dict):
-        size = [size.get("height", 224), size.get("width", 224)]
-    return _checked(
-        {
-            "mean": list(proc["image_mean"]),
-            "std": list(proc["image_std"]),
-            "img_size": size,
-            "interpolation": _RESAMPLE.get(proc.get("resample"), "bilinear"),
-            "crop_pct": proc.get("crop_pct") or 1.0,
-        },
-        where,
-    )
-
-
-def _checked(d: dict[str, Any], where: Path | None) -> Preprocessing:
-    if isinstance(d["img_size"], int):
-        d["img_size"] = [d["img_size"], d["img_size"]]
-    try:
-        check_preprocessing(d, len(d["mean"]), str(where))
-    except TypeError as e:
-        raise CheckpointError(f"{where}: preprocessing values are not numbers ({e})") from None
-    return Preprocessing.from_dict(d)
 
 
 def _json(path: Path) -> Any:
