@@ -432,3 +432,98 @@ def test_hf_model_types_vitkit_does_not_read_are_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps({"model_type": "dinov3_vit"}))
     with pytest.raises(vitkit.CheckpointError, match=r"dinov3_vit.*RoPE"):
         vitkit.load_pretrained(folder)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names of the released weights, through the hub's cache (offline: nothing is downloaded).
+
+
+def _hub_repo(root, repo: str, files: dict[str, bytes]) -> None:
+    """The layout huggingface_hub keeps: refs/main names a revision, whose snapshot links to
+    blobs named by their sha256."""
+    import hashlib
+
+    folder = root / "hub" / f"models--{repo.replace('/', '--')}"
+    rev = hashlib.sha1(repo.encode()).hexdigest()
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(rev)
+    snap = folder / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    for name, data in files.items():
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / name).symlink_to(f"../../blobs/{blob.name}")
+
+
+def test_release_names_are_listed_with_their_sources():
+    from vitkit.hub.names import find, list_pretrained, rows
+
+    for repo, name in [
+        ("facebook/dinov2-small", "vit_s14_dinov2.lvd142m"),
+        ("facebook/dinov2-with-registers-giant", "vit_g14_reg4_dinov2.lvd142m"),
+        ("timm/vit_small_patch14_dinov2.lvd142m", "vit_s14_dinov2.lvd142m_timm"),
+        ("hf-hub:openai/clip-vit-large-patch14", "vit_l14_clip_quickgelu.openai"),
+        ("google/siglip-so400m-patch14-224", "vit_so400m14_siglip.webli"),
+    ]:
+        assert find(repo).name == name
+    for entry in list_pretrained():
+        if entry.model is not None:
+            vitkit.model_config(entry.model)  # every entry names a model vitkit builds
+    clip = next(r for r in rows(list_pretrained("vit_b16_clip_quickgelu")) if r["name"].endswith(".openai"))
+    assert clip["licence"] == "MIT" and clip["preprocessing"]["mean"] == list(CLIP_MEAN)
+
+
+def test_a_dinov2_name_loads_from_the_hub_cache(tmp_path, monkeypatch):
+    """``facebook/dinov2-small``'s files (a Dinov2Model of the real width and depth, random, with a
+    small position table) found by name in the hub's cache: the model the name says, its heads and
+    preprocessing from the repository."""
+    import json
+
+    t = _hf()
+    torch.manual_seed(0)
+    cfg = t.Dinov2Config(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, image_size=28, patch_size=14)
+    peer = t.Dinov2Model(cfg).eval()
+    _randomise(peer)
+    peer.save_pretrained(tmp_path / "repo")
+    proc = {**IMAGENET, "size": {"shortest_edge": 256}, "crop_size": {"height": 224, "width": 224}, "resample": 3}
+    files = {n: (tmp_path / "repo" / n).read_bytes() for n in ("config.json", "model.safetensors")}
+    files["preprocessor_config.json"] = json.dumps({**proc, "do_center_crop": True}).encode()
+    _hub_repo(tmp_path / "cache", "facebook/dinov2-small", files)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = vitkit.load_pretrained("vit_s14_dinov2.lvd142m")
+    assert model.load_report.name == "vit_s14_dinov2.lvd142m" and model.cfg.num_heads == 6
+    assert model.preprocessing.crop_pct == 224 / 256 and model.preprocessing.mean == (0.485, 0.456, 0.406)
+    x = torch.randn(1, 3, 28, 28)
+    with torch.no_grad():
+        assert (model.forward_features(x) - peer(pixel_values=x).last_hidden_state).abs().max() < 1e-5
+
+
+def test_a_timm_folder_names_its_release(tmp_path):
+    """A timm hub folder's config.json names the architecture (the vitkit model, so its heads and
+    activation are not assumed) and its pretrained_cfg (the preprocessing)."""
+    import json
+
+    from vitkit.checkpoint import to_timm
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_s14_reg4_dinov2", img_size=28, cls_pos_embed=False).eval()  # timm's layout
+    _randomise(model)
+    folder = tmp_path / "timm"
+    folder.mkdir()
+    _save(to_timm(model.state_dict()), folder / "model.safetensors")
+    pretrained = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_size": [3, 518, 518]}
+    config = {"architecture": "vit_small_patch14_reg4_dinov2", "pretrained_cfg": {**pretrained, "crop_pct": 1.0}}
+    (folder / "config.json").write_text(json.dumps(config))
+    back = vitkit.load_pretrained(folder / "model.safetensors")
+    assert not back.load_report.assumed and back.cfg.num_heads == 6 and back.cfg.num_registers == 4
+    assert back.preprocessing.mean == (0.485, 0.456, 0.406) and back.preprocessing.interpolation == "bicubic"
+    x = torch.randn(1, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+    config["architecture"] = "vit_base_patch14_reg4_dinov2"  # another size: the tensors disagree
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitkit.CheckpointError, match="width 384 in the file vs 768 for vit_b14_reg4_dinov2"):
+        vitkit.load_pretrained(folder / "model.safetensors")

@@ -1,8 +1,12 @@
 """timm and Hugging Face ``transformers`` ViT state dicts <-> vitkit.
 
-vitkit's parameter names follow timm's for the plain ViT, so the timm mapping is nearly the
-identity; Hugging Face splits q, k and v and names the sub-layers differently. The architecture
-is read from the tensors (and from the HF ``config.json`` when there is one).
+vitkit's parameter names follow timm's for the plain ViT and for the pieces of later ViTs
+(``reg_token``, ``ls1.gamma``, ``attn.q_norm``, ``norm_pre``, ``fc_norm``, the packed SwiGLU's
+``mlp.fc1``), so the timm mapping is nearly the identity; DINOv2's own files differ in three names.
+Hugging Face splits q, k and v and names the sub-layers differently per model: ViT, DINOv2 (with
+and without registers), CLIP's and SigLIP's image towers are read. The architecture is read from
+the tensors (and from the HF ``config.json`` when there is one); what a file holds that vitkit's
+ViT does not have is refused, named.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ the names of its file in the release: ``imagenet21k/ViT-B_16``, ``imagenet21k+im
 (the 2020 release of the paper), ``augreg/B_16-i21k-300ep-...`` or the AugReg file name alone, and to
 its public address (``gs://``/``https://``).
 
+Later releases of the ViT (DINOv2 with and without registers, OpenAI's CLIP image towers,
+SigLIP and SigLIP 2 at 224 px) are named ``MODEL.TAG`` too (``vit_s14_dinov2.lvd142m``,
+``vit_b16_clip_quickgelu.openai``, ``vit_b16_siglip.webli``), each answering to its hub
+repository (``facebook/dinov2-small``, ``timm/vit_small_patch14_dinov2.lvd142m``...).
+
 Accuracies are ImageNet-1k top-1 (%) as the publisher reports them, with where: the paper's
 Table 5 for the 2020 fine-tuned files (fine-tuned at 384), the release README for the ``-224``
 files and the AugReg table. Blank where no number is published for that file (a pre-trained
@@ -162,6 +167,78 @@ _HUB = [
     ),
 ]
 
+# Later ViTs, from the Hugging Face hub: each release in its authors' transformers repository and
+# in timm's (timm's names, the same weights). Their repositories carry their preprocessing
+# (preprocessor_config.json, timm's pretrained_cfg); the values here, the publishers', are used
+# where a repository gives none. Accuracies are left blank: these are feature extractors, and
+# their publishers report linear-probe and zero-shot numbers, not a classifier's top-1.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+MIT = "MIT"
+_DINOV2_SIZES = [("s", "small"), ("b", "base"), ("l", "large"), ("g", "giant")]
+
+
+def _release(model: str, tag: str, repo: str, res: int, data: str, pre: Preprocessing, licence: str) -> Pretrained:
+    return Pretrained(
+        f"{model}.{tag}",
+        model,
+        f"hf-hub:{repo}",
+        res,
+        data,
+        licence=licence,
+        source="hf-hub",
+        aliases=(repo,),
+        preprocessing=pre,
+    )
+
+
+def _dinov2(size: str, word: str, registers: bool) -> list[Pretrained]:
+    """A DINOv2 release (Oquab et al., 2023; with registers, Darcet et al., 2024): Meta's
+    transformers repository (its processor: shorter side 256, the central 224) and timm's (the
+    whole 518 px the position table was trained at)."""
+    model = f"vit_{size}14_{'reg4_' if registers else ''}dinov2"
+    facebook = f"facebook/dinov2-{'with-registers-' if registers else ''}{word}"
+    timm = f"timm/vit_{word}_patch14_{'reg4_' if registers else ''}dinov2.lvd142m"
+    crop = Preprocessing(IMAGENET_MEAN, IMAGENET_STD, (224, 224), "bicubic", 224 / 256)
+    whole = Preprocessing(IMAGENET_MEAN, IMAGENET_STD, (518, 518), "bicubic")
+    return [
+        _release(model, "lvd142m", facebook, 224, "LVD-142M (DINOv2, self-supervised)", crop, APACHE),
+        _release(model, "lvd142m_timm", timm, 518, "LVD-142M (DINOv2, self-supervised)", whole, APACHE),
+    ]
+
+
+_OPENAI_CLIP = Preprocessing(OPENAI_MEAN, OPENAI_STD, (224, 224), "bicubic")
+_SIGLIP = Preprocessing((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), (224, 224), "bicubic")
+_WIT = "WIT-400M (OpenAI CLIP, image-text)"
+_WEBLI = "WebLI (SigLIP, image-text)"
+_WEBLI2 = "WebLI (SigLIP 2, image-text)"
+
+_RELEASES = [
+    *(e for size, word in _DINOV2_SIZES for registers in (False, True) for e in _dinov2(size, word, registers)),
+    # OpenAI's CLIP image towers (QuickGELU; the image projection is the head: the output is
+    # CLIP's image embedding, the pre-logits its pooled token)
+    _release("vit_b16_clip_quickgelu", "openai", "openai/clip-vit-base-patch16", 224, _WIT, _OPENAI_CLIP, MIT),
+    _release("vit_b32_clip_quickgelu", "openai", "openai/clip-vit-base-patch32", 224, _WIT, _OPENAI_CLIP, MIT),
+    _release("vit_l14_clip_quickgelu", "openai", "openai/clip-vit-large-patch14", 224, _WIT, _OPENAI_CLIP, MIT),
+    *(
+        _release(f"vit_{m}_clip_quickgelu", "openai_timm", f"timm/{arch}.openai", 224, _WIT, _OPENAI_CLIP, MIT)
+        for m, arch in (
+            ("b16", "vit_base_patch16_clip_224"),
+            ("b32", "vit_base_patch32_clip_224"),
+            ("l14", "vit_large_patch14_clip_224"),
+        )
+    ),
+    # SigLIP and SigLIP 2 image towers at a fixed 224 px (attention pooling; no head)
+    _release("vit_b16_siglip", "webli", "google/siglip-base-patch16-224", 224, _WEBLI, _SIGLIP, APACHE),
+    _release("vit_so400m14_siglip", "webli", "google/siglip-so400m-patch14-224", 224, _WEBLI, _SIGLIP, APACHE),
+    _release("vit_b16_siglip", "v2_webli", "google/siglip2-base-patch16-224", 224, _WEBLI2, _SIGLIP, APACHE),
+    _release("vit_so400m14_siglip", "v2_webli", "google/siglip2-so400m-patch14-224", 224, _WEBLI2, _SIGLIP, APACHE),
+    _release("vit_b16_siglip", "webli_timm", "timm/vit_base_patch16_siglip_224.webli", 224, _WEBLI, _SIGLIP, APACHE),
+    _release(
+        "vit_so400m14_siglip", "webli_timm", "timm/vit_so400m_patch14_siglip_224.webli", 224, _WEBLI, _SIGLIP, APACHE
+    ),
+]
+
 _TABLE: dict[str, Pretrained] = {}
 _INDEX: dict[str, str] = {}  # every accepted spelling, lower-cased -> the entry's name
 
@@ -180,7 +257,7 @@ def register_pretrained(entry: Pretrained) -> None:
         _INDEX["gs://" + entry.url[len("https://storage.googleapis.com/") :].lower()] = entry.name
 
 
-for _entry in (*_OFFICIAL, *_AUGREG, *_HUB):
+for _entry in (*_OFFICIAL, *_AUGREG, *_HUB, *_RELEASES):
     register_pretrained(_entry)
 
 
