@@ -527,3 +527,20 @@ def test_a_timm_folder_names_its_release(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(vitkit.CheckpointError, match="width 384 in the file vs 768 for vit_b14_reg4_dinov2"):
         vitkit.load_pretrained(folder / "model.safetensors")
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("name", [n for n in vitkit.list_models() if n.endswith(("dinov2", "clip", "siglip"))])
+def test_release_parameter_counts_equal_timm(name):
+    """Each release's size, built on the meta device, against timm's model of it: timm's DINOv2 with
+    registers has no position row for the class token (its value is folded into the token)."""
+    from vitkit.checkpoint.peers import timm_model_name
+    from vitkit.models import count_params
+
+    timm = _timm()
+    arch = next(a for a in timm.list_models("vit_*") if timm_model_name(a) == name)
+    with torch.device("meta"):
+        ours = vitkit.create_model(name)
+        peer = timm.create_model(arch, pretrained=False, num_classes=ours.cfg.num_classes)
+    folded = ours.cfg.width if ours.cfg.num_registers else 0
+    assert count_params(ours) - folded == count_params(peer)

@@ -284,7 +284,9 @@ def _timm_position_rows(
     same: a register's position is a constant."""
     rows = out["pos_embed"].shape[1]
     registers = out["reg_token"].shape[1] if "reg_token" in out else 0
-    for candidate in dict.fromkeys((prefix + registers, prefix, 0)):
+    # the common layouts first (DINOv2's own, timm's no_embed_class), so that a grid that happens to be
+    # square after the registers' rows too is read as they have it
+    for candidate in dict.fromkeys((prefix, 0, prefix + registers)):
         if candidate <= rows and square_side(rows - candidate) is not None:
             break
     else:
