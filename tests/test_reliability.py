@@ -640,6 +640,16 @@ def test_new_empty_marked_and_older_run_folders_are_run_folders(tmp_path):
     assert (older / ".vitkit-run").is_file()
 
 
+@pytest.mark.parametrize("left", [[".lock"], [".lock", "..vitkit-run.k3j_x9a2.tmp"], [".config.yaml.ab12cd34.tmp"]])
+def test_a_folder_a_stopped_start_left_is_a_run_folder(tmp_path, left):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in left:
+        (out / name).write_text("")
+    train(tiny(), out)
+    assert (out / ".vitkit-run").is_file() and not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_a_run_that_cannot_start_leaves_no_folder_behind(tmp_path):
     out = tmp_path / "never"
     with pytest.raises(ValueError):

@@ -183,7 +183,9 @@ def check_run_folder(out: str | Path) -> None:
         names = {p.name for p in out.iterdir()}
     except OSError as e:
         raise UsageError(f"{out}: cannot read the folder ({e.strerror or e})") from None
-    if not names or MARKER in names:
+    # the lock and temporaries of a run's own files: a run stopped before it marked the folder
+    ours = {n for n in names if n == LOCK or ((t := temporary_target(n)) is not None and _WRITTEN.fullmatch(t))}
+    if MARKER in names or names <= ours:
         return
     ckpts = out / "checkpoints"
     older_run = {LOCK, "config.yaml"} <= names or (
