@@ -27,10 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="smoke: under 2 minutes; desktop: the whole suite in under 2 hours on 2 CPU cores; full: for a GPU",
     )
     p.add_argument(
-        "--seeds", type=count(1), help="seeds of the experiments that compare across seeds (default: the budget's)"
+        "--seeds", type=count(1, 100), help="seeds of the experiments that compare across seeds (default: the budget's)"
     )
     p.add_argument(
-        "--jobs", type=count(1), default=1, help="training runs at once, each with its share of the CPU cores"
+        "--jobs", type=count(1, 256), default=1, help="training runs at once, each with its share of the CPU cores"
     )
 
 
