@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ import torch
 from torch import nn
 
 from ..data.base import Dataset
+from ..data.transforms import TransformConfig
 from ..errors import UsageError, writing
 from ..files import atomic_write
-from .features import Precision, model_outputs
+from .features import Precision, autocast, model_inputs, model_outputs
 
 
 class NonFiniteOutputs(UsageError):
@@ -116,6 +118,39 @@ def metrics_from_counts(counts: torch.Tensor, classes: Sequence[str] | None = No
     }
 
 
+def per_class_prf(confusion: torch.Tensor | Sequence[Sequence[int]], classes: Sequence[str]) -> list[dict[str, Any]]:
+    """Precision, recall and F1 of every class, from a confusion matrix (rows true, columns
+    predicted), as scikit-learn's ``precision_recall_fscore_support(average=None)`` gives them.
+
+    Args:
+        confusion: (K, K) counts.
+        classes: the K class names.
+
+    Returns:
+        One ``{"class", "precision", "recall", "f1", "support", "predicted"}`` per class. A value
+        whose denominator is 0 (a class never predicted: precision; without images: recall) is
+        0.0, as scikit-learn's ``zero_division=0``.
+    """
+    conf = torch.as_tensor(confusion, dtype=torch.float64)
+    tp = conf.diagonal()
+    predicted, support = conf.sum(dim=0), conf.sum(dim=1)
+    precision = torch.where(predicted > 0, tp / predicted.clamp(min=1), 0.0)
+    recall = torch.where(support > 0, tp / support.clamp(min=1), 0.0)
+    both = precision + recall
+    f1 = torch.where(both > 0, 2 * precision * recall / both.clamp(min=1e-300), 0.0)
+    return [
+        {
+            "class": name,
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+            "predicted": int(predicted[i]),
+        }
+        for i, name in enumerate(classes)
+    ]
+
+
 def _few(names: Sequence[str], most: int = 5) -> str:
     """The first ``most`` of ``names`` for a message, with how many more there are."""
     shown = ", ".join(names[:most])
@@ -187,11 +222,14 @@ def evaluate(
     progress: Callable[[int], None] | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     logit_order: Sequence[int] | None = None,
+    loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Classify ``dataset`` with ``model``'s head and score it.
 
-    Returns :func:`classification_metrics` plus ``images_per_s`` and ``seconds`` (the whole loop:
+    Returns :func:`classification_metrics` plus ``loss`` (the mean over the images of
+    ``loss_of``, which returns the summed loss of logits and labels; default: softmax
+    cross-entropy), ``images_per_s`` and ``seconds`` (the whole loop:
     reading, transforms and the model), ``skipped`` (images of a decoding source that could not
     be read, left out of every number) and ``skipped_examples`` (up to five of them, with why).
     Preprocessing, ``img_size`` and ``max_images`` (a seeded random subset) as in
@@ -232,8 +270,13 @@ def evaluate(
     skipped = skips.skipped - before[0] if skips is not None else 0
     examples = list(skips.examples[before[1] :]) if skips is not None else []
     nonfinite = int((~torch.isfinite(outputs).all(dim=1)).sum())
+    loss_sum = torch.zeros(1, dtype=torch.float64)
+    if scored and not nonfinite:
+        summed = loss_of or (lambda z, y: torch.nn.functional.cross_entropy(z, y, reduction="sum"))
+        loss_sum += float(summed(outputs.float(), res.labels))
     if reduce is not None:  # every process reduces the same tensors, so all of them raise or none
         counts = reduce(counts)
+        loss_sum = reduce(loss_sum)
         skipped, nonfinite = (int(v) for v in reduce(torch.tensor([skipped, nonfinite], dtype=torch.int64)))
     if nonfinite:  # finite weights can still overflow; the argmax of NaN logits is no prediction
         raise NonFiniteOutputs(
@@ -241,6 +284,7 @@ def evaluate(
             "(its activations overflow); no metrics are reported"
         )
     metrics = metrics_from_counts(counts, dataset.classes)
+    metrics["loss"] = float(loss_sum[0]) / max(metrics["num_images"], 1)
     metrics["images_per_s"] = res.images_per_s
     metrics["seconds"] = res.seconds
     metrics["skipped"] = skipped  # images that could not be decoded, left out of the numbers
@@ -301,3 +345,114 @@ def write_confusion_matrix(
     with writing(png_path):
         atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
     return json_path, png_path
+
+
+@dataclass
+class ScoredImages:
+    """Every image of a pass scored one by one, and the worst of them kept to be looked at."""
+
+    logits: torch.Tensor  # (N, K) float32
+    targets: torch.Tensor  # (N,) int64 class indices, or (N, K) float multi-hot rows
+    losses: torch.Tensor  # (N,) the loss of each image
+    worst_images: torch.Tensor  # (W, C, H, W) float in [0, 1]: the model's input, unnormalised
+    worst_index: torch.Tensor  # (W,) int64 rows of ``logits`` of those images, highest loss first
+
+
+@torch.inference_mode()
+def scored_images(
+    model: nn.Module,
+    dataset: Dataset,
+    loss_per_image: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    transform: TransformConfig | None = None,
+    worst: int = 16,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    precision: Precision = "fp32",
+    max_images: int | None = None,
+    num_workers: int = 0,
+) -> ScoredImages:
+    """Run ``model`` over ``dataset`` (one process, in eval mode) and keep every image's logits
+    and loss, and the ``worst`` images (highest loss) as the model saw them.
+
+    Args:
+        model: a classifier.
+        dataset: the images; its labels are class indices (B,) or multi-hot rows (B, K).
+        loss_per_image: (logits (B, K), targets) -> the loss of each image (B,).
+        transform: the evaluation transform (default: the model's preprocessing).
+        worst: how many of the highest-loss images to keep.
+        batch_size: images a forward pass.
+        device: where the model runs.
+        precision: "fp32", "bf16" or "auto".
+        max_images: a seeded random subset of this many (as :func:`model_outputs`).
+        num_workers: decoding processes of a streamed source.
+
+    Returns:
+        A :class:`ScoredImages`.
+    """
+    dev = torch.device(device)
+    was_training = model.training
+    model.eval().to(dev)
+    mean = torch.tensor(transform.mean if transform else model.preprocessing.mean).view(1, -1, 1, 1)
+    std = torch.tensor(transform.std if transform else model.preprocessing.std).view(1, -1, 1, 1)
+    logits, targets, losses = [], [], []
+    kept_images = torch.empty(0)
+    kept_loss, kept_index = torch.empty(0), torch.empty(0, dtype=torch.int64)
+    seen = 0
+    batches = model_inputs(
+        model, dataset, batch_size, dev, None, max_images, 0, transform=transform, num_workers=num_workers
+    )
+    try:
+        for x, y in batches:
+            with autocast(dev, precision):
+                z = model(x).float().cpu()
+            loss = loss_per_image(z, y).float().cpu()
+            logits.append(z), targets.append(y), losses.append(loss)
+            shown = ((x.float().cpu() * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)  # (B, C, H, W)
+            pool_loss = torch.cat([kept_loss, loss])
+            pool_images = torch.cat([kept_images, shown]) if len(kept_images) else shown
+            pool_index = torch.cat([kept_index, torch.arange(seen, seen + len(y))])
+            top = pool_loss.topk(min(worst, len(pool_loss))).indices
+            kept_loss, kept_images, kept_index = pool_loss[top], pool_images[top], pool_index[top]
+            seen += len(y)
+    finally:
+        model.train(was_training)
+    if not logits:
+        raise UsageError(f"{dataset.name}: no images to score")
+    worst_images = kept_images.float() / 255
+    return ScoredImages(torch.cat(logits), torch.cat(targets), torch.cat(losses), worst_images, kept_index)
+
+
+def write_image_grid(images: torch.Tensor, titles: Sequence[str], path: str | Path, title: str = "") -> Path:
+    """A grid of images (N, C, H, W) in [0, 1], each with its title, as a PNG (atomically).
+
+    Args:
+        images: the images; 1 or 3 channels.
+        titles: one caption per image (a newline splits it in two lines).
+        path: the PNG to write.
+        title: the caption of the whole figure.
+
+    Returns:
+        ``path``.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("matplotlib is needed for the image grid: pip install 'vitkit[plot]'") from None
+    n = len(images)
+    cols = min(n, 4) or 1
+    rows = max(1, math.ceil(n / cols))
+    fig = Figure(figsize=(2.6 * cols, 2.9 * rows), layout="constrained")
+    for i in range(rows * cols):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        ax.axis("off")
+        if i < n:
+            img = images[i].float().permute(1, 2, 0).numpy()  # (H, W, C)
+            ax.imshow(img[..., 0] if img.shape[2] == 1 else img, cmap="gray" if img.shape[2] == 1 else None)
+            ax.set_title(titles[i], fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    with writing(path):
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=90))
+    return path
