@@ -2,8 +2,9 @@
 
 Every command names its data the same way (``--data``): ``fashion-mnist``, ``mnist``,
 ``cifar10``, ``cifar100``, ``digits`` (scikit-learn's), ``synthetic``, and further sources
-registered in :data:`SOURCES`; a folder path (an image-folder tree) or a shard pattern
-(``shards/train-{000..099}.tar``) through :data:`PATTERN_SOURCES`. Options a source does not
+registered in :data:`SOURCES`; a folder path (an image-folder tree), a labels file (``.csv`` or
+``.jsonl``, ``labels.py``) or a shard pattern (``shards/train-{000..099}.tar``) through
+:data:`PATTERN_SOURCES`. Options a source does not
 use are ignored, so that one set of options (``img_size``...) can be passed to any of them.
 """
 
@@ -18,8 +19,9 @@ from .base import ArrayDataset, Dataset, SkipCounter
 from .carve import MINIVAL, carve
 from .cifar import download_cifar, load_cifar
 from .digits import load_digits_dataset
-from .folder import ImageFolder
+from .folder import FileImages, ImageFolder
 from .idx import load_idx_dataset
+from .labels import LabelsFile, is_labels_file, read_labels_file
 from .mix import MixConfig, Mixed, mix_batch
 from .options import option_problem
 from .plan import BatchPlan, epoch_order
@@ -75,20 +77,69 @@ ALIASES = {
 
 
 def build_dataset(
-    spec: str, split: str = "train", *, minival: float = 0, subset: float | None = None, subset_seed: int = 0, **options
+    spec: str,
+    split: str = "train",
+    *,
+    minival: float = 0,
+    subset: float | None = None,
+    subset_seed: int = 0,
+    val: str | None = None,
+    multilabel: bool | None = None,
+    **options,
 ) -> Dataset:
     """Resolve a ``--data`` value to a dataset split ("train", "test" or "val").
 
     ``minival`` and ``subset`` carve the training split (:func:`vitkit.data.carve.carve`): the
     split "minival" is then ``minival`` images held out of "train", and "train" is a
     class-balanced ``subset`` of the rest. Other splits are unchanged.
+
+    A labels file (``spec`` a ``.csv`` or ``.jsonl`` file) reads its validation split ("val",
+    "test") from the labels file ``val``; without one, a minival is carved out of it (stratified
+    by label: ``minival`` images, by default a tenth and at least one of each class), and "train"
+    is the rest. ``multilabel`` True reads a labels file's rows as multi-hot even when each row has
+    one label (None: multi-hot when a row has several).
     """
+    if is_labels_file(spec):
+        return _labels_split(spec, split, minival, subset, subset_seed, val, multilabel, options)
+    if val:
+        raise DataError(f"data.val={val} is the validation file of a labels file; data.name {spec} is not one")
     if minival or subset is not None:
         if split in ("train", MINIVAL):
             return carve(_source(spec, "train", options), split, minival, subset, subset_seed)
     elif split == MINIVAL:
         raise DataError(f"{spec}: split 'minival' needs data.minival, the number of training images to hold out")
     return _source(spec, split, options)
+
+
+def default_minival(train: Dataset) -> int:
+    """The images a minival holds when none is asked for: a tenth, at least one of each class."""
+    return max(train.num_classes, -(-len(train) // 10))
+
+
+def _labels_split(
+    spec: str,
+    split: str,
+    minival: float,
+    subset: float | None,
+    seed: int,
+    val: str | None,
+    multilabel: bool | None,
+    options: dict[str, Any],
+) -> Dataset:
+    """A split of a labels file: the validation file's, or carved out of the training file."""
+    check_options(spec, options)
+    if split not in ("train", "val", "test", MINIVAL):
+        raise DataError(f"{spec}: unknown split {split!r} (train, val, test or minival)")
+    kw = _streamed(options)
+    train = LabelsFile(spec, "train", multilabel=multilabel, **kw)
+    if val:
+        if split in ("val", "test"):
+            return LabelsFile(val, split, classes=train.classes, multilabel=train.multilabel, **kw)
+        if split == MINIVAL and not minival:
+            raise DataError(f"{spec}: split 'minival' needs data.minival, the number of training images to hold out")
+        return carve(train, split, minival, subset, seed) if minival or subset is not None else train
+    held = minival or default_minival(train)
+    return carve(train, "train" if split == "train" else MINIVAL, held, subset, seed)
 
 
 def source_kind(spec: str) -> str | None:
@@ -99,6 +150,8 @@ def source_kind(spec: str) -> str | None:
         return key
     if os.path.isdir(spec):
         return "folder"
+    if is_labels_file(spec):
+        return "labels"
     return "shards" if ".tar" in spec else None
 
 
@@ -119,7 +172,9 @@ def _source(spec: str, split: str, options: dict[str, Any]) -> Dataset:
         if matcher(spec):
             return loader(spec, split, **options)
     known = ", ".join(sorted(SOURCES))
-    raise DataError(f"unknown data {spec!r}: expected one of {known}, a folder, or a shard pattern")
+    raise DataError(
+        f"unknown data {spec!r}: expected one of {known}, a folder, a labels file (.csv, .jsonl) or a shard pattern"
+    )
 
 
 # (predicate on the spec, loader(spec, split, **options)) for folders and shard patterns.
@@ -146,7 +201,9 @@ __all__ = [
     "DataError",
     "Dataset",
     "EraseConfig",
+    "FileImages",
     "ImageFolder",
+    "LabelsFile",
     "MixConfig",
     "Mixed",
     "RandAugmentConfig",
@@ -158,16 +215,19 @@ __all__ = [
     "carve",
     "check_options",
     "decode_image",
+    "default_minival",
     "download_cifar",
     "epoch_order",
     "eval_transform",
     "expand_braces",
+    "is_labels_file",
     "load_cifar",
     "load_digits_dataset",
     "load_idx_dataset",
     "mix_batch",
     "rand_augment",
     "random_erase",
+    "read_labels_file",
     "shard_paths",
     "source_kind",
     "step_generator",

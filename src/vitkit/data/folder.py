@@ -63,7 +63,45 @@ def _held_out(paths: list[str], root: Path, fraction: float, seed: int) -> set[s
     return set(sorted(paths, key=rank)[:n_val])
 
 
-class ImageFolder(StreamingDataset):
+class FileImages(StreamingDataset):
+    """Images named by file path, each with a label, decoded while the epoch runs: what the image
+    folder and the labels files (``labels.py``) share. ``samples`` holds (path, label) pairs;
+    sources whose labels are not one class an image (multi-hot rows) keep an index there and map
+    it in :meth:`targets_of`."""
+
+    samples: list[tuple[str, int]]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The label of every image, in the order of :attr:`samples`."""
+        return torch.tensor([label for _, label in self.samples], dtype=torch.int64)
+
+    def targets_of(self, labels: torch.Tensor) -> torch.Tensor:
+        """What a batch's labels stand for (here: themselves, class indices)."""
+        return labels
+
+    def subset(self, indices: torch.Tensor, name: str | None = None) -> FileImages:
+        """The same source restricted to the images at ``indices`` (into :attr:`samples`)."""
+        part = copy.copy(self)
+        part.samples = [self.samples[i] for i in indices.tolist()]
+        part.name = name or self.name
+        part.skips = SkipCounter()
+        return part
+
+    def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of decoded batches; the plan picks the files, ``num_workers`` processes decode them."""
+        items = (
+            [(path, label, path) for path, label in map(self.samples.__getitem__, local.tolist())]
+            for local in plan.index_batches(len(self))
+        )
+        for images, labels in self.decode_batches(items, num_workers, keep_empty=plan.world_size > 1):
+            yield images, self.targets_of(labels)
+
+
+class ImageFolder(FileImages):
     """Images in class sub-folders, decoded with Pillow to ``load_size`` (H, W) uint8.
 
     ``split``: "train", "val" or "test". With ``root/train/`` present, "train" reads it and
@@ -143,29 +181,5 @@ class ImageFolder(StreamingDataset):
         if not self.samples:
             raise DataError(f"{tree}: no images ({', '.join(extensions)}) for split {split!r}")
 
-    def __len__(self) -> int:
-        return len(self.samples)
 
-    @property
-    def labels(self) -> torch.Tensor:
-        """The label of every image, in the order of :attr:`samples`."""
-        return torch.tensor([label for _, label in self.samples], dtype=torch.int64)
-
-    def subset(self, indices: torch.Tensor, name: str | None = None) -> ImageFolder:
-        """The same folder restricted to the images at ``indices`` (into :attr:`samples`)."""
-        part = copy.copy(self)
-        part.samples = [self.samples[i] for i in indices.tolist()]
-        part.name = name or self.name
-        part.skips = SkipCounter()
-        return part
-
-    def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of decoded batches; the plan picks the files, ``num_workers`` processes decode them."""
-        items = (
-            [(path, label, path) for path, label in map(self.samples.__getitem__, local.tolist())]
-            for local in plan.index_batches(len(self))
-        )
-        return self.decode_batches(items, num_workers, keep_empty=plan.world_size > 1)
-
-
-__all__ = ["IMAGE_EXTENSIONS", "ImageFolder"]
+__all__ = ["IMAGE_EXTENSIONS", "FileImages", "ImageFolder"]
