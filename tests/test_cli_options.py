@@ -91,6 +91,7 @@ def _positionals(cmd: str) -> list[str]:
         "train": ["--out", "o"],
         "finetune": ["--out", "o", "--from", "w"],
         "reproduce": ["--out", "o"],
+        "embed": ["w", "folder", "--out", "o.safetensors"],
     }.get(cmd, [])
 
 
