@@ -544,3 +544,15 @@ def test_release_parameter_counts_equal_timm(name):
         peer = timm.create_model(arch, pretrained=False, num_classes=ours.cfg.num_classes)
     folded = ours.cfg.width if ours.cfg.num_registers else 0
     assert count_params(ours) - folded == count_params(peer)
+
+
+def test_exports_refuse_what_the_peer_cannot_hold():
+    from vitkit.checkpoint import to_hf, to_timm
+    from vitkit.checkpoint.peers import check_timm
+
+    dinov2 = tiny(num_registers=2, layer_scale_init=1e-5)
+    with pytest.raises(vitkit.CheckpointError, match="layer_scale_init, num_registers"):
+        to_hf(dinov2.state_dict(), dinov2.cfg)
+    with pytest.raises(vitkit.CheckpointError, match="register tokens a position row"):
+        check_timm(dinov2.cfg)
+    to_timm(tiny(num_registers=2, cls_pos_embed=False).state_dict(), tiny(num_registers=2, cls_pos_embed=False).cfg)

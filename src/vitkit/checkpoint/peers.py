@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import VIT_SIZES, ViTConfig, hybrid_stem_stride
+from ..models.config import OPTIONAL_FIELDS, VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
 from ..models.registry import RELEASES
 from ..preprocessing import Preprocessing
@@ -320,6 +320,11 @@ def check_timm(cfg: Any) -> None:
         raise CheckpointError(
             f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
             "export to vitkit instead"
+        )
+    if cfg.num_registers and cfg.pos_prefix_rows:
+        raise CheckpointError(
+            "timm's VisionTransformer gives register tokens a position row whenever the class token has one; "
+            "this model's class token has one and its registers none (DINOv2's layout): export to vitkit instead"
         )
 
 
@@ -757,6 +762,10 @@ def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None
             "Hugging Face ViT gives the class token a position embedding; this model has cls_pos_embed=False: "
             "export to vitkit instead"
         )
+    used = sorted(f for f, default in OPTIONAL_FIELDS.items() if getattr(cfg, f) != default)
+    if used or cfg.act == "quick_gelu":
+        pieces = ", ".join(used + (["act='quick_gelu'"] if cfg.act == "quick_gelu" else []))
+        raise CheckpointError(f"Hugging Face ViT has none of {pieces}: export to vitkit or timm instead")
     has_head = bool(cfg.num_classes) if has_head is None else has_head
     has_pre_logits = bool(cfg.representation_size) if has_pre_logits is None else has_pre_logits
     if has_head and has_pre_logits:
