@@ -107,7 +107,11 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    name: str = "fashion-mnist"  # --data: fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder, shards
+    # --data: fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder, a labels file (.csv, .jsonl), shards
+    name: str = "fashion-mnist"
+    # a labels file of the validation images (data.name a labels file); "": a minival of the training
+    # file (a tenth, stratified by label) is held out instead
+    val: str = ""
     train_split: str = "train"  # the split training reads ("minival": the held-out part)
     eval_split: str = "test"  # the split evaluations read ("" for none; "minival" to keep the test set unseen)
     num_workers: int = checked(0, "[0, 256]")  # processes decoding images (folders, shards); 0: the main one
@@ -517,6 +521,12 @@ def check_data_section(d: DataSection, where: str = "data") -> None:
     kind = source_kind(d.name)
     if kind is not None and (bad := option_problem(kind, d.options)):
         raise RecipeError(f"{where}.options.{bad[0]} {bad[1]}")
+    from ..data.labels import SUFFIXES
+
+    if d.val and not d.name.lower().endswith(SUFFIXES):
+        raise RecipeError(f"{where}.val is the validation file of a labels file; {where}.name {d.name!r} is not one")
+    if d.val and not d.val.lower().endswith(SUFFIXES):
+        raise RecipeError(f"{where}.val must be a labels file ({', '.join(SUFFIXES)}), got {d.val!r}")
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -1,4 +1,5 @@
-"""Training curves (loss and evaluation top-1 against steps) as a PNG, from ``metrics.jsonl``."""
+"""Training curves (loss and evaluation top-1, or a multi-label run's mAP, against steps) as a PNG,
+from ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -19,13 +20,16 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
     except ImportError:
         return None
     steps, losses, esteps, top1 = [], [], [], []
+    score = "top-1"
     for _, rec in read_metrics(metrics, strict=False):
         if rec.get("loss") is not None:
             steps.append(rec["step"])
             losses.append(rec["loss"])
-        if "top1" in rec:
-            esteps.append(rec["step"])
-            top1.append(100 * rec["top1"])
+        for key, name in (("top1", "top-1"), ("map", "mAP")):
+            if rec.get(key) is not None:
+                esteps.append(rec["step"])
+                top1.append(100 * rec[key])
+                score = name
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     a.plot(steps, losses, color="tab:blue")
     a.set_xlabel("step")
@@ -34,7 +38,7 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
     a.grid(alpha=0.3)
     b.plot(esteps, top1, marker="o", color="tab:green")
     b.set_xlabel("step")
-    b.set_ylabel("evaluation top-1 (%)")
+    b.set_ylabel(f"evaluation {score} (%)")
     b.grid(alpha=0.3)
     if top1:
         b.set_title(f"last {top1[-1]:.2f}%, best {max(top1):.2f}%")

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..checkpoint.native import save_weights
 from ..cpu import cpu_info
-from ..data import Dataset, TransformConfig, build_dataset, step_generator, train_transform
+from ..data import Dataset, TransformConfig, build_dataset, is_labels_file, step_generator, train_transform
 from ..data.mix import MixConfig, mix_batch
 from ..data.randaugment import RandAugmentConfig
 from ..data.streaming import StreamingDataset
@@ -30,6 +30,7 @@ from ..data.transforms import EraseConfig, match_channels
 from ..errors import DataError, RecipeError, TrainingError, VitkitError
 from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
+from ..eval.multilabel import evaluate_multilabel
 from ..files import write_text
 from ..models.attention import choose_training_path
 from ..models.config import ViTConfig
@@ -40,6 +41,7 @@ from ..models.vit import kept_patches
 from ..precision import PrecisionChoice, resolve_precision, take_warning
 from ..preprocessing import Preprocessing
 from . import dist as D
+from .advice import chance_warning, few_images_warning, nonfinite_loss_advice, second_evaluation_step
 from .compute import StepCompute, step_compute
 from .config import (
     Recipe,
@@ -55,6 +57,7 @@ from .optim import build_optimizer, lr_at, set_lr
 from .process import configure_process
 from .runfolder import RunFolder
 from .state import TrainState, latest_loadable, list_checkpoints, nonfinite_names, save_train_state
+from .summary import RunReport, write_run_report
 from .timing import Stopwatch, Window, due
 
 
@@ -72,6 +75,10 @@ class Progress:
 
 @dataclass
 class RunResult:
+    """What a run ended with. ``final_top1`` and ``best_top1`` are the evaluation's score: top-1,
+    or for a multi-label model the mAP (macro); ``report`` holds the per-epoch table, the per-class
+    scores, the warnings and the files written (:mod:`vitkit.train.summary`)."""
+
     out_dir: Path
     step: int
     final_top1: float | None
@@ -80,6 +87,8 @@ class RunResult:
     train_seconds: float
     images_per_second: float
     resumed_from: int | None
+    report: RunReport | None = None
+    multilabel: bool = False
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -153,7 +162,24 @@ def _devices(r: Recipe) -> tuple[torch.device, D.DistInfo]:
 def _dataset(r: Recipe, split: str) -> Dataset:
     """A split of the recipe's data, carved (``data.minival``, ``data.subset``) as the recipe says."""
     d = r.data
-    return build_dataset(d.name, split, minival=d.minival, subset=d.subset, subset_seed=d.subset_seed, **d.options)
+    extra: dict[str, Any] = {"val": d.val} if d.val else {}
+    if r.train.loss == "sigmoid" and is_labels_file(d.name):
+        extra["multilabel"] = True  # a sigmoid model of a labels file predicts each label on its own
+    return build_dataset(
+        d.name, split, minival=d.minival, subset=d.subset, subset_seed=d.subset_seed, **extra, **d.options
+    )
+
+
+def _check_multilabel(r: Recipe, ds: Dataset) -> bool:
+    """Whether the run is multi-label (rows of several labels): it needs the sigmoid loss."""
+    multilabel = bool(getattr(ds, "multilabel", False))
+    if multilabel and r.train.loss != "sigmoid":
+        raise RecipeError(
+            f"{ds.name}: rows with several labels need train.loss=sigmoid (a softmax picks one class an image)"
+        )
+    if multilabel and r.train.distill != "none":
+        raise RecipeError(f"{ds.name}: distillation (train.distill) takes one class an image, not multi-label rows")
+    return multilabel
 
 
 def _check_batch_fits(r: Recipe, ds: Dataset) -> None:
@@ -279,6 +305,12 @@ class Trainer:
         self.train_ds = _dataset(r, r.data.train_split)
         _check_batch_fits(r, self.train_ds)
         self.eval_ds = _dataset(r, r.data.eval_split) if r.data.eval_split else None
+        self.multilabel = _check_multilabel(r, self.train_ds)
+        self.warnings: list[str] = []  # every warning of this run, printed and kept for the summary
+        self.last_eval: dict[str, Any] = {}
+        if few := few_images_warning(self.train_ds):
+            self.warn(few)
+        self.start_warnings = len(self.warnings)  # those said at the start; later ones come after the log's
         self.model = self._build_model().to(self.device)
         if hasattr(self.model, "set_attention_impl"):
             self.model.set_attention_impl(r.train.attention)
@@ -309,6 +341,26 @@ class Trainer:
         self._resume()
         self.compute.weights_loaded(self.info)
         self._tb: Any = None
+
+    def warn(self, text: str) -> None:
+        """Say a warning (one line, through the progress messages) and keep it for the summary."""
+        self.warnings.append(text)
+        self.progress.message(f"warning: {text}")
+
+    @property
+    def unwrapped_model(self) -> nn.Module:
+        """The model itself, out of DDP and torch.compile's wrappers."""
+        return _unwrap(self.model)
+
+    @property
+    def can_score_alone(self) -> bool:
+        """Whether the main process holds whole weights to score the validation split on its own
+        (not under FSDP, whose processes hold shards)."""
+        return self.info.is_main and not self.recipe.train.fsdp
+
+    def train_label_rows(self) -> torch.Tensor:
+        """The training images' multi-hot rows (N, K) (a multi-label source)."""
+        return self.train_ds.label_rows
 
     # -- set-up ---------------------------------------------------------------------------------
     def _build_model(self) -> nn.Module:
@@ -501,6 +553,9 @@ class Trainer:
             "step": str(self.state.step),
             "top1": f"{self.state.best_metric:.6f}",
         }
+        if self.multilabel:  # what vitkit predict needs to name an image's labels
+            extra.update(multilabel="true", thresholds=json.dumps(self.last_eval.get("thresholds")))
+            extra["map"] = extra.pop("top1")
         path = self.out / "best.safetensors"
         with self.folder.writing(path, "write the best weights", self.state.step, self.state.best_step):
             save_weights(model_sd, _unwrap(self.model).cfg, path, self.preprocessing, extra)
@@ -527,12 +582,14 @@ class Trainer:
             ) from None
 
     def evaluate(self) -> float | None:
-        """Top-1 on the evaluation split (of the EMA weights when kept), over all processes."""
+        """Top-1 on the evaluation split (of the EMA weights when kept), over all processes; for a
+        multi-label run the mAP (macro). All the metrics are kept in ``last_eval``."""
         if self.eval_ds is None:
             return None
-        r = self.recipe
+        r, t = self.recipe, self.recipe.train
+        score = evaluate_multilabel if self.multilabel else evaluate
         with self.ema.applied(self.model) if self.ema else contextlib.nullcontext(), self._overflow_stops():
-            metrics = evaluate(
+            metrics = score(
                 _unwrap(self.model),
                 self.eval_ds,
                 device=self.device,
@@ -544,8 +601,10 @@ class Trainer:
                 world_size=self.info.world_size,
                 num_workers=r.data.num_workers,
                 reduce=lambda t: D.all_reduce_sum(t.to(self.device), self.info).cpu(),
+                loss_of=lambda z, y: loss_fn(z, y, t.loss, 0.0) * z.shape[0],
             )
-        return metrics["top1"]
+        self.last_eval = metrics
+        return metrics["map_macro" if self.multilabel else "top1"]
 
     # -- the loop ---------------------------------------------------------------------------------
     def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -567,8 +626,7 @@ class Trainer:
             g = step_generator(r.seed * 1009 + self.info.rank, step * len(micro) + i, self.device)
             x = train_transform(match_channels(x.to(self.device, non_blocking=True), in_chans), self.tcfg, g)
             y = y.to(self.device, non_blocking=True)
-            if self.mix.enabled:  # soft targets (B, K) that hold the label smoothing
-                x, y = mix_batch(x, y, self.model.num_classes, self.mix, g)[:2]
+            x, y = self._mixed(x, y, g)
             with self.compute.no_sync(last=i == len(micro) - 1):
                 logits = self.compute.forward(x)
                 loss = self._loss(x, logits, y) / len(micro)
@@ -583,9 +641,11 @@ class Trainer:
                 self._stop_if_nonfinite(f"skipping the step of a non-finite loss at step {step} cannot help")
                 self.state.nonfinite_skipped += 1
                 return None
+            lr = lr_at(step, r.train.steps, r.optim)
             raise TrainingError(
-                f"non-finite loss at step {step} (lr {lr_at(step, r.train.steps, r.optim):.3g}); "
-                f"{self.folder.kept(self.state.best_step)}. Lower the learning rate, or set train.on_nonfinite=skip"
+                f"non-finite loss at step {step} (lr {lr:.3g}): "
+                f"{nonfinite_loss_advice(lr, r.train.batch_size, r.optim.warmup_steps)}; "
+                f"{self.folder.kept(self.state.best_step)}"
             )
         if r.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.train.grad_clip)
@@ -595,6 +655,21 @@ class Trainer:
             self.ema.update(self.model)
         self.compute.weights_changed()
         return float(total.item())
+
+    def _mixed(self, x: torch.Tensor, y: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mixup / CutMix of a micro-batch, and its targets: soft (B, K), holding the label
+        smoothing, when mixing is on or the labels are multi-hot rows; else the class indices."""
+        k = self.model.num_classes
+        if y.ndim == 1:
+            return mix_batch(x, y, k, self.mix, g)[:2] if self.mix.enabled else (x, y)
+        s = self.mix.label_smoothing  # multi-hot rows (B, K_data), padded to the model's classes
+        rows = F.pad(y.float(), (0, k - y.shape[1])) * (1 - s) + s / k
+        if not self.mix.enabled:
+            return x, rows
+        # mix_batch draws the weights and mixes the images; the rows mix with the same weights
+        x, _, lam = mix_batch(x, torch.zeros(len(y), dtype=torch.int64, device=y.device), k, self.mix, g)
+        lam = lam.view(-1, 1).float()
+        return x, lam * rows + (1 - lam) * rows.flip(0)
 
     def _loss(
         self, x: torch.Tensor, out: torch.Tensor | tuple[torch.Tensor, torch.Tensor], y: torch.Tensor
@@ -658,6 +733,7 @@ class Trainer:
             self.progress.message(f"skipped {n} steps whose loss was not finite (train.on_nonfinite=skip)")
         D.barrier(self.info)
         self._close_run()
+        report = self._report()
         return RunResult(
             out_dir=self.out,
             step=self.state.step,
@@ -667,7 +743,19 @@ class Trainer:
             train_seconds=watch.total,
             images_per_second=global_batch * (self.state.step - (self.resumed_from or 0)) / max(watch.total, 1e-9),
             resumed_from=self.resumed_from,
+            report=report,
+            multilabel=self.multilabel,
         )
+
+    def _report(self) -> RunReport | None:
+        """What the run ends with, written to the run folder by the main process (the others wait)."""
+        report = None
+        if self.info.is_main:
+            step, best = self.state.step, self.state.best_step
+            with self.folder.writing(self.out, "write the run's summary", step, best), self._overflow_stops():
+                report = write_run_report(self, self.state.train_seconds)
+        D.barrier(self.info)
+        return report
 
     def _epochs(self) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         """(index in the epoch, batch) from the resume point until the last step: each epoch in
@@ -761,11 +849,32 @@ class Trainer:
             return
         step = self.state.step
         self.state.last_metric = top1
-        self._log({"step": step, "top1": top1, "train_s": train_seconds})
-        self.progress.message(f"step {step}: top-1 {100 * top1:.2f}%")
+        record = self._evaluation_record(top1, train_seconds)
+        self._log(record)
+        if "warning" in record:
+            self.progress.message(f"warning: {record['warning']}")
+        name = "mAP" if self.multilabel else "top-1"
+        self.progress.message(f"step {step}: {name} {100 * top1:.2f}%, validation loss {self.last_eval['loss']:.4f}")
         if self.state.best_metric is None or top1 > self.state.best_metric:
             self.state.best_metric, self.state.best_step = top1, step
             self._save_best()
+
+    def _evaluation_record(self, score: float, train_seconds: float) -> dict[str, Any]:
+        """The log's record of an evaluation, with the warning of a score near chance at the run's
+        second evaluation (a function of the step, so that a resumed run says it as one never
+        interrupted)."""
+        r, step = self.recipe, self.state.step
+        key = "map" if self.multilabel else "top1"
+        # the validation loss is logged as "val_nll" (softmax or sigmoid cross-entropy: a negative
+        # log-likelihood), so that the log's "loss" stays the training loss, by key and by name
+        record = {"step": step, key: score, "val_nll": self.last_eval["loss"], "epoch": self.state.epoch}
+        record["train_s"] = train_seconds
+        if step == second_evaluation_step(r.log.eval_every, r.train.steps):
+            baseline = self.last_eval.get("baseline_map_macro")
+            warning = chance_warning(score, self.eval_ds.num_classes, step, self.multilabel, baseline)
+            if warning:
+                record["warning"] = warning
+        return record
 
 
 def _tensorboard(out: Path):
