@@ -1,4 +1,4 @@
-"""``vitkit predict``: the top-k classes of image files."""
+"""``vitkit predict``: the top-k classes of image files (a multi-label model: the classes above their thresholds)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 from .common import WEIGHTS_HELP, chosen_precision, count, describe, load_model, parse_device, precision_argument
 
-HELP = "top-k classes of image files"
+HELP = "top-k classes of image files (a multi-label model: every class above its threshold)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..eval import predict
+    from ..eval.predict import stored_thresholds
     from ..preprocessing import load_images
 
     model = load_model(args.ckpt)
@@ -28,11 +29,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
     precision = chosen_precision(args.precision, args.device)
-    predictions = predict(model, images.inputs, top_k=args.top_k, device=args.device, precision=precision)
+    thresholds = stored_thresholds(model)  # a multi-label model's, chosen on its minival
+    predictions = predict(
+        model, images.inputs, top_k=args.top_k, device=args.device, precision=precision, thresholds=thresholds
+    )
     for path, preds in zip(args.images, predictions):
         print(path)
         for r in preds:
-            print(f"  {100 * r['prob']:6.2f}%  {r['class']}")
+            above = f"  (threshold {100 * r['threshold']:.1f}%)" if "threshold" in r else ""
+            print(f"  {100 * r['prob']:6.2f}%  {r['class']}{above}")
+        if not preds:
+            print("  no class reaches its threshold")
     if args.json:
         from ..errors import writing
         from ..files import write_json

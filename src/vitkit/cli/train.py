@@ -64,17 +64,22 @@ class TqdmProgress:
             self.bar.close()
 
 
-def recipe_arguments(p: argparse.ArgumentParser, default_config: str | None) -> None:
-    """The arguments train and finetune share: the recipe, the run folder, and common overrides."""
+def recipe_arguments(
+    p: argparse.ArgumentParser, default_config: str | None, config_help: str = "", out_help: str = ""
+) -> None:
+    """The arguments train and finetune share: the recipe, the run folder, and common overrides.
+    ``config_help`` replaces the default of ``--config`` in its help; ``out_help`` makes ``--out``
+    optional, saying what it defaults to."""
     # the shipped recipes (vitkit.train.config.CONFIG_DIR, read here without importing torch for --help)
     shipped = ", ".join(sorted(q.stem for q in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")))
     p.add_argument(
         "--config",
         default=default_config,
-        required=default_config is None,
-        help=f"recipe YAML, or the name of a shipped one: {shipped} (default: %(default)s)",
+        required=default_config is None and not config_help,
+        help=f"recipe YAML, or the name of a shipped one: {shipped} ({config_help or 'default: %(default)s'})",
     )
-    p.add_argument("--out", required=True, help="run folder (re-running with the same folder resumes)")
+    resumes = "run folder (re-running with the same folder resumes)"
+    p.add_argument("--out", required=not out_help, help=f"{resumes}; {out_help}" if out_help else resumes)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe key, e.g. train.steps=100")
     p.add_argument("--data", help="fashion-mnist, mnist, cifar10, cifar100, synthetic, a folder or shard pattern")
     for flag in ("steps", "batch-size", "accum-steps", "eval-every", "checkpoint-every", "log-every", "seed"):
@@ -94,13 +99,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     recipe_arguments(p, "fmnist_vit")
 
 
+def flag_sets(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The recipe keys the command-line flags set (``--steps``, ``--lr``...), as (key, value)."""
+    return [(key, getattr(args, a)) for a, key in FLAG_KEYS.items() if getattr(args, a, None) is not None]
+
+
 def train_from_args(args: argparse.Namespace, extra_sets: list[tuple[str, Any]]) -> int:
     """Load the recipe with ``--set``, the command's own settings and the flags (in that order of
     precedence, last wins), train it, and print the outcome."""
     from ..train import find_recipe, load_recipe, parse_set, train
 
     sets = parse_set(args.set or []) + extra_sets
-    sets += [(key, getattr(args, a)) for a, key in FLAG_KEYS.items() if getattr(args, a, None) is not None]
+    sets += flag_sets(args)
     if args.precision == "fp32":  # fp32 throughout: no bf16 copy of the weights (the demo recipe has one)
         sets.append(("train.bf16_weights", False))
     if args.compile:
@@ -112,14 +122,56 @@ def train_from_args(args: argparse.Namespace, extra_sets: list[tuple[str, Any]])
     if result.final_top1 is None:
         print(f"trained {result.step} steps into {result.out_dir}")
         return 0
+    print_outcome(result, recipe.data.eval_split)
+    return 0
+
+
+def print_outcome(result: Any, split: str) -> None:
+    """The end of a run for a human: the per-epoch table, the best epoch, the per-class scores,
+    the warnings and the files of the run folder (``vitkit.train.RunResult``)."""
+    from ..train.summary import format_epoch_table
+
+    report = result.report
+    score = "mAP" if result.multilabel else "top-1"
+    if report is not None and report.epochs:
+        print(format_epoch_table(report.epochs, report.best_epoch))
     print(
         f"run: {result.out_dir}  steps: {result.step}  training time: {result.train_seconds:.0f} s  "
         f"({result.images_per_second:.0f} img/s)"
     )
     if result.best_top1 is not None:
-        print(f"best {recipe.data.eval_split} top-1: {100 * result.best_top1:.2f}% (step {result.best_step})")
-    print(f"{recipe.data.eval_split} accuracy: {100 * result.final_top1:.2f}%")
-    return 0
+        epoch = f"epoch {report.best_epoch}, " if report is not None and report.best_epoch else ""
+        print(f"best {split} {score}: {100 * result.best_top1:.2f}% ({epoch}step {result.best_step})")
+    print(f"{split} {score} at the end: {100 * result.final_top1:.2f}%")
+    if report is None:
+        return
+    if report.multilabel:
+        m = report.multilabel
+        print(
+            f"mAP of the best weights: macro {100 * m['map_macro']:.2f}%, micro {100 * m['map_micro']:.2f}% "
+            f"(each class scored by its training frequency: {100 * m['baseline_map_macro']:.2f}%, "
+            f"{100 * m['baseline_map_micro']:.2f}%)"
+        )
+    if report.per_class:
+        print(_per_class_table(report.per_class))
+    for text in report.warnings:
+        print(f"warning: {text}")
+    print("wrote " + ", ".join(p.name for p in report.files) + f" in {result.out_dir}")
+
+
+def _per_class_table(rows: list[dict[str, Any]], most: int = 30) -> str:
+    """Precision, recall and F1 a class (the best weights on the validation split), worst F1 first."""
+    ap = "ap" in rows[0]
+    lines = [f"{'class':<20} {'precision':>9} {'recall':>7} {'F1':>7} {'images':>6}" + (f" {'AP':>7}" if ap else "")]
+    for r in sorted(rows, key=lambda r: r["f1"])[:most]:
+        extra = "" if not ap else ("       -" if r["ap"] is None else f" {100 * r['ap']:6.2f}%")
+        lines.append(
+            f"{r['class'][:20]:<20} {100 * r['precision']:8.2f}% {100 * r['recall']:6.2f}% {100 * r['f1']:6.2f}% "
+            f"{r['support']:>6}{extra}"
+        )
+    if len(rows) > most:
+        lines.append(f"... and {len(rows) - most} more classes (summary.json)")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:

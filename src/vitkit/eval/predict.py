@@ -13,6 +13,48 @@ from ..errors import CheckpointError, UsageError
 from .features import autocast
 
 
+def _stored_metadata(model: nn.Module) -> dict[str, str]:
+    """The metadata of the vitkit checkpoint a model was loaded from ({} for none)."""
+    from ..checkpoint import resolve_checkpoint
+    from ..checkpoint.io import read_safetensors_metadata
+
+    report = getattr(model, "load_report", None)
+    if report is None or not report.path:
+        return {}
+    p = resolve_checkpoint(report.path)
+    if p.suffix.lower() != ".safetensors":
+        return {}
+    try:
+        return read_safetensors_metadata(p)
+    except CheckpointError:
+        return {}
+
+
+def stored_thresholds(model: nn.Module) -> list[float] | None:
+    """The per-class probability thresholds of a multi-label model, stored with its checkpoint.
+
+    Args:
+        model: a model loaded by vitkit.
+
+    Returns:
+        One threshold per output (a class is predicted when its sigmoid reaches it), or None for a
+        single-label model, or thresholds that do not fit the head.
+    """
+    meta = _stored_metadata(model)
+    if meta.get("multilabel") != "true":
+        return None
+    try:
+        values = json.loads(meta.get("thresholds") or "null")
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    k = int(getattr(model, "num_classes", 0) or 0)
+    if not isinstance(values, list) or len(values) != k:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in values):
+        return None
+    return [float(v) for v in values]
+
+
 def stored_class_names(model: nn.Module) -> list[str] | None:
     """The class names stored with the checkpoint a model was loaded from, or None.
 
@@ -24,19 +66,10 @@ def stored_class_names(model: nn.Module) -> list[str] | None:
         output of the head; None for a model that was not loaded from a file, a file that stores
         none, or names that do not fit the head.
     """
-    from ..checkpoint import resolve_checkpoint
-    from ..checkpoint.io import read_safetensors_metadata
-
     k = int(getattr(model, "num_classes", 0) or 0)
-    report = getattr(model, "load_report", None)
-    if report is None or not report.path:
-        return None
-    p = resolve_checkpoint(report.path)
-    if p.suffix.lower() != ".safetensors":
-        return None
     try:
-        names = json.loads(read_safetensors_metadata(p).get("classes") or "null")
-    except (CheckpointError, json.JSONDecodeError, RecursionError):
+        names = json.loads(_stored_metadata(model).get("classes") or "null")
+    except (json.JSONDecodeError, RecursionError):
         return None
     if isinstance(names, list) and len(names) == k and all(isinstance(n, str) for n in names):
         return names
@@ -65,11 +98,17 @@ def predict(
     classes: Sequence[str] | None = None,
     device: str | torch.device = "cpu",
     precision: str = "fp32",
+    thresholds: Sequence[float] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The ``top_k`` most probable classes of each image of a preprocessed batch (B, C, H, W)
     (:func:`vitkit.load_images` makes one): per image, ``{"class", "index", "prob"}`` rows, most
     probable first. ``classes`` names the classes (default: :func:`class_names` of the model).
-    ``precision``: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`)."""
+    ``precision``: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
+
+    ``thresholds`` (a multi-label model: :func:`stored_thresholds`): each class is scored by its
+    own sigmoid, and an image gets every class whose probability reaches the class's threshold
+    (``top_k`` at most, most probable first; none may reach it), each row with its
+    ``threshold``."""
     k_model = int(getattr(model, "num_classes", 0) or 0)
     if not k_model:
         raise UsageError("the model has no classification head (num_classes=0); nothing to predict")
@@ -92,9 +131,26 @@ def predict(
             f"the model's outputs are not finite for image {', '.join(str(i + 1) for i in bad[:5])}"
             f"{' ...' if len(bad) > 5 else ''} of {len(logits)} (its activations overflow); no prediction is made"
         )
+    if thresholds is not None:
+        return _above_thresholds(logits, names, thresholds, top_k)
     probs = logits.softmax(dim=1)
     top = probs.topk(min(top_k, k_model), dim=1)
     return [
         [{"class": names[i], "index": int(i), "prob": float(p)} for p, i in zip(vals.tolist(), idx.tolist())]
         for vals, idx in zip(top.values, top.indices)
     ]
+
+
+def _above_thresholds(
+    logits: torch.Tensor, names: Sequence[str], thresholds: Sequence[float], top_k: int
+) -> list[list[dict[str, Any]]]:
+    """Per image, the classes whose sigmoid reaches their threshold, most probable first."""
+    if len(thresholds) != logits.shape[1]:
+        raise UsageError(f"{len(thresholds)} thresholds for a model of {logits.shape[1]} classes")
+    probs = logits.sigmoid()
+    out = []
+    for row in probs:
+        hits = [(float(p), i) for i, p in enumerate(row.tolist()) if p >= thresholds[i]]
+        hits.sort(key=lambda h: -h[0])
+        out.append([{"class": names[i], "index": i, "prob": p, "threshold": thresholds[i]} for p, i in hits[:top_k]])
+    return out
