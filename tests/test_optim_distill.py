@@ -79,6 +79,15 @@ def test_layer_decay_puts_a_hybrids_stem_in_layer_zero():
     assert scales["blocks.1.attn.qkv.weight"] == pytest.approx(0.9)
 
 
+def test_registers_and_the_pre_norm_are_embeddings_without_decay():
+    sizes = {"img_size": 32, "patch_size": 8, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
+    model = vitkit.create_model("vit_ti16", **sizes, num_registers=4, pre_norm=True)
+    assert not decays("reg_token", model.reg_token)
+    scales = _scale_of(param_groups(model, 0.1, layer_decay=0.9), model)
+    for name in ("reg_token", "norm_pre.weight", "norm_pre.bias", "cls_token"):
+        assert scales[name] == pytest.approx(0.9**3), name  # layer 0, with the class token
+
+
 def test_no_weight_decay_on_norms_biases_positions_and_tokens():
     """The default, as before this change: weight decay on weight matrices and kernels only."""
     model = tiny(distill_token=True)

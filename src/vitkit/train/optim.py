@@ -22,10 +22,10 @@ from .muon import MuonAdamW
 # scales of LayerNorm and GroupNorm): position embeddings and the learned prefix tokens. Names
 # match as substrings: "pos_embed" covers learned2d's pos_embed_row, _col and _prefix; "rel_embed"
 # is every block's relative-position table (blocks.{i}.attn.rel_embed).
-_NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "rel_embed")
+_NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token", "rel_embed")
 
 # What comes before the encoder blocks: BEiT's layer 0 (a hybrid's ResNet stem is in patch_embed).
-_EMBEDDING_NAMES = ("patch_embed.", "cls_token", "dist_token", "pos_embed")
+_EMBEDDING_NAMES = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre.")
 
 
 def decays(name: str, param: torch.Tensor) -> bool:
