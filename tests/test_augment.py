@@ -426,14 +426,14 @@ def test_bad_settings_get_one_line_naming_the_key() -> None:
     cases = {
         "augment.randaugment=rand-m12-n2": r"augment.randaugment: 'rand-m12-n2': magnitude must be in \[0, 10\]",
         "augment.randaugment=rand-m9-z": "augment.randaugment: .*cannot read 'z'",
-        "augment.mixup_alpha=-0.1": "augment.mixup_alpha must be >= 0",
-        "augment.cutmix_alpha=-1": "augment.cutmix_alpha must be >= 0",
+        "augment.mixup_alpha=-0.1": "augment.mixup_alpha must be in \\[0, 1000\\]",
+        "augment.cutmix_alpha=-1": "augment.cutmix_alpha must be in \\[0, 1000\\]",
         "augment.mix_prob=1.2": r"augment.mix_prob must be in \[0, 1\]",
         "augment.mix_switch_prob=-0.5": r"augment.mix_switch_prob must be in \[0, 1\]",
         "augment.erase_prob=2": r"augment.erase_prob must be in \[0, 1\]",
         "augment.erase_area=[0.4,0.1]": "augment.erase_area must be .*low <= high",
         "augment.erase_mode=noise": "augment.erase_mode must be one of pixel, rand, const",
-        "augment.repeats=0": "augment.repeats must be >= 1",
+        "augment.repeats=0": "augment.repeats must be in \\[1, 64\\]",
     }
     for setting, message in cases.items():
         with pytest.raises(RecipeError, match=message) as info:
