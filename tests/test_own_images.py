@@ -230,6 +230,18 @@ def test_a_run_ends_with_its_table_per_class_scores_worst_images_and_model_card(
     assert Image.open(run / "worst.png").size[0] > 100
 
 
+def test_a_run_that_learns_nothing_warns_of_chance_and_of_classes_never_predicted(tmp_path):
+    f = labels_file(tmp_path, single_rows(24))  # a model that does not train predicts one class
+    result = train(_recipe(tmp_path, str(f), optim__lr=0.0, log__eval_every=4), tmp_path / "run")
+    warnings = result.report.warnings
+    assert any(
+        "validation top-1 37.5% at step 8 is within 5 points of chance (33.3% for 3 classes)" in w for w in warnings
+    )
+    assert any("2 of 3 classes were never predicted on the validation split" in w for w in warnings)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "warning" in r] == [8]  # at the second evaluation, in its record
+
+
 def test_a_multi_label_run_stores_thresholds_that_predict_uses(tmp_path):
     from vitkit import load_pretrained
     from vitkit.eval import predict
