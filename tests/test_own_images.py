@@ -292,3 +292,33 @@ def test_a_labels_file_run_killed_with_sigkill_resumes_bit_exact(tmp_path):
     run_summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert run_summary["multilabel"] == ref_summary["multilabel"]
     assert [r["val_loss"] for r in run_summary["epochs"]] == [r["val_loss"] for r in ref_summary["epochs"]]
+
+
+def test_finetune_with_no_other_flag_fits_its_recipe_and_says_so_first(tmp_path, capsys):
+    import vitkit
+    from vitkit.cli import main
+
+    f = labels_file(tmp_path, single_rows(8, "ab"))  # 16 images: 14 to train on, a minival of 2
+    weights = vitkit.save_checkpoint(
+        vitkit.create_model("vit_ti16", img_size=24, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64),
+        tmp_path / "w.safetensors",
+    )
+    rc = main(
+        ["finetune", "--from", str(weights), "--data", str(f), "--out", str(tmp_path / "ft"), "--set", "log.plot=false"]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert out[0] == "resolution 24x24 (the weights' resolution); images decoded at 28x28"
+    assert out[1].startswith("schedule: 30 epochs of the 14 training images (2 classes): 30 steps of batch 8")
+    assert out[2].startswith("learning rate: the new head at 0.0025 (SGD, momentum 0.9, cosine)")
+    recipe = load_recipe(tmp_path / "ft" / "config.yaml")
+    assert (recipe.optim.name, recipe.optim.layer_decay, recipe.train.steps, recipe.log.eval_every) == (
+        "sgd",
+        0.75,
+        30,
+        1,
+    )
+    assert recipe.model.init_from == str(weights) and recipe.data.eval_split == "val"
+    assert (tmp_path / "ft" / "README.md").is_file() and f"Started from: `{weights}`" in (
+        tmp_path / "ft" / "README.md"
+    ).read_text()

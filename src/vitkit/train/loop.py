@@ -307,10 +307,8 @@ class Trainer:
         self.eval_ds = _dataset(r, r.data.eval_split) if r.data.eval_split else None
         self.multilabel = _check_multilabel(r, self.train_ds)
         self.warnings: list[str] = []  # every warning of this run, printed and kept for the summary
+        self.start_warnings = 0  # how many of them were said when the run started (the log's come after)
         self.last_eval: dict[str, Any] = {}
-        if few := few_images_warning(self.train_ds):
-            self.warn(few)
-        self.start_warnings = len(self.warnings)  # those said at the start; later ones come after the log's
         self.model = self._build_model().to(self.device)
         if hasattr(self.model, "set_attention_impl"):
             self.model.set_attention_impl(r.train.attention)
@@ -703,6 +701,9 @@ class Trainer:
         warning = take_warning(self.precision)
         if warning:
             self.progress.message(f"warning: {warning}")
+        if few := few_images_warning(self.train_ds):
+            self.warn(few)
+        self.start_warnings = len(self.warnings)
         self._open_run()
         self.model.train()
         self.compute.net.train()
