@@ -128,7 +128,8 @@ def test_finetune_with_a_small_folder_names_the_batch_size(tmp_path, capsys):
     folder = _image_folder(tmp_path / "pets", per_class=6, readable=True)  # 10 for training, 2 held out
     weights = vitkit.save_checkpoint(vitkit.create_model("vit_ti16", img_size=32, depth=1), tmp_path / "w.safetensors")
     with deadline(120):
-        rc = main(["finetune", "--from", str(weights), "--data", str(folder), "--out", str(tmp_path / "ft")])
+        argv = ["finetune", "--from", str(weights), "--config", "finetune_sgd", "--data", str(folder)]
+        rc = main([*argv, "--out", str(tmp_path / "ft")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert err[0] == (
@@ -570,7 +571,7 @@ def test_a_killed_plot_write_is_removed_too(tmp_path):
         "from vitkit.files import atomic_write\n"
         "atomic_write(sys.argv[1], lambda f: (f.write(b'partial'), f.flush(), os._exit(9)))\n"
     )
-    for name in ("curves.png", ".vitkit-run", "config.yaml"):
+    for name in ("curves.png", ".vitkit-run", "config.yaml", "summary.json", "README.md"):
         assert subprocess.run([sys.executable, "-c", code, str(run / name)]).returncode == 9
     train(tiny(), run, Messages())
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]

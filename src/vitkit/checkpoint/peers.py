@@ -285,8 +285,11 @@ def _timm_position_rows(
     rows = out["pos_embed"].shape[1]
     registers = out["reg_token"].shape[1] if "reg_token" in out else 0
     # the common layouts first (DINOv2's own, timm's no_embed_class), so that a grid that happens to be
-    # square after the registers' rows too is read as they have it
-    for candidate in dict.fromkeys((prefix, 0, prefix + registers)):
+    # square after the registers' rows too is read as they have it; without registers a class token
+    # has its row (timm's no_embed_class is a layout of models with registers), so that a table
+    # whose rows are square only without it is refused, not read as another grid
+    layouts = (prefix, 0, prefix + registers) if registers else (prefix,)
+    for candidate in dict.fromkeys(layouts):
         if candidate <= rows and square_side(rows - candidate) is not None:
             break
     else:

@@ -85,6 +85,7 @@ OPTIONS: dict[str, dict[str, Check]] = {
     "cifar100": {"root": _text, "allow_download": _flag, "img_size": _size, "label_kind": _one_of("fine", "coarse")},
     "digits": {"img_size": _size},
     "folder": {**_DECODED, "val_fraction": _fraction, "split_seed": _whole(0)},
+    "labels": {**_DECODED},
     "shards": {
         **_DECODED,
         "num_samples": _whole(1),

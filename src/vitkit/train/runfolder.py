@@ -41,7 +41,10 @@ METRICS = "metrics.jsonl"
 LOCK = ".lock"
 MARKER = ".vitkit-run"
 # What a run writes through atomic_write, in the run folder and in checkpoints/.
-_WRITTEN = re.compile(r"config\.yaml|metrics\.jsonl|curves\.png|best\.safetensors|step_\d+\.safetensors|\.vitkit-run")
+_WRITTEN = re.compile(
+    r"config\.yaml|metrics\.jsonl|curves\.png|best\.safetensors|step_\d+\.safetensors|\.vitkit-run"
+    r"|summary\.json|epochs\.csv|README\.md|worst\.png|confusion\.(json|png)"
+)
 _STEP = re.compile(r"step_\d+\.safetensors")
 
 
