@@ -161,6 +161,7 @@ def test_sigint_stops_parallel_runs_keeps_the_finished_and_resumes_to_the_same_n
     assert _numbers(out) == _numbers(finished)
 
 
+@pytest.mark.slow  # the default run keeps SIGINT with --jobs 2 (above); these are the other ways in
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
 @pytest.mark.parametrize(
     ("sig", "jobs", "when", "group"),
