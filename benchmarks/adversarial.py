@@ -304,7 +304,7 @@ def cases() -> list[Case]:
     add(
         g,
         "finetune a folder of 80 with the shipped batch 512",
-        "finetune --from {d}/r --data {d}/eighty --img-size 32 --steps 2 --out {d}/h3",
+        "finetune --from {d}/r --config finetune_sgd --data {d}/eighty --img-size 32 --steps 2 --out {d}/h3",
     )
     add(g, "--batch-size -1", f"{TRAIN} --batch-size -1 --out {{d}}/h4")
     add(g, "every image unreadable", f"train --data {{d}}/junk {T} --batch-size 4 --steps 2 --out {{d}}/h5")
@@ -539,11 +539,11 @@ def cases() -> list[Case]:
         ("model.overrides.depth", "100000"),
         ("model.overrides.num_classes", "1000000000"),
         ("augment.erase_count", "1000000000"),
-        ("train.batch_size", "1000000000000"),
     ]:
         add(g, f"--set {key}={v}", f"{TRAIN} --set {key}={v} --out {{d}}/v")
     for argv in [
         "fewshot {d}/r --data synthetic --seeds 1000000000",
+        "train --data synthetic --batch-size 1000000000000 --out {d}/v",
         "bench --model vit_ti16 --batch 1000000000",
         "bench --model vit_b16 --batch 100000",
         "models --num-classes 100000000000",
