@@ -132,8 +132,24 @@ def per_class_prf(confusion: torch.Tensor | Sequence[Sequence[int]], classes: Se
         0.0, as scikit-learn's ``zero_division=0``.
     """
     conf = torch.as_tensor(confusion, dtype=torch.float64)
-    tp = conf.diagonal()
-    predicted, support = conf.sum(dim=0), conf.sum(dim=1)
+    return prf_rows(conf.diagonal(), conf.sum(dim=0), conf.sum(dim=1), classes)
+
+
+def prf_rows(
+    tp: torch.Tensor, predicted: torch.Tensor, support: torch.Tensor, classes: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per-class precision, recall and F1 from the counts of true positives, predictions and
+    images of each class (float64, (K,)); a value whose denominator is 0 is 0.0.
+
+    Args:
+        tp: true positives per class.
+        predicted: predictions per class.
+        support: images (or labels) per class.
+        classes: the class names.
+
+    Returns:
+        One ``{"class", "precision", "recall", "f1", "support", "predicted"}`` per class.
+    """
     precision = torch.where(predicted > 0, tp / predicted.clamp(min=1), 0.0)
     recall = torch.where(support > 0, tp / support.clamp(min=1), 0.0)
     both = precision + recall

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..data.base import Dataset
 from ..errors import UsageError
+from .classify import prf_rows
 from .features import Precision, model_outputs
 
 DEFAULT_THRESHOLD = 0.5  # the threshold of a class without a positive image to choose one on
@@ -118,22 +119,7 @@ def multilabel_prf(predicted: torch.Tensor, targets: torch.Tensor, classes: Sequ
         One ``{"class", "precision", "recall", "f1", "support", "predicted"}`` per class.
     """
     p, t = predicted.double(), targets.double()
-    tp, npred, support = (p * t).sum(0), p.sum(0), t.sum(0)
-    precision = torch.where(npred > 0, tp / npred.clamp(min=1), 0.0)
-    recall = torch.where(support > 0, tp / support.clamp(min=1), 0.0)
-    both = precision + recall
-    f1 = torch.where(both > 0, 2 * precision * recall / both.clamp(min=1e-300), 0.0)
-    return [
-        {
-            "class": name,
-            "precision": float(precision[i]),
-            "recall": float(recall[i]),
-            "f1": float(f1[i]),
-            "support": int(support[i]),
-            "predicted": int(npred[i]),
-        }
-        for i, name in enumerate(classes)
-    ]
+    return prf_rows((p * t).sum(0), p.sum(0), t.sum(0), classes)
 
 
 def frequency_baseline(train_targets: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
