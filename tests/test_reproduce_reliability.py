@@ -325,8 +325,8 @@ def test_a_damaged_result_is_scored_again_with_one_line(tmp_path, finished, one_
 
 
 def test_a_damaged_result_of_an_experiment_not_asked_for_leaves_its_section_out(tmp_path, finished):
-    """``resolution`` shares its pre-training run with ``pooling``; a damaged file of a
-    pooling-only run is named once and pooling's section left out of the report."""
+    """A damaged file of a pooling run, found while ``resolution`` alone is asked for, is named
+    once and pooling's section left out of the report."""
     from vitkit.reproduce import reproduce
 
     out = _copy(finished, tmp_path / "suite")
@@ -429,13 +429,27 @@ def test_no_experiment_claims_from_numbers_that_are_not_finite(tmp_path, monkeyp
     from vitkit.reproduce import _classes
     from vitkit.reproduce.data_scaling import DataScaling
     from vitkit.reproduce.experiments import note_diverged
+    from vitkit.reproduce.resolution import Resolution
 
     monkeypatch.setattr(DataScaling, "untrained_fewshot", lambda self, model, seed: 0.3)
+    monkeypatch.setattr(Resolution, "zero_step_top1", lambda self, seed, pre: 0.3)
+    from vitkit.files import write_json
+
     exp = _classes()[name](_suite(tmp_path, seeds=2))
-    specs = exp.runs()
-    keys = sorted({s.key for s in specs})
-    bad = {"one": set(keys[:1]), "half": set(keys[::2]), "all": set(keys)}[which]
-    results = _made_up(specs, bad, value)
+    results: dict[str, dict[str, Any]] = {}
+    for _ in range(6):  # a phased experiment plans its later runs from the earlier results on disk
+        specs = exp.runs()
+        keys = sorted({s.key for s in specs})
+        made = _made_up(specs, {"one": set(keys[:1]), "half": set(keys[::2]), "all": set(keys)}[which], value)
+        for spec in specs:
+            if spec.key not in results:  # a finished run keeps its result
+                results[spec.key] = made[spec.key]
+                write_json(exp.suite.run_dir(spec) / "result.json", made[spec.key])
+        if exp.planned() and {s.key for s in exp.runs()} == set(results):
+            break
+    else:
+        raise AssertionError(f"{name}: the plan did not settle")
+    bad = {k for k, r in results.items() if not math.isfinite(r["test_top1"])}
     section = exp.summarise(results)
     note_diverged(section, specs, results)
     text = " ".join([section.verdict, *(" ".join(r) for r in section.rows)])
@@ -455,8 +469,14 @@ def test_statistics_use_finite_values_and_say_how_many_were_dropped():
     assert pct([math.inf]) == "diverged (not finite)"
     assert pct([0.5, None]) == "50.00 (1 of 2 not finite, left out)"
     assert mean_of([math.nan, -math.inf]) is None and mean_of([0.25, math.nan]) == 0.25
-    text = lead("A", [0.8, math.nan], "B", [0.7, 0.7])
-    assert text == "A leads B by 10.0 points (1 of 4 results not finite, left out)"
-    text = lead("A", [math.nan, math.nan], "B", [0.7])
+    text = lead("A", [0.8, math.nan], "B", [0.7, 0.7])  # one complete pair: no interval, no claim
+    assert text.startswith("A and B are not weighed (fewer than 2 seeds") and text.endswith(
+        "(1 of 4 results not finite, left out)"
+    )
+    text = lead("A", [0.8, math.nan, 0.82], "B", [0.7, 0.7, 0.71])
+    assert text.startswith("A leads B by 10.5 points (95% CI") and text.endswith(
+        "(1 of 6 results not finite, left out)"
+    )
+    text = lead("A", [math.nan, math.nan], "B", [0.7, 0.7])
     assert "leads" not in text and "A: no finite result" in text
     assert "A and B: no finite result" in lead("A", [math.inf], "B", [math.nan])

@@ -238,3 +238,110 @@ def mean_attention_distance(
         per_query = (a * dist).sum(dim=-1)  # (B, H, P)
         per_layer.append(per_query.mean(dim=(0, 2)))  # (H,)
     return torch.stack(per_layer).cpu()  # (L, H)
+
+
+def prefix_attention_share(attentions: list[torch.Tensor], num_prefix_tokens: int) -> torch.Tensor:
+    """The share of attention that patch queries give the prefix tokens (the class token,
+    registers), per block and head: (layers, heads), float64, each in [0, 1].
+
+    It is what :func:`mean_attention_distance` leaves out when it renormalises over patch keys:
+    a head whose patches mostly read the class token has a small share of its weight left to
+    spread over the image, however far that spreads.
+
+    Args:
+        attentions: softmax weights of each block, (B, heads, N, N), from :func:`collect_attention`.
+        num_prefix_tokens: tokens before the patches (0 for a model pooled by GAP without
+            registers: the share is then zero).
+
+    Returns:
+        (layers, heads) shares, averaged over patch queries and images.
+    """
+    _check_attentions(attentions)
+    if num_prefix_tokens < 0 or num_prefix_tokens >= attentions[0].shape[-1]:
+        raise ValueError(f"num_prefix_tokens must be in [0, {attentions[0].shape[-1]}), got {num_prefix_tokens}")
+    rows = [
+        w[..., num_prefix_tokens:, :num_prefix_tokens].to(torch.float64).sum(-1).mean(dim=(0, 2)) for w in attentions
+    ]
+    return torch.stack(rows).cpu()
+
+
+# ----------------------------------------------------------------------------------------------
+# How much of the rollout falls on the object (paper Figure 6, as a number).
+
+
+def rollout_patch_weights(
+    rollout: torch.Tensor,
+    grid: tuple[int, int],
+    num_prefix_tokens: int,
+    query: int | tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """One query's rollout row over the patch tokens as a distribution over the image:
+    (B, gh*gw), float64, each row summing to one.
+
+    Unlike :func:`rollout_map` (scaled to [0, 1] for pictures), the weights keep their
+    proportions, so sums over regions of the image mean something.
+
+    Args:
+        rollout: from :func:`attention_rollout`, (B, N, N).
+        grid: the token grid (rows, cols).
+        num_prefix_tokens: tokens before the patches.
+        query: as in :func:`cls_rollout_map` (None: the class token, or the mean over patch
+            queries for a model without one).
+
+    Returns:
+        (B, gh*gw) weights in raster order; the share the query keeps on prefix tokens is left
+        out and the rest renormalised.
+    """
+    row = _query_rows(rollout, grid, num_prefix_tokens, query).to(torch.float64)  # (B, P)
+    return row / row.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def object_fraction(pixels: torch.Tensor, grid: tuple[int, int], threshold: float = 0.0) -> torch.Tensor:
+    """The share of each token's pixels that belong to the object, for images whose background
+    is blank (Fashion-MNIST, MNIST: zero): a pixel is the object's when any channel exceeds
+    ``threshold``. The mask is averaged onto the token grid by area.
+
+    Args:
+        pixels: the images as the model saw them, (B, H, W) or channels last (B, H, W, C)
+            (as :class:`vitkit.preprocessing.LoadedImages` holds them), any numeric dtype.
+        grid: the token grid (rows, cols).
+        threshold: the pixel value a pixel must exceed to count as the object.
+
+    Returns:
+        (B, gh, gw) fractions in [0, 1], float64.
+    """
+    import torch.nn.functional as F
+
+    x = torch.as_tensor(pixels)
+    if x.ndim == 4:
+        x = x.amax(dim=-1)  # (B, H, W): object where any channel is
+    if x.ndim != 3:
+        raise ValueError(f"pixels must be (B, H, W) or (B, H, W, C), got shape {tuple(x.shape)}")
+    mask = (x.to(torch.float64) > threshold).to(torch.float64)  # (B, H, W)
+    return F.adaptive_avg_pool2d(mask[:, None], tuple(grid))[:, 0]  # (B, gh, gw)
+
+
+def rollout_object_ratio(weights: torch.Tensor, fraction: torch.Tensor) -> torch.Tensor:
+    """Rollout mass on the object against the object's share of the image, per image.
+
+    The mass is the sum over tokens of the rollout weight times the token's object fraction;
+    the share is the mean object fraction. Attention spread evenly over the image gives 1; all
+    of it on the object gives ``1 / share``; more than 1 means the attention concentrates on the
+    object.
+
+    Args:
+        weights: non-negative token weights, (B, gh*gw) or (B, gh, gw) (e.g. from
+            :func:`rollout_patch_weights`); each image's are normalised to sum to one here.
+        fraction: the object fraction per token, (B, gh, gw) or (B, gh*gw) (from :func:`object_fraction`).
+
+    Returns:
+        (B,) ratios, float64; nan for an image with no object pixel.
+    """
+    w = weights.reshape(weights.shape[0], -1).to(torch.float64)  # (B, P)
+    f = fraction.reshape(fraction.shape[0], -1).to(torch.float64)  # (B, P)
+    if w.shape != f.shape:
+        raise ValueError(f"weights {tuple(weights.shape)} and object fractions {tuple(fraction.shape)} do not match")
+    w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    mass = (w * f).sum(dim=-1)  # (B,)
+    share = f.mean(dim=-1)  # (B,)
+    return torch.where(share > 0, mass / share.clamp_min(torch.finfo(torch.float64).tiny), torch.nan)

@@ -32,6 +32,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs", type=count(1, 256), default=1, help="training runs at once, each with its share of the CPU cores"
     )
+    p.add_argument(
+        "--publish",
+        metavar="DIR",
+        help="also copy report.md, report.json and the figures into DIR (e.g. docs/reproduce)",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the runs and training FLOPs of each experiment (and GPU-hours at a stated rate); train nothing",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["reproduce"]
         else "vitkit reproduce"
     )
+    if args.plan:
+        print_plan(args)
+        return 0
     try:
         reproduce(
             args.experiments,
@@ -55,11 +68,36 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             report=lambda line: print(line, flush=True),
             command=command,
+            publish=args.publish,
         )
     except KeyboardInterrupt as e:
         print(f"vitkit reproduce: {interrupted_line(e, args.out, command)}", file=sys.stderr, flush=True)
         return 130
     return 0
+
+
+def print_plan(args: argparse.Namespace) -> None:
+    """Print what ``vitkit reproduce`` would train with these arguments (``--plan``).
+
+    Args:
+        args: the parsed command line.
+    """
+    from ..reproduce import ASSUMED_GPU_FLOPS, plan
+
+    p = plan(args.experiments, out=args.out, data=args.data, budget=args.budget, seeds=args.seeds)
+    print(f"{'experiment':<14} {'runs':>5} {'training PFLOPs':>16}")
+    for name, e in p["experiments"].items():
+        print(f"{name:<14} {e['runs']:>5} {e['train_flops'] / 1e15:>16,.2f}")
+    print(
+        f"{'suite':<14} {p['runs']:>5} {p['train_flops'] / 1e15:>16,.2f}   (runs shared between experiments once; "
+        f"{p['finished']} already finished in {args.out})"
+    )
+    if p["gpu_hours"] < 0.1:
+        return  # a CPU-sized suite: GPU-hours say nothing
+    print(
+        f"at a sustained {ASSUMED_GPU_FLOPS / 1e12:.0f} TFLOP/s (40% of one H100's bf16 peak; reading the images "
+        f"often bounds lower): {p['gpu_hours']:,.1f} GPU-hours of training, before scoring"
+    )
 
 
 def interrupted_line(e: KeyboardInterrupt, out: str, command: str) -> str:

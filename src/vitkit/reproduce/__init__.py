@@ -17,7 +17,11 @@ from .names import BUDGETS, EXPERIMENTS
 if TYPE_CHECKING:
     from .spec import DataInfo, RunSpec
 
-__all__ = ["BUDGETS", "EXPERIMENTS", "reproduce"]
+__all__ = ["BUDGETS", "EXPERIMENTS", "plan", "reproduce"]
+
+# A sustained training rate, for the plan's GPU-hours only: 40% of one H100's dense bf16 peak.
+# Reading and decoding ImageNet-scale images often bounds a run below it.
+ASSUMED_GPU_FLOPS = 4e14
 
 
 def _classes() -> dict[str, type]:
@@ -55,6 +59,48 @@ def _unique(specs: list[RunSpec]) -> list[RunSpec]:
     return list(out.values())
 
 
+def plan(
+    experiments: Sequence[str] = (),
+    out: str | Path = "runs/reproduce",
+    data: str = "fashion-mnist",
+    budget: str = "desktop",
+    seeds: int | None = None,
+) -> dict[str, object]:
+    """Every run a call would train, without training: per experiment its runs and training
+    FLOPs, and the suite's (runs shared between experiments counted once). A learning rate
+    that a grid chooses later is taken as the grid's first for counting: the counts and FLOPs
+    do not depend on it.
+
+    Args:
+        experiments: names of :data:`EXPERIMENTS` (all when empty).
+        out: the suite's folder (runs already finished there are counted as finished).
+        data: the training data, as ``vitkit train`` takes it.
+        budget: one of :data:`BUDGETS`.
+        seeds: as for :func:`reproduce`.
+
+    Returns:
+        ``experiments`` (name to ``runs`` and ``train_flops``), ``runs``, ``finished``,
+        ``train_flops`` and ``gpu_hours`` (at :data:`ASSUMED_GPU_FLOPS`).
+    """
+    from .runner import Runner, load_result
+    from .spec import Suite, check_experiments
+
+    names = check_experiments(list(experiments))
+    suite = Suite(out, data, budget, seeds, data_info(data))
+    suite.planning = True
+    classes = _classes()
+    runner = Runner(suite, 1, lambda line: None)
+    per, every = {}, {}
+    for name in names:
+        specs = _unique(classes[name](suite).runs())
+        per[name] = {"runs": len(specs), "train_flops": sum(runner.train_flops(s) for s in specs)}
+        every.update({s.key: s for s in specs})
+    flops = sum(runner.train_flops(s) for s in every.values())
+    finished = sum(load_result(suite.run_dir(s) / "result.json")[0] is not None for s in every.values())
+    return {"experiments": per, "runs": len(every), "finished": finished, "train_flops": flops,
+            "gpu_hours": flops / ASSUMED_GPU_FLOPS / 3600}  # fmt: skip
+
+
 def reproduce(
     experiments: Sequence[str] = (),
     out: str | Path = "runs/reproduce",
@@ -64,6 +110,7 @@ def reproduce(
     jobs: int = 1,
     report: Callable[[str], None] = print,
     command: str = "vitkit reproduce",
+    publish: str | Path | None = None,
 ) -> Path:
     """Run ``experiments`` (all by default) at ``budget`` on ``data`` into ``out``; returns the
     path of ``report.md``. Finished runs are skipped and interrupted ones resumed. The report
@@ -78,6 +125,7 @@ def reproduce(
         jobs: training runs at once, each in its own process.
         report: called with each line of progress.
         command: the command line the report names (and that resumes the suite).
+        publish: a folder (e.g. ``docs/reproduce``) to copy the report and figures into.
 
     Returns:
         The path of ``report.md``.
@@ -89,7 +137,12 @@ def reproduce(
     from .runner import stop_on_signals
 
     with stop_on_signals():  # SIGTERM stops the call as Ctrl-C does, with the runs kept
-        return _reproduce(experiments, out, data, budget, seeds, jobs, report, command)
+        md = _reproduce(experiments, out, data, budget, seeds, jobs, report, command)
+    if publish is not None:
+        from .report import publish as publish_report
+
+        report(f"published: {publish_report(md.parent, Path(publish))}")
+    return md
 
 
 def _reproduce(
@@ -116,7 +169,13 @@ def _reproduce(
     classes = _classes()
     chosen = [classes[n](suite) for n in names]
     runner = Runner(suite, jobs, report)
-    runner.run(_unique([s for e in chosen for s in e.runs()]))
+    seen: set[str] = set()
+    while True:  # a phased experiment plans its next runs once the earlier ones are finished
+        specs = _unique([s for e in chosen for s in e.runs()])
+        if not {s.key for s in specs} - seen:
+            break
+        runner.run(specs)
+        seen |= {s.key for s in specs}
     sections, runs = [], {}
     told: set[Path] = set()  # damaged files already named
     for name in EXPERIMENTS:  # every experiment whose runs are finished, asked for now or before
@@ -137,7 +196,7 @@ def _reproduce(
                     f"{path}: {damaged}; the {name} section is left out until `vitkit reproduce {name}` runs it again"
                 )
             results[s.key] = res
-        if all(results.values()):
+        if all(results.values()) and exp.planned():
             section = exp.summarise(results)
             note_diverged(section, specs, results)
             section.runs = len(results)

@@ -5,7 +5,12 @@ follows, the paper's claim and numbers, its models and sizes), asks for runs
 (:meth:`Experiment.runs`) and, once they are finished, turns their results into a
 :class:`Section` of the report: a table, the numbers, a figure and one sentence on whether the
 measurement agrees with the paper. The sentence is computed from the numbers, never written in
-advance: where the spread over seeds is as large as a difference, it says so.
+advance: a difference is claimed only where its interval (:mod:`.stats`, paired by seed) excludes
+zero, and said to be not distinguishable otherwise.
+
+An experiment may plan in phases: a learning rate chosen on the minival by a first set of runs
+fixes the runs that follow. :meth:`Experiment.runs` then returns what can be planned from the
+finished results, and :meth:`Experiment.planned` says whether that is the whole plan.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class Section:
     verdict: str
     figures: list[Path] = field(default_factory=list)
     caption: str = "Measured (mean ± standard deviation over seeds, in percent)"
+    # more tables after the main one: (caption, header, rows)
+    tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     runs: int = 0  # training runs the experiment needs
     wall_seconds: float = 0.0  # their wall time, training and scoring: what running it alone costs
 
@@ -141,30 +148,26 @@ def gap(a: list[Any], b: list[Any]) -> float | None:
 
 
 def lead(name_a: str, a: list[Any], name_b: str, b: list[Any]) -> str:
-    """Which of two sets of accuracies is ahead, by how many points, and whether that is more
-    than the spread over seeds (the larger of the two standard deviations). Only finite values
-    count, and a value left out is said; a side with none is not compared.
+    """Which of two arms is ahead, paired by seed: a lead is said only when the 95% t interval
+    of the per-seed differences excludes zero (:mod:`.stats`), "not distinguishable" otherwise.
+    Only pairs with finite values on both sides count, and the ones left out are said.
 
     Args:
         name_a: what ``a`` measures, for the sentence.
         a: its accuracies, one per seed.
         name_b: likewise for ``b``.
-        b: its accuracies.
+        b: its accuracies, in the same seed order.
 
     Returns:
-        A clause: ``the ViT leads the ResNet by 1.2 points (within the spread over seeds, 1.5)``.
+        A clause: ``the ViT leads the ResNet by 1.2 points (95% CI 0.3 to 2.1, 3 seeds)``.
     """
+    from .stats import compare
+
     fa, fb = finite(a), finite(b)
     if not fa or not fb:
         empty = " and ".join(n for n, f in ((name_a, fa), (name_b, fb)) if not f)
         return f"{name_a} is not compared with {name_b} ({empty}: no finite result, every run diverged)"
-    (ma, sa), (mb, sb) = mean_std(fa), mean_std(fb)
-    diff = 100 * (ma - mb)
-    first, second = (name_a, name_b) if diff >= 0 else (name_b, name_a)
-    text = f"{first} leads {second} by {abs(diff):.1f} points"
-    spread = 100 * max(sa, sb)
-    if len(fa) > 1 and len(fb) > 1 and abs(diff) <= spread:
-        text += f" (within the spread over seeds, {spread:.1f})"
+    text = compare(name_a, a, name_b, b)
     left_out = len(a) + len(b) - len(fa) - len(fb)
     if left_out:
         text += f" ({left_out} of {len(a) + len(b)} results not finite, left out)"
@@ -205,10 +208,43 @@ class Experiment:
     def __init__(self, suite: Suite) -> None:
         self.suite = suite
         self.cfg = load_experiment(self.name, suite.budget)
-        self.seeds = list(range(int(self.cfg.get("seeds", suite.seeds))))
+        self.seeds = list(range(suite.seeds_given or int(self.cfg.get("seeds", suite.seeds))))
 
     def runs(self) -> list[RunSpec]:
+        """The runs the experiment needs, as far as the finished ones let it plan."""
         raise NotImplementedError
+
+    def planned(self) -> bool:
+        """Whether :meth:`runs` is the whole plan (a phased experiment: once its first phase is finished)."""
+        return True
+
+    def result_of(self, spec: RunSpec) -> dict[str, Any] | None:
+        """The finished result of ``spec``, or None (not run, not finished, or damaged)."""
+        from .runner import load_result
+
+        return load_result(self.suite.run_dir(spec) / "result.json")[0]
+
+    def choose_on_minival(self, specs: dict[Any, list[RunSpec]]) -> Any | None:
+        """The option whose runs have the best mean minival top-1 (never the test split), or None
+        until all of them are finished or if none has a finite result.
+
+        Args:
+            specs: the runs of each option (e.g. each learning rate of a grid).
+
+        Returns:
+            The chosen option.
+        """
+        if self.suite.planning:  # counting runs: which option wins changes no count or cost
+            return next(iter(specs), None)
+        means = {}
+        for option, runs in specs.items():
+            results = [self.result_of(s) for s in runs]
+            if any(r is None for r in results):
+                return None
+            m = mean_of([r.get("minival_top1") for r in results if r is not None])
+            if m is not None:
+                means[option] = m
+        return max(means, key=means.__getitem__) if means else None
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
         raise NotImplementedError
@@ -225,8 +261,8 @@ class Experiment:
 
     def base_spec(self, model: str, seed: int) -> RunSpec:
         """``model`` trained on the whole split with the common recipe alone: the run that the
-        experiments share (the data-scaling study's largest size, the learned 1-D and class-token
-        baselines)."""
+        experiments share (the compute study's longer length, the learned 1-D and class-token
+        baselines, the models the attention study analyses)."""
         tree = self.suite.recipe(model, seed)
         return RunSpec(label=f"{model}, all images, seed {seed}", model=model, recipe=tree)
 

@@ -18,17 +18,71 @@ def machine() -> dict[str, Any]:
     import torch
 
     from ..cpu import cpu_info
+    from ..precision import bf16_support, resolve_precision
 
     cpu = cpu_info()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    device = "cuda" if gpu else "cpu"
     return {
         "cpu": cpu["model"],
         "cpu_flags": [f for f, on in cpu["flags"].items() if on],
         "cores": cpu["cores"],
+        "bf16": bf16_support(device).reason,
+        "precision": resolve_precision("auto", device).name,  # what `train.precision: auto` computes in
         "gpu": gpu,
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "commit": source_commit(),
     }
+
+
+def source_commit() -> str | None:
+    """The git commit of the vitkit source that ran, with ``+changes`` when the checkout has
+    uncommitted changes to tracked files; None outside a git checkout."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if not commit:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return commit + ("+changes" if dirty else "")
+
+
+def publish(out: Path, dest: Path) -> Path:
+    """Copy a suite's ``report.md``, ``report.json`` and ``figures/`` into ``dest`` (e.g. the
+    documentation's ``docs/reproduce``), replacing what an earlier publication put there; each
+    file is written atomically.
+
+    Args:
+        out: the suite's folder (where :func:`write_report` wrote).
+        dest: the folder to publish into.
+
+    Returns:
+        The published ``report.md``.
+    """
+    import shutil
+
+    from ..files import atomic_write
+
+    dest.mkdir(parents=True, exist_ok=True)
+    figures = dest / "figures"
+    if figures.is_dir():
+        shutil.rmtree(figures)
+    for src in [out / "report.md", out / "report.json", *sorted((out / "figures").glob("*.png"))]:
+        target = dest / src.relative_to(out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = src.read_bytes()
+        atomic_write(target, lambda f, data=data: f.write(data), mode="wb")
+    return dest / "report.md"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -47,6 +101,7 @@ def _section_md(s: Section, out: Path) -> str:
             f"**The paper's claim.** {s.claim}",
             f"**The paper's numbers.** {s.paper}",
             f"**{s.caption}:**\n\n" + _table(s.header, s.rows),
+            *(f"**{caption}:**\n\n" + _table(header, rows) for caption, header, rows in s.tables),
             figs,
             f"**Agreement.** {s.verdict}",
         ]
@@ -74,7 +129,9 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         '# Reproducing "An Image is Worth 16x16 Words" with vitkit',
         f"Made by `{meta['command']}` on {meta['date']}: budget `{meta['budget']}`, data `{meta['data']}` "
         f"(models at {size} px), {meta['seeds']} seed(s) where seeds are compared. "
-        f"Machine: {m['cpu']}, {m['cores']} cores{gpu}, torch {m['torch']}.",
+        f"Machine: {m['cpu']}, {m['cores']} cores{gpu} ({m.get('bf16', 'bf16 not checked')}; the runs computed in "
+        f"{m.get('precision', 'the recipe precision')}), torch {m['torch']}, vitkit commit "
+        f"`{m.get('commit') or 'unknown'}`.",
         f"{len(runs)} training runs, {minutes:.1f} min in all (the sum of the runs' wall times, training and "
         "scoring, as the call that finished each measured it); "
         f"this call took {meta['seconds'] / 60:.1f} min. Every run is a vitkit run folder under `runs/`; its "
@@ -98,6 +155,7 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
                 "numbers": s.numbers,
                 "verdict": s.verdict,
                 "table": {"header": s.header, "rows": s.rows},
+                "tables": [{"caption": c, "header": h, "rows": r} for c, h, r in s.tables],
                 "figures": [f.relative_to(out).as_posix() for f in s.figures],
             }
             for s in sections

@@ -34,7 +34,8 @@ from ..files import write_json
 from .spec import RunSpec, Suite
 
 # Bump when the scoring changes: results of an older scoring are scored again (not retrained).
-SCORE_VERSION = 1
+SCORE_VERSION = 2
+TRAIN_IMAGES = 10000  # training images (a seeded sample) the best checkpoint is scored on: the generalisation gap
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,30 @@ def initial_model(tree: dict[str, Any], info: Any) -> Any:
     return model.eval()
 
 
-def score(run_dir: Path, settings: ScoreSettings, precision: str) -> dict[str, Any]:
-    """Test top-1 and few-shot transfer of a finished run's best (minival) checkpoint."""
+def minival_curve(run_dir: Path) -> list[list[float]]:
+    """A run's minival top-1 at each evaluation, as ``[step, top1]`` pairs from its ``metrics.jsonl``."""
+    from ..train.runfolder import read_metrics
+
+    recs = read_metrics(run_dir / "metrics.jsonl", strict=False)
+    return [[int(r["step"]), float(r["top1"])] for _, r in recs if "top1" in r and "step" in r]
+
+
+def train_accuracy(model: Any, recipe: Any, precision: str) -> float:
+    """Top-1 of ``model`` on the images its run trained on (its subset, without the minival; a
+    seeded sample of :data:`TRAIN_IMAGES` where there are more), as the training split is read
+    for evaluation: no augmentation."""
+    from ..data import build_dataset
+    from ..eval import evaluate
+
+    d = recipe.data
+    train = build_dataset(d.name, d.train_split, minival=d.minival, subset=d.subset, subset_seed=d.subset_seed,
+                          **d.options)  # fmt: skip
+    return float(evaluate(model, train, precision=precision, max_images=TRAIN_IMAGES)["top1"])
+
+
+def score(run_dir: Path, settings: ScoreSettings, precision: str, recipe: Any = None) -> dict[str, Any]:
+    """Test top-1 and few-shot transfer of a finished run's best (minival) checkpoint; with the
+    run's ``recipe``, also its top-1 on its own training images (``train_top1``)."""
     from ..checkpoint.io import read_safetensors_metadata
     from ..checkpoint.load import load_pretrained
     from ..eval import evaluate
@@ -156,6 +179,8 @@ def score(run_dir: Path, settings: ScoreSettings, precision: str) -> dict[str, A
         "flops_per_image": model_flops(model),
         "params": count_params(model),
         "img_size": list(model.cfg.img_size),
+        "train_top1": None if recipe is None else train_accuracy(model, recipe, precision),
+        "minival_curve": minival_curve(run_dir),
     }
 
 
@@ -180,7 +205,7 @@ def train_and_score(spec: RunSpec, run_dir: Path, init_from: str | None, setting
         "batch_size": recipe.train.batch_size,
         "seed": recipe.seed,
         "train_seconds": _train_seconds(run_dir),
-        **score(run_dir, settings, recipe.train.precision),
+        **score(run_dir, settings, recipe.train.precision, recipe),
     }
     out["train_flops"] = 3 * out["flops_per_image"] * out["steps"] * out["batch_size"]  # forward + backward ~ 3x
     out["wall_seconds"] = time.perf_counter() - start
@@ -747,6 +772,18 @@ class Runner:
         ):
             self._run_phase(phase)
         return self.results
+
+    def train_flops(self, spec: RunSpec) -> float:
+        """A run's training FLOPs as its result counts them (3 x forward FLOPs x images), before it runs."""
+        from ..models.flops import resnet_flops, vit_flops
+        from ..models.registry import model_config
+
+        m, t = spec.recipe["model"], spec.recipe.get("train", {})
+        over = {**m.get("overrides", {}), "in_chans": self.suite.info.in_chans,
+                "num_classes": self.suite.info.num_classes}  # fmt: skip
+        cfg = model_config(m["name"], **over)
+        flops = resnet_flops(cfg) if hasattr(cfg, "units") else vit_flops(cfg)
+        return 3.0 * float(flops) * int(t.get("steps", 1)) * int(t.get("batch_size", 1))
 
     def _cost(self, spec: RunSpec) -> float:
         """Relative cost of a run: forward FLOPs x images it trains on (for the ETA)."""

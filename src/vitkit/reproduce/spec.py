@@ -5,8 +5,8 @@ follows; ``common.yaml`` holds the recipe, the models and the budgets they all s
 (``smoke``, ``desktop``, ``full``) picks the sizes; its keys override the experiment's.
 
 A run is named by its recipe: its folder under ``OUT/runs/`` is the model's label and a hash of
-the whole resolved recipe. Two experiments that need the same training (the data-scaling study's
-ViT on the full split is the position-embedding study's learned 1-D ViT) share one folder, and
+the whole resolved recipe. Two experiments that need the same training (the compute study's
+800-step ViT is the position-embedding study's learned 1-D ViT) share one folder, and
 running the suite again finds every finished run where it left it.
 """
 
@@ -114,6 +114,8 @@ class Suite:
         self.budget = budget
         self.info = info
         self.common = budget_view(_read_yaml(REPRODUCE_DIR / "common.yaml"), budget)
+        self.seeds_given = seeds  # --seeds: wins over every experiment's own default
+        self.planning = False  # counting runs only (vitkit reproduce --plan): a grid's choice is assumed
         self.seeds = seeds or int(self.common.get("seeds", 1))
         self.img_size = self._img_size()
         self.minival = int(self.common.get("minival", 0))
@@ -177,9 +179,15 @@ class Suite:
         tree["model"] = deep_merge(tree.get("model", {}), self.model_section(model, **(overrides or {})))
         tree["data"] = deep_merge(
             tree.get("data", {}),
-            {"name": self.data, "train_split": "train", "eval_split": "minival", "minival": self.minival,
-             "subset": subset, "subset_seed": 0},
-        )  # fmt: skip
+            {
+                "name": self.data,
+                "train_split": "train",
+                "eval_split": "minival",
+                "minival": self.minival,
+                "subset": subset,
+                "subset_seed": seed,
+            },
+        )  # fmt: skip  (each seed draws its own minival and subsets; one seed's subsets are nested)
         if self.data_options():
             tree["data"].setdefault("options", {}).update(self.data_options())
         tree["seed"] = seed

@@ -1,0 +1,120 @@
+"""The suite's shared machinery: seeds honoured by every experiment, each seed's own subsets,
+choices made on the minival, the plan, and publishing the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.data import ArrayDataset, carve
+from vitkit.reproduce import EXPERIMENTS, _classes
+from vitkit.reproduce.experiments import Experiment
+from vitkit.reproduce.report import publish, source_commit
+from vitkit.reproduce.runner import SCORE_VERSION
+from vitkit.reproduce.spec import DataInfo, Suite
+
+INFO = DataInfo("fmnist-like", (28, 28), 1, [str(i) for i in range(10)], 60_000)
+
+
+def _suite(tmp_path: Path, seeds: int | None = None, budget: str = "desktop", planning: bool = True) -> Suite:
+    suite = Suite(tmp_path, "fmnist-like", budget, seeds, INFO)
+    suite.planning = planning
+    return suite
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_seeds_are_honoured_by_every_experiment(tmp_path, name):
+    exp = _classes()[name](_suite(tmp_path, seeds=4))
+    assert exp.seeds == [0, 1, 2, 3]
+    seeds = {s.recipe["seed"] for s in exp.runs()}
+    assert seeds == {0, 1, 2, 3}, f"{name} plans seeds {sorted(seeds)} with --seeds 4"
+
+
+def test_the_desktop_budget_compares_three_seeds(tmp_path):
+    for cls in _classes().values():
+        assert len(cls(_suite(tmp_path)).seeds) >= 3
+
+
+def test_each_seed_draws_its_own_subsets(tmp_path):
+    suite = _suite(tmp_path)
+    a, b = (suite.recipe("vit-tiny", seed, subset=580) for seed in (0, 1))
+    assert (a["data"]["subset_seed"], b["data"]["subset_seed"]) == (0, 1)
+    labels = torch.arange(600).remainder(3)
+    ids = torch.arange(600)  # each image's index, in two bytes of its pixels
+    images = torch.stack([ids // 256, ids % 256], 1).to(torch.uint8).view(-1, 1, 1, 2)
+    ds = ArrayDataset(images, labels, ["a", "b", "c"], name="toy")
+
+    def drawn(subset: int, seed: int) -> set[int]:
+        x = carve(ds, "train", minival=30, subset=subset, seed=seed).images.view(-1, 2).to(torch.int64)
+        return set((x[:, 0] * 256 + x[:, 1]).tolist())
+
+    assert drawn(60, 0) != drawn(60, 1)
+    assert drawn(30, 1) <= drawn(60, 1)  # one seed's subsets stay nested
+
+
+def _finish(suite: Suite, spec, minival: float) -> None:
+    folder = suite.run_dir(spec)
+    folder.mkdir(parents=True)
+    result = {"score_version": SCORE_VERSION, "test_top1": 0.5, "minival_top1": minival,
+              "fewshot": {"mean": 0.5, "shots": 10}, "wall_seconds": 1.0, "train_flops": 1e9}  # fmt: skip
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def test_a_choice_waits_for_its_runs_and_takes_the_best_minival(tmp_path):
+    suite = _suite(tmp_path, planning=False)
+    exp = Experiment.__new__(Experiment)
+    exp.suite = suite
+    grid = {lr: [suite_spec(suite, lr, s)] for s in (0,) for lr in (5e-4, 1e-3, 2e-3)}
+    assert exp.choose_on_minival(grid) is None  # nothing finished
+    for (_lr, [spec]), acc in zip(grid.items(), (0.71, 0.78, float("nan"))):
+        _finish(suite, spec, acc)
+    assert exp.choose_on_minival(grid) == 1e-3  # a diverged option is never chosen
+    suite.planning = True
+    assert exp.choose_on_minival({"x": [], "y": []}) == "x"
+
+
+def suite_spec(suite: Suite, lr: float, seed: int):
+    from vitkit.reproduce.spec import RunSpec
+
+    tree = suite.recipe("vit-tiny", seed, extra={"optim": {"lr": lr}})
+    return RunSpec(label=f"lr {lr}", model="vit-tiny", recipe=tree)
+
+
+def test_publish_copies_the_report_and_replaces_old_figures(tmp_path):
+    out, dest = tmp_path / "suite", tmp_path / "docs"
+    (out / "figures").mkdir(parents=True)
+    (out / "report.md").write_text("# report\n![x](figures/a.png)\n")
+    (out / "report.json").write_text("{}")
+    (out / "figures" / "a.png").write_bytes(b"png")
+    (dest / "figures").mkdir(parents=True)
+    (dest / "figures" / "stale.png").write_bytes(b"old")
+    md = publish(out, dest)
+    assert md.read_text().startswith("# report")
+    assert sorted(p.name for p in (dest / "figures").iterdir()) == ["a.png"]
+    assert (dest / "report.json").read_text() == "{}"
+
+
+def test_the_report_names_the_commit_that_made_it():
+    commit = source_commit()
+    if commit is None:
+        pytest.skip("not a git checkout")
+    assert len(commit.split("+")[0]) == 12
+
+
+def test_the_full_budget_plans_gpu_sized_pairs(tmp_path):
+    """The full budget pairs models by cost as the paper does (ViT-B/32 with ResNet50x1)."""
+    from vitkit.models.flops import resnet_flops, vit_flops
+    from vitkit.models.registry import model_config
+
+    info = DataInfo("imagenet-like", (256, 256), 3, [str(i) for i in range(1000)], 1_281_167)
+    suite = Suite(tmp_path, "imagenet-like", "full", None, info)
+    costs = {}
+    for role in ("vit-tiny", "bit-r8", "vit-large"):
+        m = suite.model_section(role)
+        cfg = model_config(m["name"], **m["overrides"])
+        costs[role] = resnet_flops(cfg) if hasattr(cfg, "units") else vit_flops(cfg)
+    assert 0.8 < costs["vit-tiny"] / costs["bit-r8"] < 1.25
+    assert costs["vit-large"] / costs["vit-tiny"] >= 3.5
