@@ -46,48 +46,186 @@ def _plain_log_ticks(ax: Any, ticks: list[int] | None) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
+def _scaling_line(ax: Any, by_size: dict[int, list[Any]], label: str, scale: float = 100.0, **style: Any) -> Any:
+    """One line of means over seeds (error bars: the spread) against the subset size; its
+    matplotlib line, or None where no point is finite."""
+    pts = []
+    for n in sorted(by_size):
+        m, s = mean_std(by_size[n])
+        pts.append((n, scale * m, scale * s))
+    pts = _drawn(pts)
+    if not pts:
+        return None
+    bars = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                       label=label, **style)  # fmt: skip
+    return bars[0]
+
+
 def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
-    """Accuracy against the number of pre-training images, one line per model (Figure 4)."""
-    fig = _new_figure(10.0, 4.0)
-    axes = fig.subplots(1, 2)
-    for ax, (metric, label) in zip(axes, _METRICS):
-        drawn = False
-        for entry in numbers["models"].values():
-            pts = _drawn((n, *_ms(entry[metric][n])) for n in sorted(entry[metric]))
-            drawn = drawn or bool(pts)
-            line = ax.errorbar(
-                [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                label=entry["title"],
-            )  # fmt: skip
-            untrained = _ms(entry.get("fewshot_untrained") or [])[0] if metric == "fewshot" else math.nan
-            if math.isfinite(untrained):
-                ax.axhline(untrained, ls="--", lw=1, color=line[0].get_color())
-        _log_x(ax, drawn, sorted({n for e in numbers["models"].values() for n in e[metric]}))
-        ax.set_xlabel("pre-training images (nested class-balanced subsets)")
-        ax.set_ylabel(label.format(shots=shots))
+    """The data-scaling study (after Figure 4): against the number of training images, test error
+    per model (log-log, with each family's slope), the ViT/ResNet error ratio with its 95% interval,
+    the generalisation gap, the ViT's attention locality and class-token share, and the few-shot
+    transfer control beside the same models untrained.
+
+    Args:
+        numbers: :meth:`vitkit.reproduce.data_scaling.DataScaling.measure`'s numbers.
+        path: where the PNG goes.
+        shots: the transfer metric's name ("10-shot").
+
+    Returns:
+        ``path``.
+    """
+    from .stats import Interval
+
+    fig = _new_figure(15.0, 8.0)
+    axes = fig.subplots(2, 3)
+    models, sizes = numbers["models"], numbers["sizes"]
+    xlabel = "training images (class-balanced subsets)"
+
+    ax = axes[0][0]
+    drawn = False
+    for role, entry in models.items():
+        slope = numbers["slopes"].get(role)
+        tail = f", slope {slope['estimate']:+.2f} [{slope['low']:+.2f}, {slope['high']:+.2f}]" if slope else ""
+        errors = {n: [1.0 - v if isinstance(v, float | int) else math.nan for v in entry["test_top1"][n]]
+                  for n in entry["test_top1"]}  # fmt: skip
+        drawn = _scaling_line(ax, errors, entry["title"] + tail) is not None or drawn
+    _log_x(ax, drawn, sizes)
+    if drawn:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+    ax.set_ylabel("test error (%), log scale")
+    ax.set_title("test error (slopes: least squares, 95% interval)", fontsize=9)
+    if drawn:
+        ax.legend(fontsize=7)
+
+    ax = axes[0][1]
+    pts = []
+    for n in sizes:
+        iv = numbers["error_ratio"][n]["interval"]
+        if iv is not None:
+            i = Interval(**iv)
+            pts.append((n, i.estimate, i.estimate - i.low, i.high - i.estimate))
+        else:
+            m, _ = mean_std(numbers["error_ratio"][n]["per_seed"])
+            pts.append((n, m, 0.0, 0.0))
+    pts = _drawn(pts)
+    if pts:
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[[p[2] for p in pts], [p[3] for p in pts]],
+                    marker="o", capsize=3, color="tab:purple")  # fmt: skip
+        ax.axhline(1.0, ls="--", lw=1, color="grey")
+    _log_x(ax, bool(pts), sizes)
+    ax.set_ylabel("ViT test error / ResNet test error")
+    ax.set_title("error ratio (95% interval over seeds; 1: equal)", fontsize=9)
+
+    ax = axes[0][2]
+    drawn = False
+    for entry in models.values():
+        drawn = _scaling_line(ax, entry["gap"], entry["title"]) is not None or drawn
+    _log_x(ax, drawn, sizes)
+    ax.set_ylabel("train − test top-1 (points)")
+    ax.set_title("generalisation gap of the best checkpoint", fontsize=9)
+    if drawn:
+        ax.legend(fontsize=7)
+
+    att = numbers["attention"]
+    ax = axes[1][0]
+    first = _scaling_line(ax, {n: att[n]["distance_first"] for n in sizes}, "first layer", scale=1.0)
+    last = _scaling_line(ax, {n: att[n]["distance_last"] for n in sizes}, "last layer", scale=1.0)
+    drawn = first is not None or last is not None
+    _log_x(ax, drawn, sizes)
+    ax.set_ylabel("mean attention distance (px)")
+    ax.set_title(f"ViT attention locality ({numbers['attention_images']} test images)", fontsize=9)
+    if drawn:
+        ax.legend(fontsize=7)
+
+    ax = axes[1][1]
+    share = _scaling_line(ax, {n: att[n]["cls_share"] for n in sizes}, "class token", color="tab:green")
+    _log_x(ax, share is not None, sizes)
+    ax.set_ylabel("patch attention on the class token (%)")
+    ax.set_title("ViT class-token share", fontsize=9)
+
+    ax = axes[1][2]
+    drawn = False
+    for entry in models.values():
+        line = _scaling_line(ax, entry["fewshot"], entry["title"])
+        drawn = line is not None or drawn
+        untrained = _ms(entry.get("fewshot_untrained") or [])[0]
+        if line is not None and math.isfinite(untrained):
+            ax.axhline(untrained, ls="--", lw=1, color=line.get_color())
+    _log_x(ax, drawn, sizes)
+    ax.set_ylabel(f"{shots} transfer accuracy (%)")
+    ax.set_title("control: transfer (dashed: the same model untrained)", fontsize=9)
+
+    for ax in (a for row in axes for a in row):
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    axes[1].set_title("dashed: the same models untrained", fontsize=8)
-    fig.suptitle("Data scaling (after Figure 4)")
+    fig.suptitle("Data scaling (after Figures 3 and 4)")
     return _save(fig, path)
 
 
 def plot_compute(numbers: dict[str, Any], path: Path, shots: str) -> Path:
-    """Accuracy against total training FLOPs, one line per family (Figure 5)."""
+    """Accuracy against total training FLOPs and against training seconds, one colour per family
+    (Figure 5): a point per model and training length (filled: the longest), with the spread over
+    seeds, and the family's frontier of the means (no cheaper run is as accurate) as a line."""
+    from .compute import frontier
+
+    fig = _new_figure(10.0, 7.5)
+    axes = fig.subplots(2, 2)
+    costs = (("train_flops", "total training FLOPs (3 x forward x images seen)"),
+             ("train_seconds", "training seconds on this machine"))  # fmt: skip
+    longest = max(numbers["lengths"])
+    for row, (metric, label) in enumerate(_METRICS):
+        for col, (cost, xlabel) in enumerate(costs):
+            ax, drawn = axes[row][col], False
+            for i, fam in enumerate(numbers["families"].values()):
+                color = f"C{i}"
+                pts = _drawn((mean_std(e[cost])[0], *_ms(e[metric]), e["length"] == longest) for e in fam["entries"])
+                drawn = drawn or bool(pts)
+                for x, m, s, full in pts:
+                    ax.errorbar([x], [m], yerr=[s], marker="o", capsize=3, color=color,
+                                markerfacecolor=color if full else "white")  # fmt: skip
+                front = frontier((x, m) for x, m, _, _ in pts)
+                ax.plot([p[0] for p in front], [p[1] for p in front], color=color, label=fam["title"])
+            _log_x(ax, drawn, None)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(label.format(shots=shots))
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, title="open: shorter training", title_fontsize=7)
+    fig.suptitle("Accuracy against training compute (after Figure 5)")
+    return _save(fig, path)
+
+
+def plot_pos_embed(numbers: dict[str, Any], path: Path, shots: str) -> Path:
+    """One bar per position embedding at the budget's steps and, beside it, one at the long
+    length for the kinds that also ran there, with the spread over seeds (Table 8)."""
     fig = _new_figure(10.0, 4.0)
     axes = fig.subplots(1, 2)
+    names = list(numbers["variants"])
+    lengths = (("variants", f"{numbers['steps']} steps", "tab:blue", -0.2),
+               ("long", f"{numbers['long_steps']} steps", "tab:orange", 0.2))  # fmt: skip
     for ax, (metric, label) in zip(axes, _METRICS):
-        drawn = False
-        for family, entries in numbers["families"].items():
-            pts = _drawn(sorted((e["train_flops"], _ms(e[metric])[0]) for e in entries))
-            drawn = drawn or bool(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=family)
-        _log_x(ax, drawn, None)
-        ax.set_xlabel("total training FLOPs (3 x forward x images seen)")
+        drawn = []
+        for group, legend, color, shift in lengths:
+            here = [(i, _ms(numbers[group][n][metric])) for i, n in enumerate(names) if n in numbers[group]]
+            if not here:
+                continue
+            ax.bar([i + shift for i, _ in here], [m for _, (m, _) in here], width=0.4, yerr=[s for _, (_, s) in here],
+                   capsize=3, color=color, label=legend)  # fmt: skip
+            drawn += [(m, s) for _, (m, s) in here if math.isfinite(m)]  # a kind whose every run diverged: no bar
+        ax.set_xticks(range(len(names)), [numbers["variants"][n]["title"] for n in names], rotation=20, ha="right",
+                      fontsize=8)  # fmt: skip
+        if drawn:
+            low, high = min(m - s for m, s in drawn), max(m + s for m, s in drawn)
+            ax.set_ylim(max(0.0, low - 5), min(100.0, high + 2))
         ax.set_ylabel(label.format(shots=shots))
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8)
-    fig.suptitle("Accuracy against training compute (after Figure 5)")
+    fig.suptitle("Position embeddings (after Table 8)")
     return _save(fig, path)
 
 
@@ -110,53 +248,265 @@ def plot_bars(groups: dict[str, Any], path: Path, shots: str, title: str) -> Pat
     return _save(fig, path)
 
 
-def plot_pooling(cells: dict[str, Any], path: Path) -> Path:
-    """Test top-1 against the learning rate for the class token and GAP (Figure 9)."""
-    fig = _new_figure(5.5, 4.0)
-    ax = fig.subplots()
+def _mean_minival_curve(curves: list[list[list[float]]]) -> tuple[list[int], list[float]]:
+    """The mean over runs of minival top-1 (percent) at each step that some run evaluated; the
+    values that are not finite (a diverged run) are left out of each step's mean."""
+    at: dict[int, list[float]] = {}
+    for curve in curves:
+        for step, top1 in curve:
+            if isinstance(top1, (int, float)) and math.isfinite(top1):
+                at.setdefault(int(step), []).append(100 * float(top1))
+    steps = sorted(at)
+    return steps, [sum(at[s]) / len(at[s]) for s in steps]
+
+
+def _no_result(ax: Any) -> None:
+    ax.text(0.5, 0.5, "no finite result: every run diverged", ha="center", va="center", transform=ax.transAxes)
+
+
+def _minival_against_rate(ax: Any, lines: dict[str, list[tuple[float, float, bool]]]) -> None:
+    """Minival top-1 against the learning rate, one line per label; the chosen point starred."""
     drawn = False
-    for pooling, label in (("token", "class token"), ("gap", "global average pooling")):
-        pts = _drawn(sorted((c["lr"], *_ms(c["test_top1"])) for c in cells.values() if c["pooling"] == pooling))
-        drawn = drawn or bool(pts)
-        ax.errorbar(
-            [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=label
-        )
+    for label, pts in lines.items():
+        pts = [(lr, 100 * v, c) for lr, v, c in pts if isinstance(v, (int, float)) and math.isfinite(v)]
+        if not pts:
+            continue
+        drawn = True
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        for lr, v, c in pts:
+            if c:
+                ax.plot([lr], [v], marker="*", ms=14, color=line[0].get_color())
     _log_x(ax, drawn, None)
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("test top-1 (%)")
+    if drawn:
+        rates = sorted({lr for pts in lines.values() for lr, _, _ in pts})
+        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], fontsize=7)
+        ax.legend(fontsize=8)
+    ax.set_xlabel("learning rate (star: chosen)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Class token against GAP (after Figure 9)")
+
+
+def plot_pooling(numbers: dict[str, Any], path: Path) -> Path:
+    """Figure 9's view: minival top-1 against training steps for the class token and for GAP, one
+    line per learning rate (the mean over the seeds run at it; the chosen rate bold), and the
+    grid's minival top-1 against the learning rate, on which each pooling's rate is chosen."""
+    fig = _new_figure(15.0, 4.2)
+    axes = fig.subplots(1, 3)
+    colours = {c["rate"]: f"C{i}" for i, c in enumerate(c for c in numbers["cells"] if c["pooling"] == "token")}
+    for ax, (pooling, title) in zip(axes[:2], (("token", "class token"), ("gap", "global average pooling"))):
+        drawn = False
+        for c in numbers["cells"]:
+            steps, mean = _mean_minival_curve(c["curves"]) if c["pooling"] == pooling else ([], [])
+            if not steps:
+                continue
+            drawn = True
+            n = len(c["seeds"])
+            label = f"lr {c['rate']} ({n} seed{'s' if n > 1 else ''})" + (", chosen" if c["chosen"] else "")
+            ax.plot(steps, mean, marker="o", ms=3, lw=2.5 if c["chosen"] else 1.0, color=colours.get(c["rate"]),
+                    label=label)  # fmt: skip
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            _no_result(ax)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("minival top-1 (%)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    lines = {
+        title: [(c["lr"], c["minival_seed0"], c["chosen"]) for c in numbers["cells"] if c["pooling"] == pooling]
+        for pooling, title in (("token", "class token"), ("gap", "GAP"))
+    }
+    _minival_against_rate(axes[2], lines)
+    axes[2].set_ylabel(f"minival top-1, seed {numbers['grid_seed']} (%)")
+    axes[2].set_title("the grid", fontsize=9)
+    fig.suptitle("Class token against global average pooling (after Figure 9)")
     return _save(fig, path)
 
 
-def plot_attention(reports: dict[str, Any], out: Path, rollout_images: int) -> list[Path]:
-    """Figure 7 (mean attention distance of the ViT and the hybrid, position-embedding
-    similarity, embedding filters) and Figure 6 (rollout) for the analysed models."""
+def plot_resolution(numbers: dict[str, Any], path: Path) -> Path:
+    """Section 3.2's comparison: test top-1 of the pre-trained model, the zero-step control and the
+    two fine-tunings (each scored at its own size; spread over seeds), the fine-tuning runs'
+    minival top-1 against steps at the chosen rates, and the grid of fine-tuning rates."""
+    fig = _new_figure(15.0, 4.2)
+    axes = fig.subplots(1, 3)
+    arms = numbers["arms"]
+    order = ("pretrained", "zero_step", "finetuned_low", "finetuned_native")
+    ms = [_ms([v for v in arms[a]["test_top1"] if v is not None]) for a in order]
+    ax = axes[0]
+    ax.bar(range(len(order)), [m for m, _ in ms], yerr=[s for _, s in ms], capsize=3, color="tab:blue")
+    ax.set_xticks(range(len(order)), [arms[a]["short"] for a in order], rotation=15, ha="right", fontsize=8)
+    drawn = [(m, s) for m, s in ms if math.isfinite(m)]
+    if drawn:
+        ax.set_ylim(max(0.0, min(m - s for m, s in drawn) - 5), min(100.0, max(m + s for m, s in drawn) + 2))
+    else:
+        _no_result(ax)
+    ax.set_ylabel("test top-1 (%)")
+    ax.grid(alpha=0.3, axis="y")
+    ax = axes[1]
+    curves = False
+    for which in ("low", "native"):
+        arm = arms[f"finetuned_{which}"]
+        steps, mean = _mean_minival_curve(arm["curves"])
+        if steps:
+            curves = True
+            h, w = numbers["sizes"][which]
+            n = len(arm["curves"])
+            label = f"{h}x{w} px, lr {arm['lr']:g} ({n} seed{'s' if n > 1 else ''})"
+            ax.plot(steps, mean, marker="o", ms=3, label=label)
+    if curves:
+        ax.legend(fontsize=8)
+    else:
+        _no_result(ax)
+    ax.set_xlabel("fine-tuning step")
+    ax.set_ylabel("minival top-1 (%)")
+    ax.set_title("fine-tuning at the chosen rates", fontsize=9)
+    ax.grid(alpha=0.3)
+    lines = {}
+    for which in ("low", "native"):
+        h, w = numbers["sizes"][which]
+        cells = [c for c in numbers["grid"] if c["size"] == which]
+        lines[f"{h}x{w} px"] = [(c["lr"], c["minival_top1"], c["chosen"]) for c in cells]
+    _minival_against_rate(axes[2], lines)
+    axes[2].set_ylabel(f"minival top-1, seed {numbers['grid_seed']} (%)")
+    axes[2].set_title("the fine-tuning rate grid", fontsize=9)
+    fig.suptitle("Fine-tuning at the pre-training size or at the data's (after section 3.2)")
+    return _save(fig, path)
+
+
+def _jitter(count: int, width: float) -> list[float]:
+    """``count`` offsets spread evenly over ``width``, centred on zero."""
+    return [0.0] * count if count < 2 else [width * (i / (count - 1) - 0.5) for i in range(count)]
+
+
+_STATE_STYLE = {"trained": ("tab:blue", -0.18), "untrained": ("0.6", 0.18)}
+
+
+def plot_attention_heads(numbers: dict[str, Any], path: Path) -> Path:
+    """Every head of every seed by layer, trained and untrained: its mean attention distance (with
+    uniform attention's) next to the share of attention patch queries give the class token
+    (Figure 7 right, Figure 11).
+
+    Args:
+        numbers: the attention experiment's numbers (``models`` with per-seed ``distances``
+            and ``class_share`` per state).
+        path: the PNG to write.
+
+    Returns:
+        ``path``.
+    """
+    models = numbers["models"]
+    fig = _new_figure(10.0, 3.2 * len(models))
+    axes = fig.subplots(len(models), 2, squeeze=False)
+    for row, entry in zip(axes, models.values()):
+        for state, (colour, shift) in _STATE_STYLE.items():
+            for k, (key, ax) in enumerate((("distances", row[0]), ("class_share", row[1]))):
+                xs, ys = [], []
+                for seed in entry[state]:
+                    for layer, heads in enumerate(seed[key]):
+                        for dx, value in zip(_jitter(len(heads), 0.25), heads):
+                            xs.append(layer + 1 + shift + dx)
+                            ys.append(value if key == "distances" else 100 * value)
+                label = f"{state} ({len(entry[state])} seed{'s' if len(entry[state]) > 1 else ''})"
+                ax.scatter(xs, ys, s=14, color=colour, alpha=0.8, label=label if k == 0 else None)
+        uniform = entry["trained"][0]["uniform"]
+        row[0].axhline(uniform, ls="--", lw=1, color="k", label=f"uniform attention ({uniform:.1f} px)")
+        layers = len(entry["trained"][0]["distances"])
+        for ax, label in zip(row, ("mean attention distance (px)", "class-token share of attention (%)")):
+            ax.set_xticks(range(1, layers + 1))
+            ax.set_xlabel("layer")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        row[0].set_title(f"{entry['title']}: every head of every seed", fontsize=9)
+        row[1].set_title("share of the patch queries' attention on the class token", fontsize=9)
+        row[0].legend(fontsize=7)
+    fig.suptitle("Mean attention distance and class-token share per head (after Figure 7 right and Figure 11)")
+    return _save(fig, path)
+
+
+_CONTROLS = (
+    ("depth_slope", "depth slope of the layer-mean\ndistance (px a layer)", 1.0, 0.0),
+    ("first_layer_range", "first layer: farthest minus\nnearest head (px)", 1.0, None),
+    ("rollout_ratio", "rollout mass on the object\nover the object's share", 1.0, 1.0),
+    ("pos_contrast", "position embeddings: neighbours'\nminus far patches' similarity", 1.0, 0.0),
+    ("filter_top", "filters: variance share of the\ntop principal components (%)", 100.0, None),
+)
+
+
+def plot_attention_controls(numbers: dict[str, Any], path: Path) -> Path:
+    """Trained against untrained, seed by seed (one line per seed), for each summary of the
+    attention experiment; a dashed line marks no effect (no trend, even spread).
+
+    Args:
+        numbers: the attention experiment's numbers.
+        path: the PNG to write.
+
+    Returns:
+        ``path``.
+    """
+    models = numbers["models"]
+    fig = _new_figure(3.0 * len(_CONTROLS), 3.4)
+    axes = fig.subplots(1, len(_CONTROLS))
+    for ax, (key, label, scale, reference) in zip(axes, _CONTROLS):
+        ticks, names, drawn = [], [], False
+        for i, entry in enumerate(models.values()):
+            x0 = 2.5 * i
+            pairs = [(u.get(key), t.get(key)) for u, t in zip(entry["untrained"], entry["trained"])]
+            for u, t in pairs:
+                pts = [(x0 + j, scale * v) for j, v in enumerate((u, t)) if v is not None and math.isfinite(v)]
+                if pts:
+                    drawn = True
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", alpha=0.7)
+            ticks += [x0, x0 + 1]
+            short = entry["title"].split(" (")[0]
+            names += [f"{short}\nuntrained", f"{short}\ntrained"]
+        if not drawn:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+        elif reference is not None:
+            ax.axhline(reference, ls="--", lw=1, color="k")
+        ax.set_xticks(ticks, names, fontsize=7)
+        ax.set_title(label, fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle("Trained against untrained, paired by seed (one line per seed)")
+    return _save(fig, path)
+
+
+def plot_attention(numbers: dict[str, Any], pictures: dict[str, Any], out: Path) -> list[Path]:
+    """The attention experiment's figures: every head's distance and class-token share
+    (:func:`plot_attention_heads`), trained against untrained (:func:`plot_attention_controls`),
+    and for the first seed's trained ViT the position-embedding similarity and the filters'
+    principal components (Figure 7) and the rollout on a few test images (Figure 6).
+
+    Args:
+        numbers: the experiment's numbers.
+        pictures: ``measured`` (:class:`vitkit.reproduce.attention.Measured`), ``images`` and
+            ``title`` of the model drawn.
+        out: the folder of the figures.
+
+    Returns:
+        The paths written.
+    """
     from ..analysis import figures as F
 
-    written = []
-    for role, rep in reports.items():
-        written.append(
-            F.plot_mean_attention_distance(
-                rep.distances, out / f"attention_distance_{role}.png", title=f"{rep.name}: mean attention distance"
-            )
-        )
-    vit = reports["vit"]
-    if vit.pos_similarity is not None:
+    written = [
+        plot_attention_heads(numbers, out / "attention_distance.png"),
+        plot_attention_controls(numbers, out / "attention_controls.png"),
+    ]
+    m, images, title = pictures["measured"], pictures["images"], pictures["title"]
+    if m.similarity is not None:
         written.append(
             F.plot_pos_embed_similarity(
-                vit.pos_similarity, out / "pos_embed_similarity.png", title=f"{vit.name}: position embedding similarity"
+                m.similarity, out / "pos_embed_similarity.png", title=f"{title}: position embedding similarity"
             )
         )
-    pca = vit.filters
-    if pca.components.shape[1] in (1, 3):
+    if m.filters is not None and m.filters.components.shape[1] in (1, 3):
         written.append(
-            F.plot_filter_components(pca.components, out / "embedding_filters.png", pca.explained_variance_ratio,
-                                     title=f"{vit.name}: embedding filters (principal components)")
+            F.plot_filter_components(m.filters.components, out / "embedding_filters.png",
+                                     m.filters.explained_variance_ratio,
+                                     title=f"{title}: embedding filters (principal components)")
         )  # fmt: skip
-    k = min(rollout_images, len(vit.images))
-    written.append(
-        F.plot_rollout_overlay(vit.images.pixels[:k], vit.rollout[:k], out / "rollout.png", titles=vit.images.names[:k])
-    )
+    k = len(m.rollout)
+    if k:
+        names = images.names[:k]
+        if m.ratios:
+            names = [f"{n}: {r:.2f}x on object" for n, r in zip(names, m.ratios)]
+        written.append(F.plot_rollout_overlay(images.pixels[:k], m.rollout, out / "rollout.png", titles=names))
     return written

@@ -1,78 +1,254 @@
-"""``resolution`` (section 3.2): fine-tune a pre-trained ViT at a higher resolution (same patch
-size, so a longer sequence; position embeddings interpolated) against the same number of
-fine-tuning steps at the pre-training resolution. Each is scored at its own resolution."""
+"""``resolution`` (section 3.2): pre-train at a reduced resolution, then fine-tune at the data's
+own size (same patch size, so a longer sequence; position embeddings interpolated on load)
+against the same fine-tuning at the pre-training size. Each model is scored at its own size.
+
+The pre-training sees the images downsampled (28 px to 16 px: 4x4 tokens instead of 7x7), so
+fine-tuning at 28 px meets detail the pre-training never saw, as 384 px after 224 px does in
+the paper. Phase 1 pre-trains every seed and fine-tunes the first over the paper's grid of
+fine-tuning rates, for each size; phase 2 fine-tunes the other seeds at each size's rate, chosen
+on the minival. A zero-step control scores each pre-trained model at the data's size with its
+position embeddings interpolated and no fine-tuning: what the interpolation alone gives.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from .experiments import Experiment, Section, lead, pct, shots_label
+from .experiments import Experiment, Section, finite, lead, pct, shots_label
+from .pooling import best_on_minival, grid_position, position_clause
 from .spec import RunSpec
+
+SIZES = ("low", "native")  # the pre-training size, the data's own
 
 
 class Resolution(Experiment):
     name = "resolution"
 
+    def rates(self) -> list[float]:
+        """The fine-tuning learning rates of the grid, ascending."""
+        return sorted({float(r) for r in self.cfg["learning_rates"]})
+
     def sizes(self) -> dict[str, tuple[int, int]]:
-        """The pre-training size and the higher one: ``scale`` times it, in whole tokens of the model."""
+        """The pre-training size (``low``: ``pretrain_scale`` of the data's, in whole patches) and
+        the data's own (``native``), as (height, width)."""
         h, w = self.suite.img_size
-        section = self.suite.model_section(self.cfg["model"])
-        p = int(section["overrides"].get("patch_size", 16))
-        scale = float(self.cfg.get("scale", 1.43))
-        return {"same": (h, w), "higher": (max(p, round(h * scale / p) * p), max(p, round(w * scale / p) * p))}
+        ph, pw = self.default_of(self.cfg["model"], "patch_size")
+        scale = float(self.cfg["pretrain_scale"])
+
+        def shrink(side: int, patch: int) -> int:
+            return max(patch, round(side * scale / patch) * patch)
+
+        return {"low": (shrink(h, ph), shrink(w, pw)), "native": (h, w)}
+
+    def tokens(self, which: str) -> int:
+        """Patch tokens of the model at ``which`` size."""
+        (h, w), (ph, pw) = self.sizes()[which], self.default_of(self.cfg["model"], "patch_size")
+        return (h // ph) * (w // pw)
+
+    def size_text(self, which: str) -> str:
+        h, w = self.sizes()[which]
+        return f"{h}x{w} px"
 
     def pretrain(self, seed: int) -> RunSpec:
-        return self.base_spec(self.cfg["model"], seed)
+        """The common recipe and steps, at the reduced size: the images are resized to the model's."""
+        model, (h, w) = self.cfg["model"], self.sizes()["low"]
+        tree = self.suite.recipe(model, seed, overrides={"img_size": [h, w]})
+        return RunSpec(label=f"{model}, pre-trained at {h}x{w} px, seed {seed}", model=model, recipe=tree)
 
-    def finetune(self, which: str, seed: int) -> RunSpec:
-        base = self.pretrain(seed)
-        size = self.sizes()[which]
-        spec = self.spec(
-            self.cfg["model"], seed, f"{self.cfg['model']}, fine-tuned at {size[0]}x{size[1]} px, seed {seed}",
-            overrides={"img_size": list(size)}, extra={"model": {"init_from": f"run:{base.key}"}},
-        )  # fmt: skip
+    def finetune(self, which: str, lr: float, seed: int) -> RunSpec:
+        """Fine-tuning of the seed's pre-trained model at ``which`` size, learning rate ``lr``."""
+        model, base = self.cfg["model"], self.pretrain(seed)
+        h, w = self.sizes()[which]
+        label = f"{model}, fine-tuned at {h}x{w} px (pre-trained at {self.size_text('low')}), lr {lr:g}, seed {seed}"
+        extra = {"model": {"init_from": f"run:{base.key}"}, "optim": {"lr": lr}}
+        spec = self.spec(model, seed, label, overrides={"img_size": [h, w]}, extra=extra)
         spec.after = base.key
         return spec
 
+    def grid(self) -> dict[str, dict[float, RunSpec]]:
+        """Phase 1's fine-tuning runs: each size at every rate, at the first seed."""
+        return {w: {lr: self.finetune(w, lr, self.seeds[0]) for lr in self.rates()} for w in SIZES}
+
+    def planned(self) -> bool:
+        if self.suite.planning:  # counting runs (--plan): the grid counts as finished
+            return True
+        return all(self.result_of(s) is not None for cells in self.grid().values() for s in cells.values())
+
     def runs(self) -> list[RunSpec]:
         out = [self.pretrain(s) for s in self.seeds]
-        return out + [self.finetune(w, s) for w in ("same", "higher") for s in self.seeds]
+        out += [s for cells in self.grid().values() for s in cells.values()]
+        if self.planned():
+            for which, cells in self.grid().items():
+                lr = self.choose_on_minival({lr: [s] for lr, s in cells.items()})
+                if lr is not None:
+                    out += [self.finetune(which, lr, s) for s in self.seeds[1:]]
+        return out
+
+    def zero_step_top1(self, seed: int, pretrained: dict[str, Any]) -> float | None:
+        """The control: test top-1 of the seed's pre-trained model at the data's size, its position
+        embeddings interpolated as fine-tuning's start interpolates them, and no step taken. The
+        test images are the ones every run is scored on.
+
+        Args:
+            seed: the pre-training run's seed.
+            pretrained: that run's result.
+
+        Returns:
+            The top-1; nan when the pre-training diverged; None when its run folder holds no
+            checkpoint.
+        """
+        from ..checkpoint.load import load_pretrained
+        from ..data import build_dataset
+        from ..eval import evaluate
+        from .runner import ScoreSettings
+
+        if not finite([pretrained.get("test_top1")]):
+            return math.nan
+        spec = self.pretrain(seed)
+        best = self.suite.run_dir(spec) / "best.safetensors"
+        if not best.is_file():
+            return None
+        settings = ScoreSettings.of(self.suite)
+        model = load_pretrained(best, img_size=list(self.sizes()["native"]))  # as model.init_from loads it
+        test = build_dataset(settings.data, "test", **dict(settings.data_options))
+        metrics = evaluate(model, test, precision=spec.recipe["train"]["precision"], max_images=settings.test_images)
+        return float(metrics["top1"])
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
-        from .figures import plot_bars
+        from .figures import plot_resolution
 
-        shots = shots_label(results)
-        header = ["fine-tuned at", "sequence length", "test top-1", shots]
-        rows, numbers = [], {"pretrained": {}, "finetuned": {}}
-        pre = [results[self.pretrain(s).key] for s in self.seeds]
-        numbers["pretrained"] = {"test_top1": self.top1(pre), "fewshot": self.fewshot(pre)}
-        rows.append(["(pre-trained, not fine-tuned)", "", pct(self.top1(pre)), pct(self.fewshot(pre))])
-        p = int(self.suite.model_section(self.cfg["model"])["overrides"].get("patch_size", 16))
-        for which, (h, w) in self.sizes().items():
-            res = [results[self.finetune(which, s).key] for s in self.seeds]
-            title = f"{h}x{w} px ({'pre-training size' if which == 'same' else 'higher'})"
-            numbers["finetuned"][which] = {
-                "title": title,
-                "img_size": [h, w],
-                "test_top1": self.top1(res),
-                "fewshot": self.fewshot(res),
-            }
-            rows.append([title, str((h // p) * (w // p)), pct(self.top1(res)), pct(self.fewshot(res))])
-        figure = plot_bars(numbers["finetuned"], self.suite.out / "figures" / "resolution.png", shots,
-                           "Fine-tuning resolution (section 3.2)")  # fmt: skip
-        f = numbers["finetuned"]
-        verdict = (
-            "After the same number of fine-tuning steps, on test top-1 "
-            + lead(
-                "fine-tuning at the higher resolution",
-                f["higher"]["test_top1"],
-                "fine-tuning at the same one",
-                f["same"]["test_top1"],
-            )
-            + ". "
-            "The paper's gain comes from real detail at 384 px; here the images are upsampled from their stored size, "
-            "so only the longer sequence (finer patches relative to the content) can help."
-        )
+        shots, rates, first = shots_label(results), self.rates(), self.seeds[0]
+        grid = self.grid()
+        chosen = {w: best_on_minival({lr: results.get(s.key) for lr, s in cells.items()}) for w, cells in grid.items()}
+        picked = {w: lr for w, lr in chosen.items() if lr is not None}
+        seeds = [  # the seeds whose runs at the chosen rates are finished (all, once the plan is)
+            s for s in self.seeds if all(self.finetune(w, lr, s).key in results for w, lr in picked.items())
+        ]
+        low, native = self.size_text("low"), self.size_text("native")
+        pre = [results[self.pretrain(s).key] for s in seeds]
+        zero = [self.zero_step_top1(s, r) for s, r in zip(seeds, pre)]
+        arms: dict[str, Any] = {
+            "pretrained": {"title": f"pre-trained at {low}, no fine-tuning", "short": f"pre-trained, {low}",
+                           "size": "low", "test_top1": self.top1(pre), "fewshot": self.fewshot(pre)},
+            "zero_step": {"title": f"pre-trained at {low}, scored at {native} (interpolated), no fine-tuning",
+                          "short": f"zero-step control, {native}", "size": "native", "test_top1": zero, "fewshot": []},
+        }  # fmt: skip
+        for which in SIZES:
+            res = [results[self.finetune(which, picked[which], s).key] for s in seeds] if which in picked else []
+            arms[f"finetuned_{which}"] = {
+                "title": f"fine-tuned at {self.size_text(which)}", "short": f"fine-tuned, {self.size_text(which)}",
+                "size": which, "lr": chosen[which],
+                "test_top1": self.top1(res), "fewshot": self.fewshot(res),
+                "minival_top1": [r.get("minival_top1") for r in res],
+                "curves": [r.get("minival_curve") or [] for r in res],
+            }  # fmt: skip
+        cells = [
+            {"size": w, "lr": lr, "rate": f"{lr:g}", "chosen": lr == chosen[w],
+             "minival_top1": results[s.key].get("minival_top1"), "test_top1": results[s.key].get("test_top1")}
+            for w, by_rate in grid.items() for lr, s in by_rate.items()
+        ]  # fmt: skip
+        numbers: dict[str, Any] = {
+            "sizes": {w: list(self.sizes()[w]) for w in SIZES}, "tokens": {w: self.tokens(w) for w in SIZES},
+            "rates": rates, "grid_seed": first, "seeds": seeds, "chosen": chosen,
+            "position": {w: grid_position(chosen[w], rates) for w in SIZES}, "arms": arms, "grid": cells,
+        }  # fmt: skip
+        header = ["model", "tokens", "fine-tuning rate", f"minival top-1, seed {first}", "test top-1", shots]
+        pre_arm, zero_arm = arms["pretrained"], arms["zero_step"]
+        rows = [
+            [pre_arm["title"], str(self.tokens("low")), "—", "", pct(pre_arm["test_top1"]), pct(pre_arm["fewshot"])],
+            [zero_arm["title"], str(self.tokens("native")), "—", "", control_cell(zero_arm["test_top1"]), "—"],
+        ]
+        for which in SIZES:
+            a = arms[f"finetuned_{which}"]
+            rate = "none chosen" if a["lr"] is None else f"{a['lr']:g}"
+            rows.append([a["title"], str(self.tokens(which)), rate, "", pct(a["test_top1"]), pct(a["fewshot"])])
+        for c in cells:
+            mark = " (chosen)" if c["chosen"] else ""
+            rows.append([f"grid: fine-tuned at {self.size_text(c['size'])}, seed {first}", str(self.tokens(c["size"])),
+                         c["rate"] + mark, pct([c["minival_top1"]]), pct([c["test_top1"]]), ""])  # fmt: skip
+        verdict, numbers["comparisons"] = self.verdict(numbers)
         section = self.section(header, rows, numbers, verdict)
-        section.figures.append(figure)
+        section.caption = (
+            "Measured (in percent; each model scored at its own size): mean ± standard deviation over the seeds of "
+            f"the chosen rates; the grid rows are seed {first}, whose minival top-1 chooses each size's rate"
+        )
+        section.figures.append(plot_resolution(numbers, self.suite.out / "figures" / "resolution.png"))
         return section
+
+    def verdict(self, numbers: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The verdict sentence and the paired intervals it rests on (points of test top-1).
+
+        Args:
+            numbers: the section's numbers (arms, chosen rates, their places in the grid).
+
+        Returns:
+            The sentence and ``{comparison: interval or None}``.
+        """
+        from .stats import paired_difference
+
+        low, native = self.size_text("low"), self.size_text("native")
+        chosen, position, rates, arms = numbers["chosen"], numbers["position"], numbers["rates"], numbers["arms"]
+        choice = "; ".join(
+            position_clause(f"fine-tuning at {self.size_text(w)}", chosen[w], position[w], rates, "{:g}".format)
+            for w in SIZES
+        )
+        text = f"By the minival of seed {numbers['grid_seed']}, the fine-tuning rate is: {choice}."
+        if chosen["low"] is None or chosen["native"] is None:
+            return text + " Without a rate for each size there is nothing to compare.", {}
+        up, same = arms["finetuned_native"]["test_top1"], arms["finetuned_low"]["test_top1"]
+        zero, pre = arms["zero_step"]["test_top1"], arms["pretrained"]["test_top1"]
+
+        def interval(a: list[Any], b: list[Any]) -> dict[str, Any] | None:
+            diff = paired_difference(a, b)
+            return None if diff is None else diff.scaled(100).to_dict()
+
+        comparisons = {
+            "native_minus_low": interval(up, same),
+            "native_minus_zero_step": interval(up, zero),
+            "pretrained_minus_zero_step": interval(pre, zero),
+        }
+        at_native, at_low = f"fine-tuning at {native}", f"fine-tuning at {low}"
+        parts = [
+            "each scored at its own size, on test top-1 " + lead(at_native, up, at_low, same),
+            f"against the zero-step control ({low} model at {native}, position embeddings interpolated, no "
+            "fine-tuning) " + lead(at_native, up, "the zero-step control", zero),
+            "and without fine-tuning, the interpolation alone against the pre-training size: "
+            + lead(f"the pre-trained model at {low}", pre, "the zero-step control", zero),
+        ]
+        said = "; ".join(parts)
+        return text + " " + said[0].upper() + said[1:] + ". " + self.agreement(
+            comparisons["native_minus_low"]
+        ), comparisons
+
+    @staticmethod
+    def agreement(diff: dict[str, Any] | None) -> str:
+        """Whether fine-tuning at the data's size paid, as section 3.2 finds.
+
+        Args:
+            diff: the paired interval of native minus low, in points (None: not weighed).
+
+        Returns:
+            One sentence.
+        """
+        if diff is None:
+            return "Section 3.2's gain is not weighed here (fewer than 2 seeds with finite results on both sides)."
+        if diff["low"] > 0:
+            return "This agrees with section 3.2: fine-tuning at the higher resolution pays."
+        if diff["high"] < 0:
+            return "This does not agree with section 3.2: fine-tuning at the pre-training size does better here."
+        return "Section 3.2's gain is not shown here: the two fine-tunings are not distinguishable."
+
+
+def control_cell(values: list[Any]) -> str:
+    """The zero-step control's table cell: :func:`pct`, or a note when no checkpoint was there to score.
+
+    Args:
+        values: test top-1 per seed; None where the pre-training run left no checkpoint.
+
+    Returns:
+        The cell.
+    """
+    if values and all(v is None for v in values):
+        return "no checkpoint to score"
+    return pct(values)

@@ -1,0 +1,334 @@
+"""The ``compute`` (Figure 5) and ``pos-embed`` (Table 8) experiments without training: their run
+plans (lengths, seeds, the runs they share), their frontiers, and what their verdicts say of
+made-up results, diverged runs and intervals that hold zero included."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vitkit.reproduce.compute import (
+    Compute,
+    accuracy_at,
+    cost_to_reach,
+    frontier,
+    matched,
+    pareto_front,
+    scaled_length,
+)
+from vitkit.reproduce.pos_embed import PosEmbed, change, reading
+from vitkit.reproduce.spec import DataInfo, RunSpec, Suite
+
+pytest.importorskip("matplotlib")
+
+NONFINITE = re.compile(r"\b(nan|inf|infinity)\b", re.IGNORECASE)
+MFLOPS = {"bit-r5": 8.5, "bit-r8": 15.3, "bit-r14": 38.4, "vit-tiny": 15.8, "vit-small": 33.5,
+          "hybrid-tiny": 25.7, "hybrid-small": 44.2}  # fmt: skip
+MS_PER_STEP = {"bit-r5": 40, "bit-r8": 65, "bit-r14": 130, "vit-tiny": 100, "vit-small": 150,
+               "hybrid-tiny": 157, "hybrid-small": 200}  # fmt: skip
+
+
+def _suite(tmp_path: Path, budget: str = "desktop", seeds: int | None = None) -> Suite:
+    info = DataInfo("fashion-mnist", (28, 28), 1, [str(i) for i in range(10)], 60_000)
+    return Suite(tmp_path, "fashion-mnist", budget, seeds, info)
+
+
+def _results(specs: list[RunSpec], top1: Callable[[RunSpec], float]) -> dict[str, dict[str, Any]]:
+    """Made-up results: the FLOPs and seconds a run of that model and length would take."""
+    out = {}
+    for spec in specs:
+        steps, batch = spec.recipe["train"]["steps"], spec.recipe["train"]["batch_size"]
+        acc = top1(spec)
+        out[spec.key] = {
+            "key": spec.key, "label": spec.label, "seed": spec.recipe["seed"], "steps": steps,
+            "test_top1": acc, "minival_top1": acc, "fewshot": {"mean": acc - 0.2, "shots": 10},
+            "train_flops": 3 * MFLOPS.get(spec.model, 16.0) * 1e6 * steps * batch,
+            "train_seconds": MS_PER_STEP.get(spec.model, 100) * steps / 1000, "wall_seconds": 1.0,
+        }  # fmt: skip
+    return out
+
+
+def _text(section: Any) -> str:
+    return " ".join([section.verdict, *(" ".join(r) for r in section.rows)])
+
+
+# -- run plans -----------------------------------------------------------------------------------
+
+
+def test_compute_plans_two_lengths_per_model_and_shares_the_longer_with_base_spec(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    runs = exp.runs()
+    assert exp.seeds == [0, 1, 2]  # the desktop budget's seeds: compute.yaml sets none of its own
+    assert "seeds" not in exp.cfg
+    assert [f["title"] for f in exp.families().values()] == ["BiT ResNet", "ViT", "R+ViT hybrid"]
+    assert len(runs) == 7 * 2 * 3 and len({r.key for r in runs}) == len(runs)
+    by_steps: dict[int, list[RunSpec]] = {}
+    for r in runs:
+        by_steps.setdefault(r.recipe["train"]["steps"], []).append(r)
+    assert sorted(by_steps) == [400, 800]
+    base = {exp.base_spec(r.model, r.recipe["seed"]).key for r in runs}
+    assert {r.key for r in by_steps[800]} == base  # the shared runs of the common recipe
+    for r in by_steps[400]:
+        assert r.recipe["train"]["batch_size"] == 128 and r.recipe["data"]["subset"] is None  # every image
+        assert r.recipe["optim"]["warmup_steps"] == 40
+        assert r.recipe["log"]["eval_every"] == 50 and r.recipe["log"]["checkpoint_every"] == 50
+    names = {m for f in exp.cfg["families"].values() for m in f["models"]}
+    assert {"vit-base", "hybrid-base"} <= names  # the YAML can name them; the desktop budget leaves them out
+    assert not {"vit-base", "hybrid-base"} & {r.model for r in runs}
+    full = Compute(_suite(tmp_path, "full"))
+    assert {"vit-base", "hybrid-base"} <= {r.model for r in full.runs()}
+
+
+def test_smoke_plans_are_tiny_and_seeds_given_win(tmp_path):
+    compute = Compute(_suite(tmp_path, "smoke"))
+    assert len(compute.runs()) == 4  # two models of two families, two short lengths, one seed
+    assert sorted({r.recipe["train"]["steps"] for r in compute.runs()}) == [6, 12]
+    pos = PosEmbed(_suite(tmp_path, "smoke"))
+    assert len(pos.runs()) == 4 and pos.seeds == [0]
+    assert sorted({r.recipe["train"]["steps"] for r in pos.runs()}) == [12, 24]
+    for cls, n in ((Compute, 4 * 2), (PosEmbed, 4 * 2)):
+        exp = cls(_suite(tmp_path, "smoke", seeds=2))
+        assert exp.seeds == [0, 1] and len(exp.runs()) == n
+    assert Compute(_suite(tmp_path, "desktop", seeds=5)).seeds == list(range(5))
+
+
+def test_scaled_length_scales_warmup_and_cadence():
+    recipe = {"train": {"steps": 800}, "optim": {"warmup_steps": 80}, "log": {"eval_every": 100, "log_every": 0}}
+    assert scaled_length(recipe, 4) == {
+        "train": {"steps": 3200},
+        "optim": {"warmup_steps": 320},
+        "log": {"eval_every": 400},  # 0 (only at the end) stays as it is
+    }
+    assert scaled_length(recipe, 0.5)["train"]["steps"] == 400
+
+
+def test_pos_embed_plans_variants_and_the_long_arm(tmp_path):
+    exp = PosEmbed(_suite(tmp_path))
+    runs = exp.runs()
+    assert len(runs) == 5 * 3 + 3 * 3 and len({r.key for r in runs}) == len(runs)
+    learned = [exp.variant_spec("learned", s) for s in exp.seeds]
+    assert [r.key for r in learned] == [exp.base_spec("vit-tiny", s).key for s in exp.seeds]
+    long = [r for r in runs if r.recipe["train"]["steps"] == 3200]
+    assert len(long) == 9
+    assert {r.recipe["model"]["overrides"].get("pos_embed", "learned") for r in long} == {"learned", "relative", "none"}
+    for r in long:
+        assert r.recipe["optim"]["warmup_steps"] == 320 and r.recipe["log"]["eval_every"] == 400
+    assert exp.steps() == 800 and exp.steps(exp.long_factor()) == 3200
+
+
+# -- the frontier and its readings ----------------------------------------------------------------
+
+
+def test_pareto_front_and_frontier():
+    pts = [(1.0, 0.5, "a"), (2.0, 0.6, "b"), (2.0, 0.55, "b'"), (3.0, 0.58, "c"), (4.0, 0.7, "d")]
+    assert pareto_front(pts) == ["a", "b", "d"]
+    assert frontier([(c, a) for c, a, _ in pts] + [(5.0, math.nan), (0.5, None)]) == [
+        (1.0, 0.5),
+        (2.0, 0.6),
+        (4.0, 0.7),
+    ]
+    front = [(1.0, 0.5), (4.0, 0.7)]
+    assert accuracy_at(front, 2.0) == pytest.approx(0.6)  # halfway in log cost
+    assert accuracy_at(front, 0.5) is None and accuracy_at(front, 8.0) is None  # no extrapolation
+    assert cost_to_reach(front, 0.6) == (pytest.approx(2.0), "interpolated")
+    assert cost_to_reach(front, 0.4) == (1.0, "cheapest")
+    assert cost_to_reach(front, 0.9) == (None, "not reached")
+
+
+def test_matched_reads_both_frontiers_over_their_shared_range():
+    a = [[(1.0, 0.5), (4.0, 0.7)], [(1.0, math.nan), (4.0, 0.7)]]
+    b = [[(2.0, 0.5), (8.0, 0.6)], [(5.0, 0.5), (8.0, 0.6)]]
+    m = matched(a, b)
+    assert m["low"][0] == 2.0 and m["high"][0] == 4.0
+    assert m["a_low"][0] == pytest.approx(0.6) and m["b_high"][0] == pytest.approx(0.55)
+    assert math.isnan(m["a_mean"][1])  # seed 1 shares no range: its pair is left out
+
+
+def test_pareto_on_flops_and_on_seconds(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    results = _results(exp.runs(), lambda s: 0.80 + 0.01 * math.log(MFLOPS[s.model] * s.recipe["train"]["steps"]))
+    section = exp.summarise(results)
+    fronts = section.numbers["fronts"]
+    by_flops = pareto_front(_mean_points(exp, results, "train_flops"))
+    by_seconds = pareto_front(_mean_points(exp, results, "train_seconds"))
+    assert fronts["train_flops"] == by_flops and fronts["train_seconds"] == by_seconds
+    assert by_flops != by_seconds  # the ResNets' steps are cheaper in seconds than in FLOPs here
+    assert ", ".join(by_flops) in section.verdict and ", ".join(by_seconds) in section.verdict
+    assert all(f.is_file() for f in section.figures)
+
+
+def _mean_points(exp: Compute, results: dict[str, Any], cost: str) -> list[tuple[float, float, str]]:
+    pts = []
+    for f in exp.families().values():
+        for m in f["models"]:
+            for length in exp.lengths():
+                res = [results[exp.run_spec(m, length, s).key] for s in exp.seeds]
+                c = sum(r[cost] for r in res) / len(res)
+                pts.append((c, sum(r["test_top1"] for r in res) / len(res), f"{m} at {res[0]['steps']} steps"))
+    return pts
+
+
+# -- compute: verdicts on made-up results ---------------------------------------------------------
+
+SEED = [0.0, 0.01, -0.01]  # what every arm of a seed shares (paired away)
+JITTER = [0.002, -0.003, 0.001]
+
+
+def _compute_top1(vit_lead: float, hybrid_bump: float, vit_jitter: list[float] | None = None) -> Callable:
+    lo, hi = math.log(3 * 25.7e6 * 400 * 128), math.log(3 * 33.5e6 * 800 * 128)  # the hybrid-ViT shared range
+
+    def top1(spec: RunSpec) -> float:
+        s = spec.recipe["seed"]
+        c = math.log(3 * MFLOPS[spec.model] * 1e6 * spec.recipe["train"]["steps"] * 128)
+        acc = 0.70 + 0.05 * (c - 28.0) + SEED[s]
+        if spec.model.startswith("vit"):
+            acc += vit_lead + (vit_jitter or JITTER)[s]
+        if spec.model.startswith("hybrid"):
+            acc += vit_lead + hybrid_bump * max(0.0, 1 - (c - lo) / (hi - lo)) + [0.006, -0.006, 0.0][s]
+        return acc
+
+    return top1
+
+
+def test_compute_verdict_vit_ahead_agrees_with_figure_5(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    section = exp.summarise(_results(exp.runs(), _compute_top1(vit_lead=0.02, hybrid_bump=0.03)))
+    v = section.verdict
+    assert "the ViT family leads the BiT ResNet family by 2.0 points (95% CI" in v
+    assert "on ViTs against ResNets this agrees with it: the ViTs are ahead here too" in v
+    assert "the hybrids lead at the cheap end and not at the costly end" in v
+    assert "Figure 5 finds ViTs ahead of ResNets at equal compute, and hybrids ahead of ViTs at small budgets only" in v
+    assert (
+        "at the costly end the R+ViT hybrid family and the ViT family are not distinguishable" in v
+    )  # at the costly end
+    assert "test top-1 (the best mean that every family reaches" in v and "(the paper: 2-4x less)" in v
+    assert "million times the costliest here" in v
+    cmp = section.numbers["matched"]["train_flops"]["vit-cnn"]
+    assert cmp["mean"]["n"] == 3 and cmp["mean"]["low"] > 0
+
+
+def test_compute_verdict_resnet_ahead_disagrees(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    section = exp.summarise(_results(exp.runs(), _compute_top1(vit_lead=-0.03, hybrid_bump=0.0)))
+    assert "the BiT ResNet family leads the ViT family by 3.0 points" in section.verdict
+    assert "this disagrees with it: here the ResNets are ahead" in section.verdict
+    assert "Ahead at equal training compute here: the BiT ResNet family" in section.verdict
+
+
+def test_compute_interval_holding_zero_is_not_distinguishable(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    top1 = _compute_top1(vit_lead=0.0, hybrid_bump=0.0, vit_jitter=[0.01, -0.012, 0.003])
+    section = exp.summarise(_results(exp.runs(), top1))
+    v = section.verdict
+    assert "the ViT family and the BiT ResNet family are not distinguishable" in v
+    assert "does not show its ViT lead: here the two are not distinguishable" in v
+    assert "No family leads every other" in v
+    assert "leads the BiT ResNet family" not in v
+
+
+def test_compute_with_a_diverged_run(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    results = _results(exp.runs(), _compute_top1(vit_lead=0.02, hybrid_bump=0.03))
+    bad = exp.run_spec("vit-small", 1.0, 1).key
+    results[bad].update(test_top1=math.nan, minival_top1=math.nan)
+    results[bad]["fewshot"]["mean"] = math.nan
+    section = exp.summarise(results)
+    text = _text(section)
+    assert not NONFINITE.findall(text), text
+    assert "(1 of 3 not finite, left out)" in text
+    assert "the ViT family leads the BiT ResNet family" in section.verdict  # the other seeds still weigh it
+    assert all(f.is_file() for f in section.figures)
+
+
+def test_compute_smoke_with_one_seed_weighs_nothing(tmp_path):
+    exp = Compute(_suite(tmp_path, "smoke"))
+    section = exp.summarise(_results(exp.runs(), lambda s: 0.5 + 0.001 * s.recipe["train"]["steps"]))
+    assert "not weighed" in section.verdict and " leads " not in section.verdict
+    assert "cannot be weighed" in section.verdict
+
+
+# -- pos-embed: verdicts on made-up results -------------------------------------------------------
+
+
+def _pos_top1(exp: PosEmbed, table: dict[tuple[str, int], list[float]]) -> Callable:
+    """``table[(kind, steps)]``: the test top-1 per seed."""
+
+    def top1(spec: RunSpec) -> float:
+        kind = spec.recipe["model"]["overrides"].get("pos_embed", "learned")
+        return table[(kind, spec.recipe["train"]["steps"])][spec.recipe["seed"]]
+
+    return top1
+
+
+def _arm(mean: float, jitter: list[float]) -> list[float]:
+    return [mean + s + j for s, j in zip(SEED, jitter, strict=True)]
+
+
+def _pos_table(none_long: float, learned_long: float) -> dict[tuple[str, int], list[float]]:
+    return {
+        ("none", 800): _arm(0.80, [0.001, -0.002, 0.001]),
+        ("learned", 800): _arm(0.83, [0.002, 0.0, -0.001]),
+        ("learned2d", 800): _arm(0.83, [0.006, -0.007, 0.002]),  # the interval holds zero
+        ("relative", 800): _arm(0.81, [0.001, 0.002, -0.001]),  # lags the learned 1-D
+        ("sincos2d", 800): _arm(0.832, [-0.004, 0.009, 0.001]),
+        ("none", 3200): _arm(none_long, [0.001, 0.0, -0.002]),
+        ("learned", 3200): _arm(learned_long, [-0.001, 0.002, 0.0]),
+        ("relative", 3200): _arm(learned_long, [0.001, -0.001, 0.001]),
+    }
+
+
+def test_pos_embed_gap_that_closes_is_learning_speed(tmp_path):
+    exp = PosEmbed(_suite(tmp_path))
+    section = exp.summarise(_results(exp.runs(), _pos_top1(exp, _pos_table(none_long=0.86, learned_long=0.86))))
+    v = section.verdict
+    assert "At 800 steps, on test top-1 learned 1-D leads no position embedding by 3.0 points (95% CI" in v
+    assert "learned 2-D and learned 1-D are not distinguishable" in v
+    assert "learned 1-D leads relative by 2.0 points" in v
+    assert "at 3200 steps (4x) learned 1-D and no position embedding are not distinguishable" in v
+    assert "learned 1-D minus no position embedding falls by" in v
+    assert "learned 1-D's lead over no position embedding closes at 4x the steps: it was learning speed" in v
+    assert "learned 1-D's lead over relative closes at 4x the steps: it was learning speed" in v
+    assert "on positions this agrees: learned 1-D leads none here too" in v
+    assert "on the kind it differs: relative (1-D attention bias) differs" in v
+    moved = section.numbers["comparisons"]["moved:learned-none"]
+    assert moved["n"] == 3 and moved["high"] < 0
+    assert any(r[1] == "3200" for r in section.rows)
+    assert all(f.is_file() for f in section.figures)
+
+
+def test_pos_embed_gap_that_holds_is_more_than_speed(tmp_path):
+    exp = PosEmbed(_suite(tmp_path))
+    section = exp.summarise(_results(exp.runs(), _pos_top1(exp, _pos_table(none_long=0.84, learned_long=0.87))))
+    v = section.verdict
+    assert "learned 1-D's lead over no position embedding holds at 4x the steps: not learning speed alone" in v
+    assert "learned 1-D minus no position embedding does not change distinguishably from 800 to 3200 steps" in v
+
+
+def test_pos_embed_with_a_diverged_run(tmp_path):
+    exp = PosEmbed(_suite(tmp_path))
+    results = _results(exp.runs(), _pos_top1(exp, _pos_table(none_long=0.86, learned_long=0.86)))
+    bad = exp.variant_spec("none", 2, exp.long_factor()).key
+    results[bad].update(test_top1=math.nan)
+    section = exp.summarise(results)
+    text = _text(section)
+    assert not NONFINITE.findall(text), text
+    assert "(1 of 3 not finite, left out)" in text
+    assert section.numbers["comparisons"]["moved:learned-none"]["n"] == 2
+
+
+def test_change_and_reading_clauses():
+    held = {"estimate": 0.5, "low": -1.0, "high": 2.0, "n": 3, "level": 0.95, "method": "paired t"}
+    fell = {**held, "estimate": -2.0, "low": -3.0, "high": -1.0}
+    lead = {**held, "estimate": 3.0, "low": 2.0, "high": 4.0}
+    assert change("A minus B", held, 800, 3200).startswith("A minus B does not change distinguishably")
+    assert change("A minus B", fell, 800, 3200).startswith("A minus B falls by 2.0 points from 800 to 3200 steps")
+    assert "not weighed" in change("A minus B", None, 800, 3200)
+    assert reading("A", "B", lead, held, fell, 4).endswith("closes at 4x the steps: it was learning speed")
+    assert "are not told apart" in reading("A", "B", lead, held, held, 4)
+    assert "holds at 4x the steps though it narrows" in reading("A", "B", lead, lead, fell, 4)
+    assert "cannot be weighed" in reading("A", "B", None, lead, None, 4)

@@ -1,0 +1,291 @@
+"""The ``data-scaling`` experiment without training: its two-phase plan (a learning-rate grid
+chosen on the minival, then every size at the chosen rate), and what its report says of made-up
+results, a diverged run among them."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from vitkit.files import write_json
+from vitkit.reproduce.data_scaling import DataScaling, error_ratios, log_errors
+from vitkit.reproduce.experiments import note_diverged
+from vitkit.reproduce.report import json_safe
+from vitkit.reproduce.runner import SCORE_VERSION
+from vitkit.reproduce.spec import DataInfo, Suite
+
+CLASSES = [str(i) for i in range(10)]
+SIZES = [580, 1740, 5800, 17400]  # 0.01, 0.03, 0.1 and 0.3 of 60,000 - 2,000 (the minival)
+
+
+INFO = {
+    "fashion-mnist": DataInfo("fashion-mnist", (28, 28), 1, CLASSES, 60_000),
+    "synthetic": DataInfo("synthetic", (32, 32), 3, CLASSES, 2048),
+}
+
+
+def _suite(tmp_path, budget: str = "desktop", data: str = "fashion-mnist", seeds: int | None = None) -> Suite:
+    return Suite(tmp_path, data, budget, seeds, INFO[data])
+
+
+def _result(top1: float, *, minival: float | None = None, train: float | None = None, best_step: int = 400,
+            fewshot: float = 0.6) -> dict:  # fmt: skip
+    return {
+        "score_version": SCORE_VERSION,
+        "test_top1": top1,
+        "minival_top1": top1 if minival is None else minival,
+        "train_top1": train,
+        "best_step": best_step,
+        "fewshot": {"mean": fewshot, "shots": 10},
+        "wall_seconds": 1.0,
+        "train_flops": 1e9,
+    }
+
+
+def _finish(exp: DataScaling, spec, res: dict) -> None:
+    write_json(exp.suite.run_dir(spec) / "result.json", res)
+
+
+# Minival top-1 of the grid: the ResNet is best at 2e-3, the ViT at 1e-3 (its 4e-3 run diverged).
+GRID = {
+    "cnn": {5e-4: 0.80, 1e-3: 0.83, 2e-3: 0.85, 4e-3: 0.84},
+    "vit": {5e-4: 0.78, 1e-3: 0.81, 2e-3: 0.80, 4e-3: math.nan},
+}
+
+
+def _finish_grid(exp: DataScaling, skip: int = 0) -> None:
+    """Finish the grid's runs, all but the last ``skip`` of the ViT's."""
+    grid = exp.grid()
+    vit = list(grid["vit"].items())
+    for role, options in (("cnn", grid["cnn"].items()), ("vit", vit[: len(vit) - skip])):
+        for lr, (spec,) in options:
+            _finish(exp, spec, _result(GRID[role][lr]))
+
+
+def test_phase_one_is_the_grid_at_the_mid_size(tmp_path):
+    exp = DataScaling(_suite(tmp_path))
+    assert exp.sizes() == SIZES and exp.lr_size() == 5800
+    specs = exp.runs()
+    assert len(specs) == 8 and not exp.planned()  # 4 rates x 2 families, seed 0
+    assert {s.model for s in specs} == {"bit-r8", "vit-tiny"}
+    for s in specs:
+        r = s.recipe
+        assert r["seed"] == 0 and r["data"]["subset"] == 5800 and r["data"]["subset_seed"] == 0
+        assert r["train"]["steps"] == 800 and r["optim"]["warmup_steps"] == 80 and r["log"]["eval_every"] == 100
+    assert sorted(s.recipe["optim"]["lr"] for s in specs if s.model == "vit-tiny") == [5e-4, 1e-3, 2e-3, 4e-3]
+    assert exp.rate("cnn") == (None, False)
+
+
+def test_phase_two_waits_for_each_family_and_uses_its_rate(tmp_path):
+    exp = DataScaling(_suite(tmp_path))
+    _finish_grid(exp, skip=1)  # the ViT's grid is not finished
+    assert exp.rate("cnn") == (2e-3, False) and exp.rate("vit") == (None, False)
+    assert not exp.planned()
+    assert {role for role, _ in exp.cells()} == {"cnn"}
+    _finish_grid(exp)
+    assert exp.planned()
+    assert exp.rate("vit") == (1e-3, False) and exp.rate("larger_vit") == (
+        1e-3,
+        False,
+    )  # the diverged rate is not chosen
+    cells = exp.cells()
+    assert sorted(n for role, n in cells if role == "larger_vit") == [580, 17400]  # the two ends only
+    assert sorted(n for role, n in cells if role == "vit") == SIZES
+    for (role, n), specs in cells.items():
+        assert [s.recipe["seed"] for s in specs] == [0, 1, 2]
+        assert {s.recipe["optim"]["lr"] for s in specs} == {2e-3 if role == "cnn" else 1e-3}
+        steps = max(800, math.ceil(8 * n / 128))  # data-limited: at least 8 passes over the subset
+        assert {s.recipe["train"]["steps"] for s in specs} == {steps}
+        assert {s.recipe["data"]["subset"] for s in specs} == {n}
+    big = cells[("vit", 17400)][0].recipe
+    assert big["train"]["steps"] == 1088 and big["optim"]["warmup_steps"] == 109
+    assert big["log"]["eval_every"] == 136 and big["log"]["checkpoint_every"] == 136  # 8 evaluations, as at 800
+    # the grid's run at the chosen rate is seed 0 of the grid's size: one run, not two
+    grid = exp.grid()
+    assert grid["cnn"][2e-3][0].key == cells[("cnn", 5800)][0].key
+    assert grid["vit"][1e-3][0].key == cells[("vit", 5800)][0].key
+    assert len(exp.runs()) == 8 + 2 * (4 * 3 - 1) + 2 * 3
+
+
+def test_each_seed_draws_its_own_subset(tmp_path):
+    exp = DataScaling(_suite(tmp_path))
+    _finish_grid(exp)
+    for specs in exp.cells().values():
+        assert len({s.key for s in specs}) == len(specs)
+        assert [s.recipe["data"]["subset_seed"] for s in specs] == [0, 1, 2]
+
+
+def test_every_grid_run_diverged_falls_back_to_the_smallest_rate(tmp_path):
+    exp = DataScaling(_suite(tmp_path))
+    for role, options in exp.grid().items():
+        for lr, (spec,) in options.items():
+            _finish(exp, spec, _result(math.nan if role == "vit" else GRID["cnn"][lr]))
+    assert exp.rate("vit") == (5e-4, True) and exp.planned()
+
+
+def test_smoke_plan_stays_tiny(tmp_path):
+    exp = DataScaling(_suite(tmp_path, "smoke", "synthetic"))
+    assert exp.seeds == [0]
+    specs = exp.runs()
+    assert len(specs) == 4 and {s.recipe["train"]["steps"] for s in specs} == {12}  # 2 rates x 2 families
+    for options in exp.grid().values():
+        for lr, (spec,) in options.items():
+            _finish(exp, spec, _result(0.5 + lr))
+    assert exp.planned()
+    assert len(exp.runs()) == 8  # + the ResNet and the ViT at the smaller size, the larger ViT at both
+
+
+# -- what the report says -------------------------------------------------------------------------
+
+A = {"cnn": 0.20, "vit": 0.30, "larger_vit": 0.33}  # test error at 580 images
+ROLES = list(A)
+
+
+def _error(role: str, n: int, seed: int, slopes: dict[str, float]) -> float:
+    jitter = 1 + 0.01 * math.sin(7 * seed + n / 100 + 2 * ROLES.index(role))  # a little noise of every point
+    return A[role] * (n / 580) ** slopes[role] * (1 + 0.03 * (seed - 1)) * jitter
+
+
+def _finish_all(exp: DataScaling, slopes: dict[str, float], diverged: tuple[str, int, int] | None = None) -> dict:
+    """Finish every run with errors that follow ``slopes``; the run ``diverged`` (role, size, seed) is nan."""
+    _finish_grid(exp)
+    gaps = {"cnn": 0.05, "vit": 0.12, "larger_vit": 0.15}
+    fewshot = {"cnn": 0.50, "vit": 0.70, "larger_vit": 0.72}
+    for (role, n), specs in exp.cells().items():
+        for seed, spec in enumerate(specs):
+            top1 = 1 - _error(role, n, seed, slopes)
+            train = min(1.0, top1 + gaps[role] + 0.01 * seed)
+            res = _result(top1, minival=top1 + 0.01, train=train, best_step=exp.steps(n) // 2, fewshot=fewshot[role])
+            if (role, n, seed) == diverged:
+                res.update(
+                    test_top1=math.nan,
+                    minival_top1=math.nan,
+                    train_top1=math.nan,
+                    fewshot={"mean": math.nan, "shots": 10},
+                )
+            if (role, n) == ("cnn", 580):
+                res["best_step"] = exp.steps(n)  # still improving at its last step
+            _finish(exp, spec, res)
+    return {s.key: exp.result_of(s) for s in exp.runs()}
+
+
+@pytest.fixture
+def no_control(monkeypatch):
+    """The untrained control without building models: 0.55 for every model and seed."""
+    monkeypatch.setattr(DataScaling, "untrained_fewshot", lambda self, model, seed: 0.55)
+
+
+def test_summary_says_what_made_up_results_show(tmp_path, no_control):
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path))
+    slopes = {"cnn": -0.15, "vit": -0.30, "larger_vit": -0.40}
+    results = _finish_all(exp, slopes, diverged=("vit", 1740, 2))
+    assert exp.rate("cnn") == (2e-3, False) and exp.rate("vit") == (1e-3, False)  # phase 2 kept the choice
+    section = exp.summarise(results)
+    num = section.numbers
+    # the slopes come back, and the ViT's steeper one is said
+    assert num["slopes"]["cnn"]["estimate"] == pytest.approx(-0.15, abs=0.02)
+    assert num["slopes"]["vit"]["estimate"] == pytest.approx(-0.30, abs=0.02)
+    diff = num["slopes"]["vit_minus_cnn"]
+    assert diff["estimate"] == pytest.approx(-0.15, abs=0.02) and diff["high"] < 0
+    assert num["slopes"]["vit"]["n"] == 11  # the diverged point left out
+    # the ratio per size, paired by seed; the diverged seed left out of its size
+    ratio = num["error_ratio"][1740]
+    assert math.isnan(ratio["per_seed"][2]) and ratio["interval"]["n"] == 2
+    expected = [_error("vit", 580, s, slopes) / _error("cnn", 580, s, slopes) for s in range(3)]
+    assert num["error_ratio"][580]["per_seed"] == pytest.approx(expected)
+    assert num["error_ratio_change"]["high"] < 0
+    # the larger ViT: behind at the smallest size, and its lead grows with data
+    assert num["larger_minus_vit"][580]["interval"]["high"] < 0
+    assert num["larger_minus_vit_change"]["low"] > 0
+    # the ViT overfits more at every size
+    assert all(num["gap_vit_minus_cnn"][n]["interval"]["low"] > 0 for n in SIZES)
+    assert num["models"]["cnn"]["best_before_last"] == [9, 12]
+    text = section.verdict
+    assert "the ViT's error falls faster with data" in text
+    assert "falls with data by both measures: Figure 4's direction" in text
+    assert "the larger ViT gains more from the data than the ViT, as in Figure 3" in text
+    assert "the ViT's gap is the larger at 4 of 4 sizes" in text
+    assert "between 30M and 90M pre-training images, 1,724 times the largest subset" in text
+    assert "the ResNet leads the ViT" in text and "overtake" not in text and "crossed" not in text
+    assert "for the ResNet pre-training adds nothing distinguishable" in text  # the control: 0.50 against 0.55
+    assert "(1 of 6 results not finite, left out)" in text
+    # the tables: the headline one, and the grid and the control apart
+    assert section.header == ["quantity", "580 images", "1,740 images", "5,800 images", "17,400 images"]
+    labels = [r[0] for r in section.rows]
+    assert not any("shot" in label for label in labels)
+    big = next(r for r in section.rows if r[0].startswith("ViT (D=96, L=8"))
+    assert big[2] == "—" and big[3] == "—" and big[1] != "—"
+    (grid_caption, _, grid_rows), (control_caption, control_header, _) = section.tables
+    assert "minival" in grid_caption
+    assert grid_rows[0][3].endswith("(chosen)") and grid_rows[1][4] == "diverged"
+    assert control_caption.startswith("Control") and control_header[1] == "untrained (control)"
+    # the figure, and numbers strict JSON can hold
+    assert all(f.is_file() for f in section.figures)
+    json.dumps(json_safe(num), allow_nan=False)
+    note_diverged(section, exp.runs(), results)
+    diverged = [d["label"] for d in section.numbers["diverged"]]
+    assert diverged == ["vit-tiny, 5,800 images, lr 0.004, seed 0", "vit-tiny, 1,740 images, lr 0.001, seed 2"]
+
+
+def test_equal_slopes_are_not_distinguishable(tmp_path, no_control):
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path))
+    slopes = {"cnn": -0.2, "vit": -0.2, "larger_vit": -0.2}
+    section = exp.summarise(_finish_all(exp, slopes))
+    assert "the two slopes are not distinguishable" in section.verdict
+    assert "is distinguishable (slopes and end-to-end ratio): Figure 4's direction is not shown" in section.verdict
+
+
+def test_one_seed_weighs_nothing(tmp_path, no_control):
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path, seeds=1))
+    section = exp.summarise(_finish_all(exp, {"cnn": -0.15, "vit": -0.3, "larger_vit": -0.4}))
+    assert section.numbers["error_ratio"][580]["interval"] is None
+    assert "With one seed no paired comparison is weighed" in section.verdict
+    assert "falls with data by the slopes (by the ratio at the two ends: not weighed)" in section.verdict
+    assert "not weighed" not in section.verdict.replace("ends: not weighed", "")
+    ratio_row = next(r for r in section.rows if r[0].startswith("ViT / ResNet"))
+    assert ratio_row[1].endswith("(no interval: 1 seed)")
+
+
+def test_ratios_and_log_errors_leave_diverged_runs_out():
+    assert error_ratios([0.7, math.nan, 0.9], [0.8, 0.8, 1.0]) == pytest.approx([1.5, math.nan, math.nan], nan_ok=True)
+    assert log_errors([0.9, None, 1.0])[0] == pytest.approx(math.log(0.1))
+    assert all(math.isnan(v) for v in log_errors([None, 1.0]))
+
+
+def test_attention_of_a_checkpoint(tmp_path):
+    """Locality and class-token share of a real (untrained) ViT checkpoint on the test images."""
+    from vitkit.checkpoint.native import save_checkpoint
+    from vitkit.reproduce.runner import initial_model
+
+    suite = _suite(tmp_path, "smoke", "synthetic")
+    exp = DataScaling(suite)
+    spec = exp.grid()["vit"][1e-3][0]
+    path = suite.run_dir(spec) / "best.safetensors"
+    path.parent.mkdir(parents=True)
+    save_checkpoint(initial_model(spec.recipe, suite.info), path)
+    got = exp.attention(spec, _result(0.5))
+    assert 0 < got["distance_first"] < 28 * math.sqrt(2) and 0 < got["distance_last"] < 28 * math.sqrt(2)
+    assert 0 <= got["cls_share"] <= 1 and len(got["layers"]["distance"]) == 4
+    assert math.isnan(exp.attention(spec, _result(math.nan))["cls_share"])  # a diverged run is not measured
+
+
+def test_every_run_diverged_claims_nothing(tmp_path, no_control):
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path))
+    nan = _result(math.nan, train=math.nan, fewshot=math.nan)
+    while not exp.planned() or any(exp.result_of(s) is None for s in exp.runs()):
+        for spec in exp.runs():
+            _finish(exp, spec, nan)
+    results = {s.key: exp.result_of(s) for s in exp.runs()}
+    section = exp.summarise(results)
+    tables = [" ".join([c, *h, *(" ".join(r) for r in rows)]) for c, h, rows in section.tables]
+    text = " ".join([section.verdict, *(" ".join(r) for r in section.rows), *tables])
+    assert not re.findall(r"\b(nan|inf)\b", text, re.IGNORECASE)
+    assert "every rate of its grid diverged: the smallest is used" in text
+    assert "leads" not in text and "Figure 4's direction is" not in text
