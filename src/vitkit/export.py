@@ -605,13 +605,67 @@ def export_weights(
         with writing(dst):
             write_safetensors(dst, tensors, meta)
     elif to == "hf":
-        _write_hf(dst, to_hf(sd, model.cfg), hf_config_for(model.cfg), model.cfg.num_classes)
+        cfg = hf_config_for(model.cfg) | hf_labels(model)
+        _write_hf(dst, to_hf(sd, model.cfg), cfg, model.cfg.num_classes, run_model_card(model))
     return {"format": to, "max_abs_diff": None, "onnxruntime": None}
 
 
-def _write_hf(dst: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], num_classes: int) -> None:
-    """The two files of a Hugging Face folder; if the second cannot be written, the first is
-    removed again (a folder of weights without config.json does not load)."""
+def hf_labels(model: nn.Module) -> dict[str, Any]:
+    """What a Hugging Face ``config.json`` says of a vitkit model's classes: ``id2label`` and
+    ``label2id`` from the class names stored with its checkpoint, and for a multi-label model
+    ``problem_type`` with the per-class thresholds chosen on its minival (``vitkit_thresholds``).
+
+    Args:
+        model: a model loaded by vitkit.
+
+    Returns:
+        The keys to add to the config (none for a model that stored no class names).
+    """
+    from .eval.predict import stored_class_names, stored_thresholds
+
+    out: dict[str, Any] = {}
+    names = stored_class_names(model)
+    if names and len(set(names)) == len(names):  # label2id needs names that tell the classes apart
+        out["id2label"] = {str(i): n for i, n in enumerate(names)}
+        out["label2id"] = {n: i for i, n in enumerate(names)}
+    thresholds = stored_thresholds(model)
+    if thresholds is not None:
+        out["problem_type"] = "multi_label_classification"
+        out["vitkit_thresholds"] = thresholds
+    return out
+
+
+def run_model_card(model: nn.Module) -> str | None:
+    """The model card (``README.md``) of the run folder a model was loaded from, or None when the
+    file is not in a vitkit run folder or the run wrote no card.
+
+    Args:
+        model: a model loaded by vitkit (``model.load_report.path`` names its file).
+
+    Returns:
+        The card's text.
+    """
+    from .train.runfolder import MARKER
+
+    path = getattr(getattr(model, "load_report", None), "path", None)
+    if not path:
+        return None
+    folder = Path(path).parent
+    card = folder / "README.md"
+    if not (folder / MARKER).exists() or not card.is_file():
+        return None
+    try:
+        return card.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _write_hf(
+    dst: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], num_classes: int, card: str | None = None
+) -> None:
+    """The files of a Hugging Face folder (weights, config, and the run's model card where there
+    is one); if a later one cannot be written, the weights are removed again (a folder of weights
+    without config.json does not load)."""
     from .checkpoint.io import write_safetensors
 
     cfg["architectures"] = ["ViTForImageClassification" if num_classes else "ViTModel"]
@@ -623,6 +677,9 @@ def _write_hf(dst: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], 
             write_safetensors(weights, tensors, {"format": "pt"})
         with writing(config):
             write_text(config, json.dumps(cfg, indent=2))
+        if card is not None:
+            with writing(dst / "README.md"):
+                write_text(dst / "README.md", card)
     except BaseException:
         if not had_weights:
             weights.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,9 +26,46 @@ def _stored_metadata(model: nn.Module) -> dict[str, str]:
     if p.suffix.lower() != ".safetensors":
         return {}
     try:
-        return read_safetensors_metadata(p)
+        meta = read_safetensors_metadata(p)
     except CheckpointError:
         return {}
+    if p.name == "model.safetensors" and "classes" not in meta:
+        meta.update(hf_label_metadata(p.parent))
+    return meta
+
+
+def hf_label_metadata(folder: Path) -> dict[str, str]:
+    """A Hugging Face folder's class names (``id2label`` of its ``config.json``) and, for a
+    multi-label model vitkit exported, its thresholds, as vitkit checkpoint metadata; {} where
+    the config has none or they do not list classes 0..K-1.
+
+    Args:
+        folder: the folder of ``config.json``.
+
+    Returns:
+        ``classes`` (a JSON list, names made printable), and ``multilabel``/``thresholds``.
+    """
+    from ..checkpoint.io import CLASSES_KEY, printable_class_names
+    from ..checkpoint.peers import read_hf_dir
+
+    try:
+        cfg = read_hf_dir(folder)
+    except CheckpointError:
+        return {}
+    labels = (cfg or {}).get("id2label")
+    if not isinstance(labels, dict) or not labels:
+        return {}
+    names = [labels.get(str(i)) for i in range(len(labels))]
+    if not all(isinstance(n, str) for n in names):
+        return {}
+    try:
+        out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
+    except CheckpointError:
+        return {}
+    thresholds = cfg.get("vitkit_thresholds") if cfg.get("problem_type") == "multi_label_classification" else None
+    if isinstance(thresholds, list) and len(thresholds) == len(names):
+        out.update(multilabel="true", thresholds=json.dumps(thresholds))
+    return out
 
 
 def stored_thresholds(model: nn.Module) -> list[float] | None:
