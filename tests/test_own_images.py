@@ -258,6 +258,12 @@ def test_a_multi_label_run_stores_thresholds_that_predict_uses(tmp_path):
     assert thresholds is not None and len(thresholds) == 3
     out = predict(model, torch.zeros(2, 3, 16, 16), thresholds=thresholds)
     assert all(all(r["prob"] >= r["threshold"] for r in rows) for rows in out)
+    from vitkit.cli import main  # vitkit eval scores the labels file at the stored thresholds
+
+    assert main(["eval", str(tmp_path / "run"), "--data", str(f), "--json", str(tmp_path / "eval.json")]) == 0
+    got = json.loads((tmp_path / "eval.json").read_text())
+    assert got["multilabel"] and got["thresholds"] == thresholds and got["num_images"] == 48
+    assert 0.0 <= got["map_macro"] <= 1.0 and len(got["per_class"]) == 3
     with pytest.raises(Exception, match="train.loss=sigmoid"):
         train(_recipe(tmp_path, str(f)), tmp_path / "softmax")
 

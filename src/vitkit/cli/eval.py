@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import writing
+from ..data.labels import is_labels_file
+from ..errors import UsageError, writing
+from ..eval.predict import stored_thresholds
 from ..files import slug
 from .common import (
     chosen_precision,
@@ -98,7 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
     args.precision = chosen_precision(args.precision, args.device)  # auto: what this device computes fast
     model = load_model(args.ckpt, args.img_size)
+    if is_labels_file(args.data) and stored_thresholds(model) is not None:
+        return run_multilabel(args, model)
     dataset = build_dataset(args.data, args.split)
+    if getattr(dataset, "multilabel", False):
+        raise UsageError(
+            f"{args.data}: rows with several labels need a multi-label model (trained with train.loss=sigmoid on "
+            f"a labels file); {args.ckpt} picks one class an image"
+        )
     order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
     if args.serve or precision == "int8":
@@ -142,6 +151,52 @@ def run(args: argparse.Namespace) -> int:
         payload.update({k: v for k, v in m.items() if k != "confusion"})
         payload["confusion_json"] = str(json_path)
         payload["confusion_png"] = str(png_path) if png_path else None
+        with writing(args.json):
+            write_json(args.json, payload)
+    return 0
+
+
+def run_multilabel(args: argparse.Namespace, model: Any) -> int:
+    """``vitkit eval`` of a multi-label model on a labels file: every row of the file is scored;
+    mAP (macro, micro, and the label-frequency baseline), and F1 at the thresholds the model
+    stored (chosen on its minival, never on this file).
+
+    Args:
+        args: the parsed command line (``--data`` is the labels file).
+        model: the loaded multi-label model.
+
+    Returns:
+        The exit status.
+    """
+    from ..data.labels import LabelsFile
+    from ..eval.multilabel import evaluate_multilabel
+    from ..eval.predict import stored_class_names
+
+    classes = stored_class_names(model)
+    if classes is None:
+        raise UsageError(f"{args.ckpt}: a multi-label model must store its class names to score a labels file")
+    size = model.cfg.img_size
+    dataset = LabelsFile(args.data, "test", classes=classes, multilabel=True, load_size=tuple(size))
+    with progress("eval", size_of(dataset, args.max_images)) as update:
+        m = evaluate_multilabel(
+            model, dataset, args.batch_size, args.device, args.precision, max_images=args.max_images,
+            thresholds=stored_thresholds(model), progress=update,
+        )  # fmt: skip
+    print(f"checkpoint   {model.load_report.path} ({model.load_report.source})")
+    print(f"data         {args.data}: {m['num_images']} images, {len(classes)} labels")
+    print(f"mAP          {pct(m['map_macro'])} macro, {pct(m['map_micro'])} micro")
+    print(f"baseline     {pct(m['baseline_map_macro'])} mAP (each label scored by its frequency)")
+    print(f"F1           {pct(m['f1_macro'])} macro, at the thresholds chosen on the model's minival")
+    width = max(12, *(len(r["class"]) for r in m["per_class"]))
+    print(f"\n{'label':<{width}}  {'images':>7}  {'AP':>8}  {'precision':>9}  {'recall':>8}  {'F1':>8}")
+    for r in m["per_class"]:
+        cells = [pct(r.get(k)) for k in ("ap", "precision", "recall", "f1")]
+        ap, precision, recall, f1 = cells
+        print(f"{r['class']:<{width}}  {r.get('support', 0):>7}  {ap:>8}  {precision:>9}  {recall:>8}  {f1:>8}")
+    if args.json:
+        from ..files import write_json
+
+        payload = {**describe(model), "data": args.data, "precision": args.precision, "multilabel": True, **m}
         with writing(args.json):
             write_json(args.json, payload)
     return 0

@@ -184,12 +184,14 @@ def evaluate_multilabel(
     precision: Precision = "fp32",
     max_images: int | None = None,
     loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    thresholds: Sequence[float] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Score a multi-label ``dataset`` (labels are multi-hot rows) with ``model``'s head.
 
     Every process scores the whole split (AP ranks all images together, so it is not a sum of
-    per-process counts). Thresholds are chosen on this split.
+    per-process counts). Thresholds are chosen on this split unless ``thresholds`` gives them
+    (those a model stored, chosen on its minival: the honest F1 of a test split).
 
     Args:
         model: a classifier with one output per class.
@@ -199,6 +201,7 @@ def evaluate_multilabel(
         precision: "fp32", "bf16" or "auto".
         max_images: a seeded random subset of this many.
         loss_of: (logits, targets) -> the summed loss (default: sigmoid cross-entropy summed).
+        thresholds: each class's probability threshold; None: chosen on this split.
         options: ``forward``, ``transform``, ``num_workers`` of :func:`model_outputs`.
 
     Returns:
@@ -214,7 +217,7 @@ def evaluate_multilabel(
         from .classify import NonFiniteOutputs
 
         raise NonFiniteOutputs("the model's logits are not finite (its activations overflow); no metrics are reported")
-    metrics = multilabel_metrics(res.outputs, targets, dataset.classes)
+    metrics = multilabel_metrics(res.outputs, targets, dataset.classes, thresholds=thresholds)
     summed = loss_of or (lambda z, y: nn.functional.binary_cross_entropy_with_logits(z, y, reduction="sum"))
     metrics["loss"] = float(summed(res.outputs, targets)) / max(len(targets), 1)
     metrics["baseline_map_macro"] = frequency_baseline(targets, targets)["map_macro"]  # the mean prevalence
