@@ -104,6 +104,32 @@ def recipe_page() -> str:
 
 
 PAGES = {"reference/cli.md": cli_page, "reference/recipe.md": recipe_page}
+START, END = "<!-- reproduce-summary:start -->", "<!-- reproduce-summary:end -->"
+
+
+def readme_with_summary(readme: str) -> str:
+    """``readme`` with the block between the summary markers replaced by the headline table of the
+    published reproduction report (``docs/reproduce/report.json``)."""
+    import json
+
+    from vitkit.reproduce.report import headline_table
+
+    if START not in readme or END not in readme:
+        return readme
+    published = DOCS / "reproduce" / "report.json"
+    if published.is_file():
+        report = json.loads(published.read_text())
+        m = report["meta"]
+        table = headline_table(report["experiments"])
+        made = (
+            f"From `{m['command']}` on {m['date'][:10]}: {m['machine']['cpu']}, {m['machine']['cores']} cores, "
+            f"torch {m['machine']['torch']}, vitkit `{m['machine'].get('commit') or 'unknown'}`."
+        )
+        block = f"{made}\n\n{table}"
+    else:
+        block = "No report has been published yet: `make reproduce` writes one into `docs/reproduce/`."
+    head, rest = readme.split(START, 1)
+    return f"{head}{START}\n{block}\n{END}{rest.split(END, 1)[1]}"
 
 
 def main() -> int:
@@ -117,6 +143,13 @@ def main() -> int:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+    readme = DOCS.parent / "README.md"
+    text = readme.read_text()
+    fresh = readme_with_summary(text)
+    if check and fresh != text:
+        stale.append("README.md (the reproduction summary)")
+    elif not check and fresh != text:
+        readme.write_text(fresh)
     if stale:
         print(f"out of date: {', '.join(stale)} (run python docs/gen_reference.py)")
         return 1

@@ -108,6 +108,31 @@ def _section_md(s: Section, out: Path) -> str:
     )
 
 
+def first_sentence(text: str) -> str:
+    """The first sentence of a verdict (up to the first full stop that ends a sentence)."""
+    import re
+
+    match = re.search(r"(?<!\d)\.(\s|$)", text)
+    return text if match is None else text[: match.start() + 1]
+
+
+def headline_table(experiments: dict[str, Any]) -> str:
+    """The report's summary: per experiment what it follows, its seeds and its verdict's first
+    sentence; the README shows the published report's (``docs/gen_reference.py`` writes it there).
+
+    Args:
+        experiments: ``report.json``'s ``experiments`` (name to its entry).
+
+    Returns:
+        A markdown table.
+    """
+    rows = [
+        [f"`{name}`", str(e["follows"]), str(e.get("runs", "")), first_sentence(str(e["verdict"])).replace("|", "/")]
+        for name, e in experiments.items()
+    ]
+    return _table(["experiment", "follows", "runs", "what came out (the first sentence of its verdict)"], rows)
+
+
 def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``out/report.md`` and ``out/report.json`` (atomically; a number that is not finite is
     ``null`` in the JSON).
@@ -140,7 +165,9 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
         "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",
     ]
-    body = [_section_md(s, out) for s in sections]
+    summary = {s.name: {"follows": s.follows, "runs": s.runs, "verdict": s.verdict} for s in sections}
+    body = ["## Summary\n\n" + headline_table(summary)] if sections else []
+    body += [_section_md(s, out) for s in sections]
     md = out / "report.md"
     write_text(md, "\n\n".join(head + body) + "\n")
     payload = {
