@@ -21,7 +21,15 @@ CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512f", "avx512_bf16", "avx5
 def cpu_info() -> dict[str, object]:
     """The CPU a measurement ran on: model name, core count, the :data:`CPU_FLAGS` it reports and
     the vector level torch's own kernels dispatch to. Every benchmark result carries it, so that a
-    number is never read as another kind of CPU's."""
+    number is never read as another kind of CPU's.
+
+    Returns:
+        ``model`` (the model name, from ``/proc/cpuinfo`` on Linux, else :mod:`platform`),
+        ``cores`` (logical cores, :func:`os.cpu_count`), ``flags`` (each of :data:`CPU_FLAGS`
+        mapped to whether the CPU reports it; empty where the flags cannot be read) and
+        ``torch_capability`` (the vector level torch dispatches to, e.g. "AVX512", or None where
+        torch does not say).
+    """
     name, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -41,7 +41,14 @@ log = logging.getLogger("vitkit")
 
 def onednn_linear_available(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this torch build and CPU have oneDNN's packed linear kernels in ``dtype`` (bf16
-    needs AVX-512 on x86)."""
+    needs AVX-512 on x86).
+
+    Args:
+        dtype: the dtype the layers would compute in, ``torch.float32`` or ``torch.bfloat16``.
+
+    Returns:
+        True when :class:`PackedLinear` can run in ``dtype`` here.
+    """
     mkldnn = torch.ops.mkldnn
     ok = (
         torch.backends.mkldnn.is_available()
@@ -139,6 +146,20 @@ class PackedLinear(nn.Module):
         return cls(linear.weight.to(dtype), linear.bias, act, rows_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the layer (and its fused activation).
+
+        Args:
+            x: inputs of shape (..., in_features), on the CPU, in the layer's dtype, not requiring
+                gradients.
+
+        Returns:
+            The outputs, of shape (..., out_features), in the layer's dtype.
+
+        Raises:
+            ValueError: ``x`` is not on the CPU.
+            RuntimeError: ``x`` requires gradients while gradients are enabled.
+            TypeError: ``x`` is not in the layer's dtype.
+        """
         _check_serving_input("PackedLinear", x)
         if x.dtype != self.dtype:
             raise TypeError(f"PackedLinear holds {self.dtype} weights but got a {x.dtype} input")
@@ -148,7 +169,15 @@ class PackedLinear(nn.Module):
 
     def run(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The kernel itself, without the checks of ``forward``. The output is always in ``x``'s
-        dtype; ``out_dtype`` is there because the compiled op calls every serving layer alike."""
+        dtype; ``out_dtype`` is there because the compiled op calls every serving layer alike.
+
+        Args:
+            x: inputs of shape (..., in_features) in the layer's dtype.
+            out_dtype: ignored.
+
+        Returns:
+            The outputs, of shape (..., out_features), in ``x``'s dtype.
+        """
         post, algorithm = self.post
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], algorithm)
 
@@ -157,12 +186,21 @@ class PackedLinear(nn.Module):
         return PackedLinear(self.packed.to_dense(), bias, self.act, self.rows_hint).train(self.training)
 
     def extra_repr(self) -> str:
+        """The layer's sizes, dtype and fused activation, for ``repr``.
+
+        Returns:
+            E.g. ``in_features=768, out_features=3072, dtype=torch.bfloat16, act=gelu``.
+        """
         act = f", act={self.act}" if self.act else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}{act}"
 
 
 def onednn_int8_available() -> bool:
-    """Whether this torch build has oneDNN's int8 linear kernels."""
+    """Whether this torch build has oneDNN's int8 linear kernels.
+
+    Returns:
+        True when :class:`Int8Linear` can run here.
+    """
     onednn = getattr(torch.ops, "onednn", None)
     return (
         torch.backends.mkldnn.is_available()
@@ -287,6 +325,20 @@ class Int8Linear(nn.Module):
         self._writes_codes = qparams is not None  # what a compiled graph may depend on: not the values
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Quantise ``x`` and apply the layer (and its fused activation).
+
+        Args:
+            x: inputs of shape (..., in_features) on the CPU, not requiring gradients: floats, or
+                uint8 codes of the static input scale (what a calibrated layer before it writes).
+
+        Returns:
+            The outputs, of shape (..., out_features), in :meth:`output_dtype`.
+
+        Raises:
+            ValueError: ``x`` is not on the CPU, or holds a non-finite value (dynamic scale).
+            RuntimeError: ``x`` requires gradients while gradients are enabled.
+            TypeError: ``x`` is uint8 codes but the layer has no static input scale.
+        """
         _check_serving_input("Int8Linear", x)
         if not torch.compiler.is_compiling():
             return self.run(x)
@@ -301,7 +353,19 @@ class Int8Linear(nn.Module):
         return _serving_linear(x, self.handle, self.out_features, out_dtype)
 
     def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
-        """The dtype of the output for an input of ``input_dtype`` (float, or uint8 codes)."""
+        """The dtype of the output for an input of ``input_dtype`` (float, or uint8 codes).
+
+        Args:
+            input_dtype: the dtype of the layer's input.
+
+        Returns:
+            uint8 where the layer writes the next layer's codes (``output_qparams`` set), else the
+            layer's ``out_dtype``, else ``input_dtype``.
+
+        Raises:
+            TypeError: ``input_dtype`` is uint8 and the layer has neither ``out_dtype`` nor
+                ``output_qparams``.
+        """
         if self._writes_codes:
             return torch.uint8
         if self.out_dtype is not None:
@@ -312,7 +376,20 @@ class Int8Linear(nn.Module):
 
     def run(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Quantise ``x`` (unless it is uint8 codes already) and call the kernel; the output in
-        ``out_dtype``, by default :meth:`output_dtype`."""
+        ``out_dtype``, by default :meth:`output_dtype`. While :func:`calibrate_int8` observes the
+        layer, the range of ``x`` is recorded too.
+
+        Args:
+            x: inputs of shape (..., in_features): floats, or uint8 codes of the static input scale.
+            out_dtype: the dtype of the output (None: :meth:`output_dtype`).
+
+        Returns:
+            The outputs, of shape (..., out_features).
+
+        Raises:
+            TypeError: ``x`` is uint8 codes but the layer has no static input scale.
+            ValueError: ``x`` holds a non-finite value (dynamic scale, or while calibrating).
+        """
         out_dtype = out_dtype or self.output_dtype(x.dtype)
         if x.numel() == 0:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
@@ -338,6 +415,11 @@ class Int8Linear(nn.Module):
         raise TypeError("an Int8Linear cannot be copied; prepare the original model again")
 
     def extra_repr(self) -> str:
+        """The layer's sizes, quantisation mode (static or dynamic) and fused activation, for ``repr``.
+
+        Returns:
+            E.g. ``in_features=768, out_features=3072, int8 dynamic, act=gelu``.
+        """
         act = f", act={self.act}" if self.act else ""
         mode = "static" if self.input_qparams is not None else "dynamic"
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 {mode}{act}"
@@ -362,7 +444,21 @@ def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tens
     directly, so the widest activation of the block is never quantised on its own. Inputs outside
     the calibrated range are clamped to it; a non-finite input is refused (``ValueError``, or
     ``RuntimeError`` from inside a ``torch.compile`` graph). Returns the number of layers calibrated. If it fails,
-    the model is left as it was. Not to be called while another thread runs the model."""
+    the model is left as it was. Not to be called while another thread runs the model.
+
+    Args:
+        model: a model :func:`prepare_inference` returned with precision "int8" on oneDNN; changed
+            in place.
+        batches: one tensor of images (N, C, H, W), or an iterable of such tensors or of
+            (images, labels) pairs; the images are converted to the model's ``input_dtype``.
+
+    Returns:
+        The number of :class:`Int8Linear` layers calibrated.
+
+    Raises:
+        ValueError: ``model`` has no :class:`Int8Linear` layer, ``batches`` holds no image, a layer
+            saw no input, or an input was not finite.
+    """
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     if not layers:
         raise ValueError("calibrate_int8 needs a model prepared with prepare_inference(model, 'int8')")
@@ -417,7 +513,17 @@ def fold_attention_scale(model: nn.Module, where: Callable[[nn.Linear], bool] | 
     set its scale to 1, which the attention kernel does not multiply by
     (:mod:`vitkit.models.attention`): serving saves that pass over q. Exact when the scale is a
     power of two (head_dim 64 or 16). ``where`` (default: all) picks the qkv layers: serving folds
-    only into the ones it packs, whose weights leave ``state_dict``. Returns the number changed."""
+    only into the ones it packs, whose weights leave ``state_dict``. Returns the number changed.
+
+    Args:
+        model: the model, changed in place; only vitkit's attention layers whose qkv projection is
+            exactly ``nn.Linear`` and whose scale is not 1 already are changed.
+        where: a test of an attention layer's qkv projection; the scale is folded only where it
+            returns True (None: everywhere).
+
+    Returns:
+        The number of attention layers changed.
+    """
     count = 0
     for attn in model.modules():
         if isinstance(attn, Attention) and type(attn.qkv) is nn.Linear and attn.scale != 1.0:
@@ -456,7 +562,21 @@ def choose_linear_kernel(
     """ "onednn" (:class:`PackedLinear`) or "torch" (``nn.Linear``, then ``act``), whichever runs
     this layer's shape faster on this CPU, timed on a ``rows`` x ``in_features`` input. Decided
     once per CPU model, dtype and shape in a process; the same weights are not needed, only the
-    shape, so the layers of a Transformer's blocks share a handful of decisions."""
+    shape, so the layers of a Transformer's blocks share a handful of decisions.
+
+    Args:
+        linear: the layer; only its shape and whether it has a bias matter.
+        dtype: the dtype it would compute in, ``torch.float32`` or ``torch.bfloat16``.
+        act: the activation that follows it: None, "gelu" or "gelu_tanh" (fused into the packed
+            kernel, applied after ``nn.Linear``).
+        rows: rows of the input it is timed on.
+
+    Returns:
+        "onednn" or "torch".
+
+    Raises:
+        ValueError: ``act`` is not one of those three.
+    """
     key = (_cpu_model(), dtype, linear.in_features, linear.out_features, act, linear.bias is not None, rows)
     if key in _KERNEL_CHOICES:
         return _KERNEL_CHOICES[key]
@@ -490,7 +610,20 @@ def pack_linears(
     by :class:`PackedLinear` in ``dtype``, or :class:`Int8Linear` when ``int8``. In vitkit's
     Transformer MLP the GELU after the first dense layer is fused into it. With ``choose`` (fp32
     and bf16), only the layers :func:`choose_linear_kernel` finds faster packed are replaced; the
-    others stay ``nn.Linear`` (and their GELU unfused). Returns the number of layers replaced."""
+    others stay ``nn.Linear`` (and their GELU unfused). Returns the number of layers replaced.
+
+    Args:
+        model: the model, changed in place.
+        dtype: the dtype of the packed layers (``torch.float32`` or ``torch.bfloat16``); with
+            ``int8``, the dtype of the int8 layers' outputs (an MLP's fused first layer outputs fp32).
+        rows_hint: the number of input rows oneDNN chooses the packed weights' layout for (None: no
+            hint; not used with ``int8``).
+        int8: replace by :class:`Int8Linear` instead of :class:`PackedLinear`.
+        choose: replace only the layers that run faster packed (fp32 and bf16; ignored with ``int8``).
+
+    Returns:
+        The number of layers replaced (an MLP's first layer with its fused GELU counts once).
+    """
 
     def make(linear: nn.Linear, act: str | None, out_dtype: torch.dtype = dtype) -> nn.Module:
         return Int8Linear(linear, act, out_dtype) if int8 else PackedLinear.from_linear(linear, dtype, act, rows_hint)
@@ -558,6 +691,26 @@ def prepare_inference(
     returned model works (``fullgraph`` too): each packed layer stays one call to its oneDNN
     kernel, and Inductor fuses what lies between them (with static int8 scales, each activation's
     quantisation into the LayerNorm or attention before it).
+
+    Args:
+        model: the model to serve (left unchanged unless ``copy_model`` is False).
+        precision: "auto", "fp32", "bf16" or "int8".
+        pack: True to pack every linear layer, False to pack none, None (the default) to decide
+            as described above.
+        copy_model: convert a deep copy (True) or ``model`` itself (False).
+        calibration: images to fix static int8 scales from (int8 on oneDNN only), in any form
+            :func:`calibrate_int8` takes; None for dynamic quantisation.
+
+    Returns:
+        The prepared model, in eval mode; ``input_dtype`` is the dtype its
+        inputs must have and (except for int8 without packing) ``kernel_choices`` counts the
+        linear layers left to oneDNN and to torch.
+
+    Raises:
+        ValueError: an unknown ``precision``; a model prepared already; int8 or ``pack=True`` for a
+            model not on the CPU; ``calibration`` without int8 on oneDNN; or what
+            :func:`calibrate_int8` refuses.
+        RuntimeError: ``pack=True`` where this torch build or CPU lacks oneDNN's kernels.
     """
     if precision not in ("auto", "fp32", "bf16", "int8"):
         raise ValueError(f"precision must be auto, fp32, bf16 or int8, got {precision!r}")

@@ -72,7 +72,12 @@ class PrecisionChoice:
 
     def describe(self) -> str:
         """One line for a run's first messages and its run folder, e.g.
-        ``precision: auto -> fp32 (no native bf16 on this CPU (AVX2))``."""
+        ``precision: auto -> fp32 (no native bf16 on this CPU (AVX2))``.
+
+        Returns:
+            ``precision: NAME (as asked; REASON)`` when the precision was asked for explicitly,
+            ``precision: REQUESTED -> NAME (REASON)`` when "auto" resolved it.
+        """
         if self.requested == self.name:
             return f"precision: {self.name} (as asked; {self.reason})"
         return f"precision: {self.requested} -> {self.name} ({self.reason})"
@@ -98,7 +103,14 @@ def _mm_seconds(dtype: torch.dtype, device: torch.device, n: int = 256, repeats:
 
 def bf16_slowdown(device: str | torch.device = "cpu") -> float:
     """How many times longer a bf16 matrix multiply takes than an fp32 one on ``device``,
-    measured once a process (256 x 256, the best of three)."""
+    measured once a process (256 x 256, the best of three).
+
+    Args:
+        device: a torch device or its name ("cpu", "cuda", "cuda:1").
+
+    Returns:
+        bf16's time over fp32's: above 1 where bf16 is slower.
+    """
     dev = torch.device(device)
     key = str(dev)
     if key not in _COST:

@@ -39,12 +39,24 @@ class Preprocessing:
 
     @classmethod
     def for_config(cls, cfg: Any) -> Preprocessing:
-        """The paper's [-1, 1] range for a model config (anything with ``in_chans`` and ``img_size``)."""
+        """The paper's [-1, 1] range for a model config (anything with ``in_chans`` and ``img_size``).
+
+        Args:
+            cfg: the model's config.
+
+        Returns:
+            mean = std = 0.5 for each of its channels, at its ``img_size``, bilinear, no crop.
+        """
         c = cfg.in_chans
         return cls(mean=(0.5,) * c, std=(0.5,) * c, img_size=tuple(cfg.img_size))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; ``crop_pct`` only when it crops, so files that do not crop read as before."""
+        """JSON-ready; ``crop_pct`` only when it crops, so files that do not crop read as before.
+
+        Returns:
+            ``mean``, ``std`` and ``img_size`` as lists, ``interpolation``, and ``crop_pct``
+            unless it is 1.0.
+        """
         d = asdict(self)
         if d["crop_pct"] == 1.0:
             del d["crop_pct"]
@@ -52,6 +64,18 @@ class Preprocessing:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Preprocessing:
+        """The inverse of :meth:`to_dict`.
+
+        Args:
+            d: a dict with ``mean``, ``std`` and ``img_size``, and optionally ``interpolation``
+                (default "bilinear") and ``crop_pct`` (default 1.0). Values are not checked here.
+
+        Returns:
+            The preprocessing.
+
+        Raises:
+            KeyError: a required key is missing.
+        """
         return cls(
             mean=tuple(d["mean"]),
             std=tuple(d["std"]),
@@ -62,7 +86,19 @@ class Preprocessing:
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 or [0, 255] floats (B, C, H, W) -> ``(x / 255 - mean) / std`` per channel, float32."""
+    """uint8 or [0, 255] floats (B, C, H, W) -> ``(x / 255 - mean) / std`` per channel, float32.
+
+    Args:
+        x: the batch (B, C, H, W), uint8 or float with values in [0, 255].
+        mean: one value a channel, in [0, 1] units.
+        std: one value a channel, in [0, 1] units.
+
+    Returns:
+        The normalised batch (B, C, H, W), float32, on the device of ``x``.
+
+    Raises:
+        DataError: ``mean`` does not have one value for each channel of ``x``.
+    """
     import torch
 
     x = x.float()
@@ -94,7 +130,26 @@ def _resample(pre: Preprocessing) -> Any:
 def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing, in_chans: int) -> LoadedImages:
     """Named Pillow images -> :class:`LoadedImages`: converted to ``in_chans`` channels (grey or
     RGB), centre-cropped to ``pre.crop_pct`` of each side, resized to ``pre.img_size`` with
-    ``pre.interpolation``, normalised with ``pre``."""
+    ``pre.interpolation``, normalised with ``pre``.
+
+    Images deeper than 8 bits are first brought to 8 bits by the range of their format
+    (:func:`eight_bit`). With ``pre.crop_pct`` 1 each image is resized to ``pre.img_size``
+    whole; below 1, as timm's evaluation does: resized so that ``img_size`` is that fraction of
+    it, then the centre ``img_size`` kept (the aspect ratio is kept for a square ``img_size``).
+
+    Args:
+        images: (name, Pillow image) pairs, at least one.
+        pre: the preprocessing of the model.
+        in_chans: the model's input channels, 1 (grey) or 3 (RGB).
+
+    Returns:
+        The names, the resized uint8 pixels (B, H, W) for grey or (B, H, W, 3) for RGB, and the
+        normalised float32 inputs (B, C, H, W).
+
+    Raises:
+        DataError: ``in_chans`` other than 1 or 3, no images, a deep image whose values are
+            outside the range of its format, or a mean that does not match ``in_chans``.
+    """
     import numpy as np
     import torch
 
@@ -135,7 +190,19 @@ def _resize_crop(im: Image.Image, size: tuple[int, int], pre: Preprocessing) -> 
 def read_image(path: str | Path) -> Image.Image:
     """Decode one file with Pillow (fully read, so the file is closed); a missing, unreadable or
     truncated file, or one larger than Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``,
-    whose warning is an error here), is a :class:`DataError` naming it."""
+    whose warning is an error here), is a :class:`DataError` naming it.
+
+    Args:
+        path: the image file.
+
+    Returns:
+        The decoded image, loaded into memory; an image deeper than 8 bits is brought to 8 bits
+        by the range of its format (:func:`eight_bit`), other modes are as Pillow decodes them.
+
+    Raises:
+        DataError: a folder, a missing file, a decompression bomb, a file Pillow cannot read
+            or that is damaged, or a deep image whose values are outside its format's range.
+    """
     import warnings
 
     from PIL import Image, UnidentifiedImageError
@@ -168,7 +235,20 @@ def _first_line(e: BaseException) -> str:
 
 def load_images(paths: Sequence[str | Path], pre: Preprocessing, in_chans: int) -> LoadedImages:
     """Image files as a model with ``pre`` and ``in_chans`` takes them; every file is read before
-    any is used, so a bad one fails first."""
+    any is used, so a bad one fails first.
+
+    Args:
+        paths: the image files.
+        pre: the preprocessing of the model (see :func:`prepare_images`).
+        in_chans: the model's input channels, 1 (grey) or 3 (RGB).
+
+    Returns:
+        The images, named by their file stems, as :func:`prepare_images` gives them.
+
+    Raises:
+        DataError: a file that cannot be read as an image (see :func:`read_image`), or as
+            :func:`prepare_images` raises.
+    """
     return prepare_images([(Path(p).stem, read_image(p)) for p in paths], pre, in_chans)
 
 

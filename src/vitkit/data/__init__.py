@@ -98,6 +98,33 @@ def build_dataset(
     by label: ``minival`` images, by default a tenth and at least one of each class), and "train"
     is the rest. ``multilabel`` True reads a labels file's rows as multi-hot even when each row has
     one label (None: multi-hot when a row has several).
+
+    Args:
+        spec: a name of :data:`SOURCES` or :data:`ALIASES` (case ignored), a folder, a labels
+            file (``.csv`` or ``.jsonl``) or a shard pattern (``shards/train-{000..099}.tar``).
+        split: "train", "test", "val", or "minival" (with ``minival`` given, or for a labels
+            file).
+        minival: images held out of "train" as the split "minival": a count, or a fraction in
+            (0, 1) of the training split; 0: none (a labels file without ``val``: the default of
+            :func:`default_minival`).
+        subset: the images "train" keeps of what the minival leaves: a count, or a fraction in
+            (0, 1]; None: all of them.
+        subset_seed: the seed of the order in which each class's images are held out and kept.
+        val: a labels file holding the validation images of the labels file ``spec``; only for a
+            labels file.
+        multilabel: for a labels file: True reads its rows as multi-hot, False as class indices;
+            None: multi-hot when a row has several labels.
+        **options: options of the source (``img_size``, ``load_size``, ``allow_download``,
+            ``root``...; :data:`vitkit.data.options.OPTIONS` lists what each source takes),
+            checked before anything is read.
+
+    Returns:
+        The dataset of that split.
+
+    Raises:
+        DataError: an unknown source, split or option, a bad option value, ``val`` given for a
+            source that is not a labels file, "minival" asked for without ``minival``, a carve
+            the data cannot give (:func:`vitkit.data.carve.carve`), or data that cannot be read.
     """
     if is_labels_file(spec):
         return _labels_split(spec, split, minival, subset, subset_seed, val, multilabel, options)
@@ -112,7 +139,14 @@ def build_dataset(
 
 
 def default_minival(train: Dataset) -> int:
-    """The images a minival holds when none is asked for: a tenth, at least one of each class."""
+    """The images a minival holds when none is asked for: a tenth, at least one of each class.
+
+    Args:
+        train: the training split the minival is carved out of.
+
+    Returns:
+        The larger of its number of classes and a tenth of its images (rounded up).
+    """
     return max(train.num_classes, -(-len(train) // 10))
 
 
@@ -144,7 +178,16 @@ def _labels_split(
 
 def source_kind(spec: str) -> str | None:
     """Which source a ``--data`` value names: a key of :data:`SOURCES`, "folder", "shards", or
-    None when it names none (yet: a folder that does not exist)."""
+    None when it names none (yet: a folder that does not exist).
+
+    Args:
+        spec: a ``--data`` value.
+
+    Returns:
+        The key of :data:`SOURCES` a name or alias stands for (case ignored); "folder" for an
+        existing folder; "labels" for an existing ``.csv`` or ``.jsonl`` file; "shards" for
+        anything else with ``.tar`` in it; else None.
+    """
     key = ALIASES.get(spec.lower(), spec.lower())
     if key in SOURCES:
         return key
@@ -157,7 +200,18 @@ def source_kind(spec: str) -> str | None:
 
 def check_options(spec: str, options: dict[str, Any]) -> None:
     """A :class:`DataError` naming the first option the source of ``spec`` does not take, or takes
-    another kind of value for (:mod:`vitkit.data.options`)."""
+    another kind of value for (:mod:`vitkit.data.options`).
+
+    Args:
+        spec: a ``--data`` value; a value that names no source yet (see :func:`source_kind`)
+            has nothing checked.
+        options: the options that would be passed to its source, by name (of an option set to
+            None, only the name is checked).
+
+    Raises:
+        DataError: ``SPEC: option NAME ...``, saying what is wrong with the first bad option
+            (an unknown name suggests the closest known one and lists those the source takes).
+    """
     kind = source_kind(spec)
     if kind is not None and (bad := option_problem(kind, options)):
         raise DataError(f"{spec}: option {bad[0]} {bad[1]}")

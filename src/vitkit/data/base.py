@@ -28,11 +28,22 @@ class SkipCounter:
     examples: list[str] = field(default_factory=list)
 
     def add(self, what: str) -> None:
+        """Count one image that could not be decoded.
+
+        Args:
+            what: the image and why it failed, as a report shows it; the first five of an
+                epoch are kept as examples.
+        """
         self.skipped += 1
         if len(self.examples) < 5:
             self.examples.append(what)
 
     def reset(self) -> tuple[int, list[str]]:
+        """What was counted since the last reset, and a fresh start for the next epoch.
+
+        Returns:
+            The number of images skipped and up to five examples.
+        """
         out = (self.skipped, list(self.examples))
         self.skipped, self.examples = 0, []
         return out
@@ -53,6 +64,7 @@ class Dataset:
 
     @property
     def num_classes(self) -> int:
+        """The number of classes, ``len(classes)``."""
         return len(self.classes)
 
     def __len__(self) -> int:
@@ -80,12 +92,43 @@ class Dataset:
         ``num_workers`` decoding processes, for sources that decode (the order does not depend on it).
         ``repeats``: each image that many times in a row (repeated augmentation; see :class:`BatchPlan`).
         Bad arguments raise ``ValueError`` here, before the first batch is asked for.
+
+        Args:
+            batch_size: the global batch, summed over the ranks.
+            shuffle: permute the epoch by (seed, epoch); else the source's own order.
+            seed: the run's seed.
+            epoch: the epoch, from 0.
+            start_batch: global batches of the epoch to skip.
+            rank: this process's rank, ``0..world_size - 1``.
+            world_size: the processes the global batch is split among.
+            drop_last: leave out a short last batch.
+            num_workers: decoding processes (0: decode in this process).
+            repeats: how many times in a row each image comes, from 1.
+
+        Returns:
+            An iterator of (uint8 images (B, C, H, W), labels): int64 class indices (B,), or
+            float32 multi-hot rows (B, K) for a multi-label labels file.
+
+        Raises:
+            ValueError: a ``batch_size`` or ``repeats`` below 1, a negative ``start_batch`` or a
+                ``rank`` outside ``0..world_size - 1``.
         """
         plan = BatchPlan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last, repeats)
         return self.epoch_batches(plan, num_workers)
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of one epoch as ``plan`` cuts it; what each source implements."""
+        """The batches of one epoch as ``plan`` cuts it; what each source implements.
+
+        Args:
+            plan: the epoch's batches for this rank.
+            num_workers: decoding processes, for sources that decode.
+
+        Returns:
+            An iterator of (uint8 images (B, C, H, W), labels), as :meth:`batches` describes.
+
+        Raises:
+            NotImplementedError: here, in the base class.
+        """
         raise NotImplementedError
 
 
@@ -109,9 +152,27 @@ class ArrayDataset(Dataset):
         return self.images.shape[0]
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Slices of the in-memory tensors; ``num_workers`` is not needed (nothing to decode)."""
+        """Slices of the in-memory tensors; ``num_workers`` is not needed (nothing to decode).
+
+        Args:
+            plan: the epoch's batches for this rank.
+            num_workers: ignored.
+
+        Yields:
+            (uint8 images (B, C, H, W), int64 labels (B,)), this rank's share of each global
+            batch from ``plan.start_batch`` on.
+        """
         for local in plan.index_batches(len(self)):
             yield self.images[local], self.labels[local]
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> ArrayDataset:
+        """The images at ``indices``, as a dataset of their own.
+
+        Args:
+            indices: int64 positions of the images, in the order the subset keeps them.
+            name: the subset's name; None: this dataset's.
+
+        Returns:
+            A new dataset holding copies of those images and labels, with the same classes.
+        """
         return ArrayDataset(self.images[indices], self.labels[indices], self.classes, name or self.name)

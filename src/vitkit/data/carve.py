@@ -25,7 +25,20 @@ MINIVAL = "minival"
 
 
 def image_count(value: float, total: int, what: str) -> int:
-    """An image count: an integer is a count, a number in (0, 1) a fraction of ``total``."""
+    """An image count: an integer is a count, a number in (0, 1) a fraction of ``total``.
+
+    Args:
+        value: a whole number of images, or a fraction in (0, 1); 1 (``1.0`` too) is all of
+            ``total``.
+        total: the images a fraction is of.
+        what: the option's name, for the error (``"minival"``, ``"subset"``).
+
+    Returns:
+        The count: a fraction rounded, at least 1.
+
+    Raises:
+        DataError: a negative value, NaN, or a number above 1 that is not whole.
+    """
     if value != value or value < 0:  # NaN or negative
         raise DataError(f"data.{what} must be a count or a fraction in (0, 1], got {value}")
     if 0 < value < 1:
@@ -48,7 +61,16 @@ def _labels(dataset: Dataset) -> torch.Tensor:
 
 
 def class_orders(labels: torch.Tensor, num_classes: int, seed: int) -> list[torch.Tensor]:
-    """For every class, the indices of its images in a random order fixed by ``seed``."""
+    """For every class, the indices of its images in a random order fixed by ``seed``.
+
+    Args:
+        labels: int64 class indices (N,).
+        num_classes: the number of classes; a class without images gets an empty tensor.
+        seed: the seed of the one generator the classes draw from, in class order.
+
+    Returns:
+        One int64 tensor a class, in class order, of its positions in ``labels``.
+    """
     g = torch.Generator().manual_seed(seed)
     orders = []
     for c in range(num_classes):
@@ -60,7 +82,18 @@ def class_orders(labels: torch.Tensor, num_classes: int, seed: int) -> list[torc
 def balanced_quota(available: list[int], total: int) -> list[int]:
     """How many images to take from each class for ``total`` in all: equal shares (the first
     classes one more when it does not divide), and the share a small class cannot fill spread
-    over the others."""
+    over the others.
+
+    Args:
+        available: the images of each class.
+        total: the images to take in all.
+
+    Returns:
+        The number to take from each class, none more than it has; they sum to ``total``.
+
+    Raises:
+        DataError: ``total`` is more than all the images available.
+    """
     if total > sum(available):
         raise DataError(f"cannot take {total} images from {sum(available)}")
     quota = [0] * len(available)
@@ -87,6 +120,27 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
 
     ``minival`` and ``subset`` are image counts, or fractions (of the training split, and of
     what is left after the minival). A subset of 1.0 (or None) keeps every remaining image.
+
+    Args:
+        train: the training split; a source whose images can be picked one by one (it has
+            ``labels`` and ``subset``: in-memory data, an image folder, a labels file).
+        split: "minival" for the held-out images; any other value gives the training images.
+        minival: the images held out, as the same number of each class as far as they go
+            (:func:`balanced_quota`): a count, or a fraction of ``train``; 0: none.
+        subset: the training images kept of those the minival leaves, balanced the same way: a
+            count, or a fraction of them; None or 1.0: all of them.
+        seed: the seed of each class's order (:func:`class_orders`): the minival takes the
+            first of each class, the subset the next ones.
+
+    Returns:
+        The split, a subset of ``train`` named ``NAME:minival`` or ``NAME[N]``; ``train`` itself
+        when there is no minival and the subset is all of it.
+
+    Raises:
+        DataError: a source that cannot be picked from (shards), a bad count, a minival larger
+            than ``train``, smaller than its number of classes, or that takes every image of a
+            class, a minival asked of a class without images, a subset larger than what is left or smaller than
+            the number of classes, or "minival" asked for with no minival.
     """
     labels = _labels(train)
     k = train.num_classes

@@ -121,6 +121,18 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
         self.where = where
 
     def find_class(self, module: str, name: str) -> Any:
+        """The global a pickle names, if it is one a numpy array needs.
+
+        Args:
+            module: the module the pickle names.
+            name: the name in that module.
+
+        Returns:
+            The numpy (or ``_codecs``) object for one of the few allowed globals.
+
+        Raises:
+            DataError: any other global, naming the file and the global.
+        """
         try:
             return _NUMPY_GLOBALS[(module, name)]
         except KeyError:
@@ -131,7 +143,18 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 def load_numpy_pickle(data: bytes, where: str) -> Any:
-    """Unpickle ``data`` (the contents of ``where``) allowing only numpy arrays besides builtins."""
+    """Unpickle ``data`` (the contents of ``where``) allowing only numpy arrays besides builtins.
+
+    Args:
+        data: the pickled bytes.
+        where: the file they came from, for errors.
+
+    Returns:
+        The unpickled object (for a CIFAR batch, a dict of numpy arrays and lists).
+
+    Raises:
+        DataError: a global other than numpy's array machinery, or a truncated or garbled pickle.
+    """
     try:
         return NumpyOnlyUnpickler(io.BytesIO(data), where).load()
     except DataError:
@@ -219,7 +242,21 @@ def download_cifar(name: str, dest: str | Path | None = None) -> Path:
     """Download the python release of ``name`` ("cifar10" or "cifar100") into ``dest``.
 
     The archive is written atomically and only kept when its md5 matches the published one.
-    Returns the archive's path.
+
+    Args:
+        name: "cifar10" or "cifar100".
+        dest: the folder to write the archive to (created if need be); None:
+            ``$VITKIT_DATA/<name>`` (``VITKIT_DATA`` defaults to ``~/.cache/vitkit/data``).
+
+    Returns:
+        The archive, ``cifar-10-python.tar.gz`` or ``cifar-100-python.tar.gz`` in ``dest``,
+        downloaded again even when it is already there.
+
+    Raises:
+        KeyError: ``name`` is not a CIFAR variant.
+        DataError: the md5 of what was downloaded does not match (nothing is kept).
+        OSError: the download or the write failed (``urllib.error.URLError`` and timeouts
+            included); ``http.client.HTTPException`` for a broken answer.
     """
     release = RELEASES[name]
     dest = Path(dest) if dest is not None else data_home() / name
@@ -298,6 +335,24 @@ def load_cifar(
     Looks in ``root`` (default ``$VITKIT_DATA/<name>``) for the extracted python or binary
     release, or either ``.tar.gz``; downloads the python release there when none is found and
     ``allow_download``. ``label_kind`` picks CIFAR-100's "fine" (100) or "coarse" (20) labels.
+
+    Args:
+        name: "cifar10" or "cifar100".
+        split: "train", "test" or "val" (the test split).
+        root: the folder to look in and download to; None: ``$VITKIT_DATA/<name>``
+            (``VITKIT_DATA`` defaults to ``~/.cache/vitkit/data``).
+        allow_download: download the python release when nothing is found.
+        label_kind: "fine" or, for CIFAR-100 only, "coarse".
+
+    Returns:
+        The split in memory: uint8 images (N, 3, 32, 32), int64 labels (N,), the class names of
+        the release, named ``NAME/SPLIT`` (``cifar10/test`` for "val").
+
+    Raises:
+        DataError: an unknown variant, split or ``label_kind``; no files and no download allowed,
+            or a download that failed; a file that cannot be read, a pickle that holds anything
+            but numpy arrays and lists, malformed batches, the wrong number of class names or
+            labels out of range.
     """
     if name not in RELEASES:
         raise DataError(f"unknown CIFAR variant {name!r}: expected one of {', '.join(RELEASES)}")

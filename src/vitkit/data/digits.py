@@ -18,7 +18,18 @@ TEST_FRACTION = 1 / 3
 
 
 def load_digits_dataset(split: str) -> ArrayDataset:
-    """The ``split`` ("train" or "test") of scikit-learn's digits, (N, 1, 8, 8) uint8."""
+    """The ``split`` ("train" or "test") of scikit-learn's digits, (N, 1, 8, 8) uint8.
+
+    Args:
+        split: "train" (about two thirds of each class) or "test" (the other third).
+
+    Returns:
+        uint8 images (N, 1, 8, 8) in 0-255, int64 labels (N,), classes "0" to "9", named
+        ``digits/SPLIT``.
+
+    Raises:
+        DataError: an unknown split, or scikit-learn not installed.
+    """
     if split not in ("train", "test"):
         raise DataError(f"digits: unknown split {split!r} (train or test)")
     try:

@@ -80,11 +80,28 @@ class FileImages(StreamingDataset):
         return torch.tensor([label for _, label in self.samples], dtype=torch.int64)
 
     def targets_of(self, labels: torch.Tensor) -> torch.Tensor:
-        """What a batch's labels stand for (here: themselves, class indices)."""
+        """What a batch's labels stand for (here: themselves, class indices).
+
+        Args:
+            labels: the int64 labels (B,) of a batch, as :attr:`samples` holds them.
+
+        Returns:
+            The batch's targets: ``labels`` itself here; a subclass may map them (to multi-hot
+            rows, say).
+        """
         return labels
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> FileImages:
-        """The same source restricted to the images at ``indices`` (into :attr:`samples`)."""
+        """The same source restricted to the images at ``indices`` (into :attr:`samples`).
+
+        Args:
+            indices: int64 positions in :attr:`samples`, in the order the subset keeps them.
+            name: the subset's name; None: this source's.
+
+        Returns:
+            A shallow copy with those samples and a skip counter of its own; classes and
+            decoding settings are shared with this source.
+        """
         part = copy.copy(self)
         part.samples = [self.samples[i] for i in indices.tolist()]
         part.name = name or self.name
@@ -92,7 +109,21 @@ class FileImages(StreamingDataset):
         return part
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of decoded batches; the plan picks the files, ``num_workers`` processes decode them."""
+        """One epoch of decoded batches; the plan picks the files, ``num_workers`` processes decode them.
+
+        Args:
+            plan: the epoch's batches for this rank.
+            num_workers: decoding processes (0: decode in this process); the order does not
+                depend on it.
+
+        Yields:
+            (uint8 images (B, C, H, W), targets): the targets as :meth:`targets_of` gives them,
+            int64 (B,) for class labels. Images that fail to decode are left out and counted in
+            ``skips``; a batch left empty is skipped on one rank, yielded empty on several.
+
+        Raises:
+            DataError: an image whose values are outside the range of its format.
+        """
         items = (
             [(path, label, path) for path, label in map(self.samples.__getitem__, local.tolist())]
             for local in plan.index_batches(len(self))

@@ -71,10 +71,23 @@ SYSTEM_DIRS = {
 
 
 def data_home() -> Path:
+    """Where data sets are kept and downloaded to.
+
+    Returns:
+        ``VITKIT_DATA``, else ``~/.cache/vitkit/data``; read on every call.
+    """
     return Path(os.environ.get("VITKIT_DATA", Path.home() / ".cache" / "vitkit" / "data"))
 
 
 def candidate_dirs(name: str) -> list[Path]:
+    """The folders searched for a data set's files, in order.
+
+    Args:
+        name: "fashion-mnist" or "mnist".
+
+    Returns:
+        ``data_home() / name``, then the folder a Debian package installs it in, if any.
+    """
     return [data_home() / name, *SYSTEM_DIRS.get(name, [])]
 
 
@@ -97,7 +110,19 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def parse_idx(data: bytes, path: Path | str = "<idx>") -> np.ndarray:
-    """Decode an IDX file (big-endian header: magic with dtype code and rank, then the sizes)."""
+    """Decode an IDX file (big-endian header: magic with dtype code and rank, then the sizes).
+
+    Args:
+        data: the file's bytes, decompressed.
+        path: the file, for errors.
+
+    Returns:
+        The uint8 array of the shape the header gives, a read-only view of ``data``.
+
+    Raises:
+        DataError: a file too short, not of unsigned bytes, or whose size does not match its
+            header.
+    """
     if len(data) < 4:
         raise DataError(f"{path}: too short to be an IDX file")
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
@@ -125,7 +150,21 @@ def _verify(name: str, stem: str, path: Path) -> None:
 
 
 def download(name: str, dest: Path | None = None) -> Path:
-    """Fetch the four IDX files of ``name`` from the dataset's own address, checksums verified."""
+    """Fetch the four IDX files of ``name`` from the dataset's own address, checksums verified.
+
+    Files already in ``dest`` (as ``.gz``) are kept as they are.
+
+    Args:
+        name: "fashion-mnist" or "mnist".
+        dest: the folder to write to (created if need be); None: ``data_home() / name``.
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        DataError: a download that failed, or a file whose checksum does not match (it stays
+            in ``dest``: the message says to delete it).
+    """
     dest = dest or data_home() / name
     dest.mkdir(parents=True, exist_ok=True)
     for stems in FILES.values():
@@ -149,7 +188,22 @@ def download(name: str, dest: Path | None = None) -> Path:
 
 
 def load_idx_dataset(name: str, split: str, allow_download: bool = True) -> ArrayDataset:
-    """Fashion-MNIST or MNIST ``split`` ("train" or "test") as an in-memory uint8 dataset."""
+    """Fashion-MNIST or MNIST ``split`` ("train" or "test") as an in-memory uint8 dataset.
+
+    Args:
+        name: "fashion-mnist" or "mnist".
+        split: "train" or "test".
+        allow_download: download the files into ``$VITKIT_DATA/<name>`` when they are not
+            found (:func:`candidate_dirs`).
+
+    Returns:
+        uint8 images (N, 1, 28, 28) and int64 labels (N,), with the data set's class names,
+        named ``NAME/SPLIT``.
+
+    Raises:
+        DataError: an unknown split, files not found (and no download allowed, or a download
+            that failed), or files that cannot be read, are not IDX files or do not match.
+    """
     if split not in FILES:
         raise DataError(f"{name}: unknown split {split!r} (train or test)")
     stems = FILES[split]

@@ -35,7 +35,15 @@ MAX_ROWS = 50_000_000
 
 
 def is_labels_file(spec: str) -> bool:
-    """Whether a ``--data`` value names a labels file (an existing ``.csv`` or ``.jsonl`` file)."""
+    """Whether a ``--data`` value names a labels file (an existing ``.csv`` or ``.jsonl`` file).
+
+    Args:
+        spec: a ``--data`` value.
+
+    Returns:
+        True when it ends in ``.csv`` or ``.jsonl`` (any case) and is an existing file; its
+        contents are not read.
+    """
     return spec.lower().endswith(SUFFIXES) and os.path.isfile(spec)
 
 
@@ -207,7 +215,15 @@ class LabelsFile(FileImages):
         return self._rows[[i for _, i in self.samples]]
 
     def targets_of(self, labels: torch.Tensor) -> torch.Tensor:
-        """A multi-label file's batches: the multi-hot rows of the images (B, K)."""
+        """A multi-label file's batches: the multi-hot rows of the images (B, K).
+
+        Args:
+            labels: the int64 labels (B,) of a batch, as :attr:`samples` holds them: class
+                indices for a single-label file, row numbers of the file for a multi-label one.
+
+        Returns:
+            float32 multi-hot rows (B, K) for a multi-label file; ``labels`` itself otherwise.
+        """
         return self._rows[labels] if self.multilabel else labels
 
 

@@ -69,7 +69,16 @@ class Mixed(NamedTuple):
 
 
 def smoothed_one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
-    """One-hot rows (B, K) with label smoothing: ``s / K`` off, ``1 - s + s / K`` on."""
+    """One-hot rows (B, K) with label smoothing: ``s / K`` off, ``1 - s + s / K`` on.
+
+    Args:
+        labels: class indices (B,).
+        num_classes: K, the number of classes.
+        smoothing: s, the label smoothing, from 0 (plain one-hot rows).
+
+    Returns:
+        float32 rows (B, K), on the device of ``labels``, each summing to 1.
+    """
     off = smoothing / num_classes
     return F.one_hot(labels.long(), num_classes).float() * (1 - smoothing) + off
 
@@ -95,7 +104,17 @@ def _draw_lam(n: int, cfg: MixConfig, rng: np.random.Generator) -> tuple[np.ndar
 
 def cutmix_boxes(lam: np.ndarray, size: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     """timm's ``rand_bbox``: boxes (n, 4) = (top, bottom, left, right), bottom and right
-    exclusive, with sides ``int(side * sqrt(1 - lam))`` around a random centre, clipped."""
+    exclusive, with sides ``int(side * sqrt(1 - lam))`` around a random centre, clipped.
+
+    Args:
+        lam: one mixing weight in [0, 1] a box (n,).
+        size: (H, W) of the images, in pixels.
+        rng: draws each box's centre, a uniformly random pixel.
+
+    Returns:
+        int64 boxes (n, 4) in pixels, clipped to the image; a box whose side would be under 2
+        pixels (lam at or near 1) is empty.
+    """
     h, w = size
     ratio = np.sqrt(1 - lam)
     cut_h, cut_w = (h * ratio).astype(np.int64), (w * ratio).astype(np.int64)
@@ -118,6 +137,21 @@ def mix_batch(
 
     With mixing off (or a batch that the draw leaves unmixed) the images come back unchanged and
     the targets are the smoothed one-hot labels.
+
+    Args:
+        images: a float batch (B, C, H, W).
+        labels: int class indices (B,).
+        num_classes: K, the number of classes of the targets.
+        cfg: the mixing settings.
+        g: the caller's generator; one number is drawn from it to seed the step's draws.
+
+    Returns:
+        The mixed images (B, C, H, W) (``images`` itself, not a copy, when nothing is mixed),
+        the soft targets (B, K) float32, and each image's own weight ``lam`` (B,) in the dtype
+        of ``images``.
+
+    Raises:
+        ValueError: mode "pair" with an odd batch.
     """
     B, _, H, W = images.shape
     dev = images.device

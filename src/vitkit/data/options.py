@@ -98,7 +98,19 @@ OPTIONS: dict[str, dict[str, Check]] = {
 
 
 def option_problem(kind: str, options: dict[str, Any]) -> tuple[str, str] | None:
-    """(option name, what is wrong) for the first bad option of a source of ``kind``, or None."""
+    """(option name, what is wrong) for the first bad option of a source of ``kind``, or None.
+
+    Args:
+        kind: a key of :data:`OPTIONS` (a source name, "folder", "labels" or "shards"); any
+            other kind has nothing checked.
+        options: the options, by name, checked in their order. An option set to None is not a
+            bad value, but its name must be one the source takes.
+
+    Returns:
+        The name of the first option the source does not take (the text suggests the closest
+        known name and lists them all) or whose value is wrong (the text says what it must be
+        and what it got), with that text; None when every option is fine.
+    """
     known = OPTIONS.get(kind)
     if known is None:
         return None

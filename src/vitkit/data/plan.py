@@ -23,6 +23,15 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """The order of ``n`` samples (int64 indices) in an epoch: identity, or a permutation of (seed, epoch).
 
     A pure function of its arguments, so an epoch can be replayed (resumed) from them alone.
+
+    Args:
+        n: the number of samples.
+        shuffle: whether to permute them.
+        seed: the run's seed.
+        epoch: the epoch (from 0); with ``seed``, it seeds the permutation.
+
+    Returns:
+        ``arange(n)`` without shuffling, else a permutation of it, int64 (n,).
     """
     if not shuffle:
         return torch.arange(n)
@@ -37,7 +46,12 @@ class BatchPlan:
     ``batch_size`` is the global batch: with ``world_size > 1`` each rank gets a disjoint
     1/world_size of every batch (positions ``rank, rank + world_size, ...`` of it), so the
     global batch equals a one-process run's. ``start_batch`` skips that many batches of the
-    epoch (resuming mid-epoch). ``drop_last`` leaves out a short last batch.
+    epoch (resuming mid-epoch). ``drop_last`` leaves out a short last batch. ``repeats`` takes
+    each item that many times in a row (repeated augmentation), the epoch keeping its length.
+
+    Raises:
+        ValueError: on creation, a ``batch_size`` or ``repeats`` below 1, a negative
+            ``start_batch``, or a ``rank`` outside ``0..world_size - 1``.
     """
 
     batch_size: int
@@ -61,7 +75,15 @@ class BatchPlan:
             raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
 
     def order(self, n: int) -> torch.Tensor:
-        """The epoch's order of ``n`` items (see :func:`epoch_order`), with its repeats."""
+        """The epoch's order of ``n`` items (see :func:`epoch_order`), with its repeats.
+
+        Args:
+            n: the number of items in the source.
+
+        Returns:
+            int64 indices (n,): the epoch's order; with ``repeats`` above 1, the first
+            ``ceil(n / repeats)`` of it, each ``repeats`` times in a row, cut to ``n``.
+        """
         order = epoch_order(n, self.shuffle, self.seed, self.epoch)
         if self.repeats == 1:
             return order
@@ -69,7 +91,14 @@ class BatchPlan:
         return order[:distinct].repeat_interleave(self.repeats)[:n]
 
     def num_batches(self, n: int) -> int:
-        """Global batches in an epoch of ``n`` items, counting those before ``start_batch``."""
+        """Global batches in an epoch of ``n`` items, counting those before ``start_batch``.
+
+        Args:
+            n: the number of items in the epoch.
+
+        Returns:
+            ``n // batch_size``, plus one for a short last batch unless ``drop_last``.
+        """
         full, rest = divmod(n, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
@@ -83,6 +112,12 @@ class BatchPlan:
 
         For sources that can read any item directly (in memory, files in a folder). A batch in
         which this rank has no item (a short last batch) is left out.
+
+        Args:
+            n: the number of items in the source.
+
+        Yields:
+            int64 indices into the source, this rank's share of each global batch in turn.
         """
         order = self.order(n)
         for batch in range(self.start_batch, self.num_batches(n)):
@@ -95,6 +130,13 @@ class BatchPlan:
 
         For streaming sources, which cannot index: they read their stream in these sizes, past
         the first ``start_batch`` without decoding. Every rank gets the same number of entries.
+
+        Args:
+            n: the number of items in the epoch.
+
+        Returns:
+            One count for each of the :meth:`num_batches` global batches; a rank may have 0
+            in a short last batch.
         """
         return [len(range(n)[self._share(batch, n)]) for batch in range(self.num_batches(n))]
 

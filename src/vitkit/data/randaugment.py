@@ -107,7 +107,19 @@ class RandAugmentConfig:
     @classmethod
     def parse(cls, spec: str) -> RandAugmentConfig:
         """``"rand-m9-n2-mstd0.5-inc1-p0.5"`` (any order after ``rand``): timm's keys m, n, mstd
-        (above 100: uniform), inc, and p. A malformed spec is a ``ValueError`` saying which part."""
+        (above 100: uniform), inc, and p. A malformed spec is a ``ValueError`` saying which part.
+
+        Args:
+            spec: ``rand`` followed by ``-KEYVALUE`` parts; keys left out keep their defaults.
+                ``inc0`` is off, any other ``inc`` value on.
+
+        Returns:
+            The settings, with every op of :data:`OPS`.
+
+        Raises:
+            ValueError: a spec that does not start with ``rand``, a part that is not one of the
+                keys with a number, a fractional ``n``, or a value out of range.
+        """
         parts = spec.strip().split("-")
         if parts[0] != "rand":
             raise ValueError(f"{spec!r} does not start with 'rand' (e.g. 'rand-m9-n2-mstd0.5')")
@@ -246,6 +258,14 @@ def affine(x: torch.Tensor, coeffs: torch.Tensor, fill: torch.Tensor) -> torch.T
     the edge pixels repeated (grid_sample's "border"): Pillow's rule exactly, so only rounding
     (Pillow returns integers) differs. An image whose coefficients are the identity is returned
     unchanged, bit for bit.
+
+    Args:
+        x: a float batch (b, C, H, W).
+        coeffs: the coefficients (b, 6) of each image, as :func:`pillow_coeffs` gives them.
+        fill: the colour (C,) of pixels that come from outside the image.
+
+    Returns:
+        The transformed batch (b, C, H, W), in the dtype of ``x``.
     """
     b, _, h, w = x.shape
     k = coeffs.to(x.dtype).view(b, 6, 1, 1)
@@ -266,7 +286,21 @@ def affine(x: torch.Tensor, coeffs: torch.Tensor, fill: torch.Tensor) -> torch.T
 def pillow_coeffs(op: str, arg: float, size: tuple[int, int]) -> tuple[float, ...]:
     """The affine coefficients (a, b, c, d, e, f) Pillow uses for a geometric op: ``Image.rotate``
     (counter-clockwise about the centre, with its cosines rounded to 15 digits) and timm's
-    ``transform`` calls for shear (x' = x + arg * y) and translation (by ``arg`` of the side)."""
+    ``transform`` calls for shear (x' = x + arg * y) and translation (by ``arg`` of the side).
+
+    Args:
+        op: "rotate", "shear_x", "shear_y", "translate_x" or "translate_y".
+        arg: degrees for "rotate", the shear factor for the shears, the fraction of the width
+            (height) for "translate_x" ("translate_y"); as :func:`op_argument` gives it.
+        size: (H, W) of the image, in pixels.
+
+    Returns:
+        (a, b, c, d, e, f), mapping an output pixel (X, Y) to the input point (aX + bY + c,
+        dX + eY + f); the identity for a rotation by a multiple of 360 degrees.
+
+    Raises:
+        KeyError: an ``op`` that is not geometric.
+    """
     h, w = size
     if op == "rotate":
         if arg % 360 == 0:
@@ -284,7 +318,21 @@ def pillow_coeffs(op: str, arg: float, size: tuple[int, int]) -> tuple[float, ..
 
 
 def geometric(x: torch.Tensor, ops: list[str], args: list[float], fill: torch.Tensor) -> torch.Tensor:
-    """Image i of the batch through geometric op ``ops[i]`` with argument ``args[i]``: one resampling."""
+    """Image i of the batch through geometric op ``ops[i]`` with argument ``args[i]``: one resampling.
+
+    Args:
+        x: a float batch (b, C, H, W).
+        ops: one geometric op a image (names of :data:`GEOMETRIC`).
+        args: one argument a image, as :func:`pillow_coeffs` takes it.
+        fill: the colour (C,) of uncovered pixels.
+
+    Returns:
+        The transformed batch (b, C, H, W).
+
+    Raises:
+        ValueError: ``ops`` and ``args`` of different lengths.
+        KeyError: an op that is not geometric.
+    """
     rows = [pillow_coeffs(op, a, tuple(x.shape[-2:])) for op, a in zip(ops, args, strict=True)]
     return affine(x, torch.tensor(rows, dtype=torch.float64, device=x.device), fill)
 
@@ -305,7 +353,20 @@ _COLOUR_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 def op_argument(op: str, magnitude: float, sign: float = 1.0, increasing: bool = False) -> float:
     """timm's magnitude (0-10) -> argument of ``op`` (the table of the module docstring); ``sign``
-    (+-1) is the random negation of the signed ops."""
+    (+-1) is the random negation of the signed ops.
+
+    Args:
+        op: a name of :data:`OPS`.
+        magnitude: the magnitude, 0-10.
+        sign: +1 or -1; the geometric ops and, with ``increasing``, the enhancement ops (colour,
+            contrast, brightness, sharpness) take it, the others ignore it.
+        increasing: the ``inc1`` variants (see the table of the module docstring).
+
+    Returns:
+        The argument: degrees for rotate, a shear factor, a fraction of the side for the
+        translations, bits kept for posterize, a threshold level for solarize, the level added
+        by solarize add, a blend factor for the enhancement ops; 0 for the ops without one.
+    """
     level = magnitude / MAX_MAGNITUDE
     if op == "rotate":
         return level * 30 * sign
@@ -327,7 +388,20 @@ def op_argument(op: str, magnitude: float, sign: float = 1.0, increasing: bool =
 
 
 def apply_op(x: torch.Tensor, op: str, args: list[float] | float, fill: torch.Tensor) -> torch.Tensor:
-    """One op on every image of a float batch in [0, 255]: ``args`` one argument an image (or one for all)."""
+    """One op on every image of a float batch in [0, 255]: ``args`` one argument an image (or one for all).
+
+    Args:
+        x: a float batch (B, C, H, W) in [0, 255].
+        op: a name of :data:`OPS`.
+        args: the op's argument (see :func:`op_argument`), one for every image or one for all.
+        fill: the colour (C,) of pixels a geometric op uncovers.
+
+    Returns:
+        The transformed batch (B, C, H, W), in [0, 255].
+
+    Raises:
+        KeyError: an unknown ``op``.
+    """
     args = [float(args)] * x.shape[0] if isinstance(args, (int, float)) else [float(a) for a in args]
     if op in GEOMETRIC:
         return geometric(x, [op] * len(args), args, fill)
@@ -342,6 +416,15 @@ def rand_augment(x: torch.Tensor, cfg: RandAugmentConfig, g: torch.Generator, fi
     image's arguments are worked out there, as timm does per image; then, per layer, the images
     that chose each colour op are gathered and transformed together, and those that chose any
     geometric op are resampled together: a layer costs about one op per image in a few calls.
+
+    Args:
+        x: a float batch (B, C, H, W) in [0, 255].
+        cfg: the RandAugment settings.
+        g: the generator every draw comes from, on the device of ``x``.
+        fill: the colour (C,) of pixels a geometric op uncovers, in [0, 255].
+
+    Returns:
+        The augmented batch (B, C, H, W), a new tensor; ``x`` is left as it is.
     """
     b = x.shape[0]
     dev = x.device

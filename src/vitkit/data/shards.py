@@ -179,6 +179,19 @@ def shard_paths(pattern: str, split: str = "train") -> list[Path]:
     shards and other splits swap "train" in the file name for "val" (or "test"): of such derived
     names, those that exist are used (or, if none, whatever matches with each brace group as
     ``*``). A pattern used as given must match existing files, all of them.
+
+    Args:
+        pattern: a shard pattern with brace ranges and lists (:func:`expand_braces`) and shell
+            wildcards, optionally with ``{split}``.
+        split: "train", "val" or "test". For "val", ``{split}`` is tried as "val", then
+            "test"; for "test", the other way round.
+
+    Returns:
+        The shard files, in the pattern's order (names a wildcard matches sorted).
+
+    Raises:
+        DataError: an unknown split, a malformed pattern or one that names too many files, a
+            pattern used as given that names missing files, or no shards for the split.
     """
     if split not in SPLIT_NAMES:
         raise DataError(f"{pattern}: unknown split {split!r} (train, val or test)")
@@ -365,6 +378,14 @@ def scan_shard(path: Path, read_labels: bool = False) -> tuple[int, int]:
 
     Reads the tar headers only, plus the ``.cls`` members when ``read_labels``. A damaged
     shard gives what precedes the damage.
+
+    Args:
+        path: a tar shard (compressed or not).
+        read_labels: also read every ``.cls`` member, for the largest label.
+
+    Returns:
+        The number of samples that have both an image and a ``.cls``, and the largest label
+        (-1 without ``read_labels``, or when no ``.cls`` holds an integer).
     """
     fields: dict[str, set[str]] = {}
     top = -1
@@ -488,7 +509,25 @@ class ShardDataset(StreamingDataset):
         return self.num_samples
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of decoded batches; see the module docstring for how the plan is streamed."""
+        """One epoch of decoded batches; see the module docstring for how the plan is streamed.
+
+        Args:
+            plan: the epoch's batches for this rank.
+            num_workers: decoding processes (0: decode in this process); the order does not
+                depend on it.
+
+        Returns:
+            An iterator of (uint8 images (B, C, H, W), int64 labels (B,)), this rank's share of
+            each global batch from ``plan.start_batch`` on. Samples without an image or a
+            readable ``.cls``, images that fail to decode and damaged shards are left out and
+            counted in ``skips``.
+
+        Raises:
+            DataError: at once, fewer shards than ranks, or (without ``num_samples``) no
+                samples to count in the shards; while iterating, a label outside the classes,
+                an image whose values are outside the range of its format, or a rank whose
+                shards hold no readable sample.
+        """
         if len(self.shards) < plan.world_size:
             raise DataError(f"{self.name}: {len(self.shards)} shards cannot be split among {plan.world_size} ranks")
         sizes = plan.local_sizes(len(self))  # this rank's share of every global batch (the last may be short)

@@ -170,6 +170,20 @@ class StreamingDataset(Dataset):
         for each of the plan's, or its batches would pair with other ranks' later ones and it
         would run out first (the trainer drops a batch that is empty on any rank, on all). An
         image whose values are outside its format's range is a :class:`DataError` naming it.
+
+        Args:
+            item_batches: the batches of this rank, each a list of (file path or encoded bytes,
+                label, name for reports).
+            num_workers: DataLoader worker processes that decode (0: this process).
+            keep_empty: yield a batch even when none of its images decoded.
+
+        Yields:
+            (uint8 images (B, C, H, W) at this source's ``image_size``, int64 labels (B,)) for
+            each batch of ``item_batches`` that kept an image (for each, with ``keep_empty``: B
+            may then be 0), in order.
+
+        Raises:
+            DataError: an image whose values are outside the range of its format.
         """
         # A DataLoader draws its workers' base seed when an epoch's iterator is made, from the
         # global RNG unless it has a generator of its own. A run resumed mid-epoch makes that

@@ -19,6 +19,24 @@ def synthetic_dataset(
     noise: float = 0.25,
     name: str = "synthetic",
 ) -> ArrayDataset:
+    """Gratings, one orientation and frequency a class, with Gaussian noise, in memory.
+
+    Class ``k`` is a sine grating at ``k * 180 / num_classes`` degrees, of one of three
+    frequencies (by ``k % 3``), at a random phase; the classes are as balanced as ``n`` allows,
+    in a random order. The same arguments give the same images.
+
+    Args:
+        n: the number of images.
+        img_size: N or (H, W), in pixels.
+        num_classes: the number of classes.
+        in_chans: channels; each holds the same grating, with noise of its own.
+        seed: the seed of every random draw.
+        noise: the standard deviation of the noise, in units of the grating's amplitude (1).
+        name: the dataset's name.
+
+    Returns:
+        uint8 images (n, in_chans, H, W), int64 labels (n,), classes ``class_0``...
+    """
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     g = torch.Generator().manual_seed(seed)
     labels = torch.arange(n) % num_classes

@@ -20,7 +20,16 @@ from .randaugment import RandAugmentConfig, rand_augment
 
 
 def step_generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator whose stream depends only on (seed, step)."""
+    """A generator whose stream depends only on (seed, step).
+
+    Args:
+        seed: the run's seed.
+        step: the training step.
+        device: the device the generator draws on (that of the batches it augments).
+
+    Returns:
+        A new generator on ``device``, seeded with a mix of ``seed`` and ``step``.
+    """
     g = torch.Generator(device=device)
     g.manual_seed((seed * 0x9E3779B1 + step * 0x85EBCA77 + 1) % (2**63 - 1))
     return g
@@ -37,7 +46,19 @@ def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
     """Convert an image batch (B, C, H, W) to ``in_chans`` channels.
 
     One channel to three: the grey value repeated. Three to one: luminance (ITU-R BT.601, as
-    Pillow's "L"). Any other mismatch is a ``ValueError``. Returns floats when it converts.
+    Pillow's "L"). Any other mismatch is a ``ValueError``.
+
+    Args:
+        x: the batch (B, C, H, W).
+        in_chans: the channels wanted.
+
+    Returns:
+        ``x`` itself when it has ``in_chans`` channels; from one channel, a view that repeats it
+        ``in_chans`` times, in the dtype of ``x``; from three to one, float32 luminance
+        (B, 1, H, W), not rounded.
+
+    Raises:
+        ValueError: any other pair of channel counts.
     """
     c = x.shape[1]
     if c == in_chans:
@@ -51,13 +72,33 @@ def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
 
 
 def hflip(x: torch.Tensor, g: torch.Generator, p: float = 0.5) -> torch.Tensor:
-    """Flip each image left-right with probability ``p``."""
+    """Flip each image left-right with probability ``p``.
+
+    Args:
+        x: the batch (B, C, H, W).
+        g: the generator, on the device of ``x``.
+        p: the probability that an image is flipped.
+
+    Returns:
+        A new batch of the same shape and dtype.
+    """
     mask = torch.rand(x.shape[0], generator=g, device=x.device) < p
     return torch.where(mask.view(-1, 1, 1, 1), x.flip(-1), x)
 
 
 def random_crop(x: torch.Tensor, g: torch.Generator, pad: int = 4, fill: float = 0) -> torch.Tensor:
-    """Pad every side by ``pad`` and take a random crop of the original size, per image."""
+    """Pad every side by ``pad`` and take a random crop of the original size, per image.
+
+    Args:
+        x: the batch (B, C, H, W).
+        g: the generator, on the device of ``x``.
+        pad: pixels added on every side; 0 or less: no crop.
+        fill: the value of the padding.
+
+    Returns:
+        The cropped batch (B, C, H, W), in the dtype of ``x``; ``x`` itself when ``pad`` is 0 or
+        less.
+    """
     B, C, H, W = x.shape
     if pad <= 0:
         return x
@@ -81,6 +122,16 @@ def inception_crop(
 
     Per image: a box with a random fraction of the area and a log-uniform aspect ratio,
     clipped to the image, at a random position. Float input (B, C, H, W) -> (B, C, *size).
+
+    Args:
+        x: a float batch (B, C, H, W).
+        size: (H, W) of the result, in pixels.
+        g: the generator, on the device of ``x``.
+        area: the range of the box's area, as fractions of the image's.
+        ratio: the range of the box's aspect ratio (width / height).
+
+    Returns:
+        The crops, (B, C, *size), in the dtype of ``x``.
     """
     B, C, H, W = x.shape
     dev = x.device
@@ -101,7 +152,16 @@ def inception_crop(
 
 
 def resize(x: torch.Tensor, size: tuple[int, int], mode: str = "bilinear") -> torch.Tensor:
-    """Bilinear (or ``mode="bicubic"``) resize of a float batch (antialiased when shrinking)."""
+    """Bilinear (or ``mode="bicubic"``) resize of a float batch (antialiased when shrinking).
+
+    Args:
+        x: a float batch (B, C, H, W).
+        size: (H, W) of the result, in pixels.
+        mode: "bilinear" or "bicubic".
+
+    Returns:
+        The resized batch (B, C, *size); ``x`` itself when it already has that size.
+    """
     if tuple(x.shape[-2:]) == tuple(size):
         return x
     shrink = size[0] < x.shape[-2] or size[1] < x.shape[-1]
@@ -109,7 +169,16 @@ def resize(x: torch.Tensor, size: tuple[int, int], mode: str = "bilinear") -> to
 
 
 def center_crop(x: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Keep the central ``fraction`` of each side."""
+    """Keep the central ``fraction`` of each side.
+
+    Args:
+        x: a batch (..., H, W).
+        fraction: the share of each side kept; 1 or more: all of it.
+
+    Returns:
+        A view of the centre, each side ``round(side * fraction)`` pixels (at least 1); ``x``
+        itself when ``fraction`` is 1 or more.
+    """
     if fraction >= 1.0:
         return x
     H, W = x.shape[-2:]
@@ -153,6 +222,14 @@ def random_erase(x: torch.Tensor, cfg: EraseConfig, g: torch.Generator) -> torch
 
     Batched: every draw is made for every image, box slot and try (shapes that depend only on
     the batch), and each box is the first try that fits, as timm's loop would take it.
+
+    Args:
+        x: a normalised float batch (B, C, H, W).
+        cfg: the erasing settings.
+        g: the generator, on the device of ``x``.
+
+    Returns:
+        The batch with its boxes erased, a new tensor; ``x`` is left as it is.
     """
     B, C, H, W = x.shape
     dev, k = x.device, cfg.max_count
@@ -218,7 +295,22 @@ class TransformConfig:
 
 
 def train_transform(x: torch.Tensor, cfg: TransformConfig, g: torch.Generator) -> torch.Tensor:
-    """uint8 batch on the compute device -> augmented float batch in the model's range."""
+    """uint8 batch on the compute device -> augmented float batch in the model's range.
+
+    In order: the "pad" crop, the "inception" crop (or a resize to ``cfg.img_size``), the flip,
+    RandAugment, normalisation, random erasing; each where ``cfg`` asks for it.
+
+    Args:
+        x: a uint8 batch (B, C, H, W).
+        cfg: the augmentation.
+        g: the step's generator (:func:`step_generator`), on the device of ``x``.
+
+    Returns:
+        float32 (B, C, *cfg.img_size), normalised with ``cfg.mean`` and ``cfg.std``.
+
+    Raises:
+        DataError: ``cfg.mean`` does not have one value for each channel of ``x``.
+    """
     if cfg.crop == "pad":
         x = random_crop(x, g, cfg.pad)
     x = x.float()
@@ -240,7 +332,19 @@ def train_transform(x: torch.Tensor, cfg: TransformConfig, g: torch.Generator) -
 
 
 def eval_transform(x: torch.Tensor, cfg: TransformConfig) -> torch.Tensor:
-    """uint8 batch -> float batch: optional centre crop, resize, value range."""
+    """uint8 batch -> float batch: optional centre crop, resize, value range.
+
+    Args:
+        x: a uint8 batch (B, C, H, W).
+        cfg: the transform; ``eval_crop``, ``eval_interpolation``, ``img_size``, ``mean`` and
+            ``std`` are used.
+
+    Returns:
+        float32 (B, C, *cfg.img_size), normalised with ``cfg.mean`` and ``cfg.std``.
+
+    Raises:
+        DataError: ``cfg.mean`` does not have one value for each channel of ``x``.
+    """
     x = center_crop(x.float(), cfg.eval_crop)
     x = resize(x, cfg.img_size, cfg.eval_interpolation)
     return normalize(x, cfg.mean, cfg.std)

@@ -41,13 +41,23 @@ def _xdg_cache() -> Path:
 
 
 def cache_dir() -> Path:
-    """vitkit's download cache: ``VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit`` or ``~/.cache/vitkit``."""
+    """vitkit's download cache: ``VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit`` or ``~/.cache/vitkit``.
+
+    Returns:
+        The folder, with ``~`` expanded; read from the environment on every call, and not created
+        here.
+    """
     given = os.environ.get("VITKIT_CACHE")
     return Path(given).expanduser() if given else _xdg_cache() / "vitkit"
 
 
 def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache as ``huggingface_hub`` finds it, read now rather than at its import."""
+    """The Hugging Face hub cache as ``huggingface_hub`` finds it, read now rather than at its import.
+
+    Returns:
+        ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub`` (or
+        ``~/.cache/huggingface/hub``), with ``~`` expanded.
+    """
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME")
@@ -55,12 +65,22 @@ def hf_cache_dir() -> Path:
 
 
 def offline() -> bool:
-    """``VITKIT_OFFLINE`` is set: nothing is fetched, the caches are all there is."""
+    """``VITKIT_OFFLINE`` is set: nothing is fetched, the caches are all there is.
+
+    Returns:
+        True when ``VITKIT_OFFLINE`` is ``1``, ``true``, ``yes`` or ``on`` (case and surrounding
+        spaces ignored).
+    """
     return _flag("VITKIT_OFFLINE")
 
 
 def hf_offline() -> bool:
-    """The hub is offline: ``VITKIT_OFFLINE``, ``HF_HUB_OFFLINE`` (or transformers' ``TRANSFORMERS_OFFLINE``)."""
+    """The hub is offline: ``VITKIT_OFFLINE``, ``HF_HUB_OFFLINE`` (or transformers' ``TRANSFORMERS_OFFLINE``).
+
+    Returns:
+        True when any of the three is ``1``, ``true``, ``yes`` or ``on`` (case and surrounding
+        spaces ignored).
+    """
     return offline() or _flag("HF_HUB_OFFLINE") or _flag("TRANSFORMERS_OFFLINE")
 
 
@@ -110,7 +130,14 @@ def check_timeout(value: float, name: str = "timeout", given: str | None = None)
 
 def https_address(url: str) -> str:
     """``gs://bucket/path`` -> its public address ``https://storage.googleapis.com/bucket/path``;
-    other addresses unchanged."""
+    other addresses unchanged.
+
+    Args:
+        url: any address.
+
+    Returns:
+        The ``https://`` address of a ``gs://`` path; ``url`` itself otherwise.
+    """
     if url.startswith("gs://"):
         return f"{GCS}/{url[len('gs://') :]}"
     return url
@@ -118,7 +145,17 @@ def https_address(url: str) -> str:
 
 def fetch_address(url: str) -> str:
     """The address a download really asks: ``VITKIT_MIRROR`` stands in for Google Cloud Storage;
-    the path is percent-encoded (``+`` in ``imagenet21k+imagenet2012`` becomes ``%2B``)."""
+    the path is percent-encoded (``+`` in ``imagenet21k+imagenet2012`` becomes ``%2B``).
+
+    Args:
+        url: an ``http(s)://`` or ``gs://`` address.
+
+    Returns:
+        The address to request: ``gs://`` as ``https://storage.googleapis.com/``, that prefix
+        replaced by ``VITKIT_MIRROR`` when it is set, the path percent-encoded (letters, digits,
+        ``/%:@~-._`` kept, so an address already encoded stays as it is), the query string kept
+        and the fragment left out.
+    """
     url = https_address(url)
     mirror = os.environ.get("VITKIT_MIRROR", "").strip().rstrip("/")
     if mirror and url.startswith(GCS + "/"):

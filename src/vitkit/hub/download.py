@@ -58,7 +58,15 @@ class _Answer:
 
 
 def partial_path(dest: Path) -> Path:
-    """The partial download of ``dest`` (a name :func:`vitkit.files.temporary_target` recognises)."""
+    """The partial download of ``dest`` (a name :func:`vitkit.files.temporary_target` recognises).
+
+    Args:
+        dest: the cache file a download is for.
+
+    Returns:
+        ``.NAME.download.tmp`` in the folder of ``dest``, where ``NAME`` is the file name of
+        ``dest``: the body received so far, which a later download resumes from.
+    """
     return dest.parent / f".{dest.name}.download.tmp"
 
 

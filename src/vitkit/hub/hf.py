@@ -37,7 +37,17 @@ class HubFiles:
 
 
 def parse(spec: str) -> tuple[str, str | None]:
-    """``hf-hub:org/name@rev`` -> (``org/name``, ``rev`` or None)."""
+    """``hf-hub:org/name@rev`` -> (``org/name``, ``rev`` or None).
+
+    Args:
+        spec: ``hf-hub:org/name``, optionally followed by ``@revision`` (a branch, tag or commit).
+
+    Returns:
+        The repository id and the revision (None without one).
+
+    Raises:
+        UsageError: the repository is not ``org/name`` (letters, digits, ``_``, ``.`` and ``-``).
+    """
     repo, _, revision = spec[len(PREFIX) :].strip().partition("@")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
         raise UsageError(f"{spec}: a hub name is hf-hub:org/name (optionally @revision)")
@@ -46,7 +56,26 @@ def parse(spec: str) -> tuple[str, str | None]:
 
 def fetch_hub(spec: str) -> HubFiles:
     """Download (or find in the hub cache) what ``spec`` names; offline (``HF_HUB_OFFLINE`` or
-    ``VITKIT_OFFLINE``) the cache only, a missing file being one line naming it and its address."""
+    ``VITKIT_OFFLINE``) the cache only, a missing file being one line naming it and its address.
+
+    Args:
+        spec: ``hf-hub:org/name``, optionally ``@revision``.
+
+    Returns:
+        The weights (``model.safetensors``, else ``pytorch_model.bin``) in the hub cache, checked
+        against the sha256 the cache names them by; for a timm repository (its ``config.json``
+        has an ``architecture``) the vitkit model of that architecture, else None; and the
+        preprocessing the repository documents (timm's ``pretrained_cfg``, or transformers'
+        ``preprocessor_config.json``), or None.
+
+    Raises:
+        UsageError: a malformed ``spec``.
+        DownloadError: no weight file (offline: none cached), a gated or missing repository, a
+            missing revision, another failure of the hub or the network, or a cached file whose
+            sha256 does not match (the message says which file to delete).
+        CheckpointError: a ``config.json`` or ``preprocessor_config.json`` that is not JSON, or
+            whose preprocessing values are not valid.
+    """
     repo, revision = parse(spec)
     why: list[str] = []
     config_path = _get(repo, "config.json", revision, why)

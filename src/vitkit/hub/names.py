@@ -58,6 +58,8 @@ class Pretrained:
 
     @property
     def tag(self) -> str:
+        """The part of the name after the model: ``in21k_ft_in1k`` of ``vit_b16.in21k_ft_in1k``
+        (everything after the first dot; the whole name when it has none)."""
         return self.name.split(".", 1)[1] if "." in self.name else self.name
 
 
@@ -245,7 +247,19 @@ _INDEX: dict[str, str] = {}  # every accepted spelling, lower-cased -> the entry
 
 def register_pretrained(entry: Pretrained) -> None:
     """Add (or replace) an entry, so that its name, aliases and address resolve: a team's own
-    weights on an internal server, a mirror with other file names."""
+    weights on an internal server, a mirror with other file names.
+
+    An entry of the same name is replaced, and the spellings that named it are forgotten first.
+    Spellings are matched without regard to case; each alias also answers with ``.npz`` appended,
+    and a ``https://storage.googleapis.com/`` address also as its ``gs://`` path. A spelling that
+    another entry already answered to names the new entry from then on.
+
+    Args:
+        entry: the weights to register. Its ``name``, ``url`` and ``aliases`` become names that
+            :func:`find`, :func:`vitkit.load_pretrained` and :func:`vitkit.create_model` accept;
+            its tag (the part of the name after the model) is what ``create_model(model,
+            pretrained=TAG)`` takes when ``entry.model`` is set.
+    """
     old = _TABLE.pop(entry.name, None)
     if old is not None:
         for key in [k for k, v in _INDEX.items() if v == old.name]:
@@ -262,19 +276,51 @@ for _entry in (*_OFFICIAL, *_AUGREG, *_HUB, *_RELEASES):
 
 
 def list_pretrained(model: str | None = None) -> list[Pretrained]:
-    """The known weights, all or those of one vitkit model name."""
+    """The known weights, all or those of one vitkit model name.
+
+    Args:
+        model: a vitkit model name as the entries record it (``"vit_b16"``), compared exactly;
+            None: every entry.
+
+    Returns:
+        The entries, in the order they were registered (a replacement comes last, not where the
+        entry it replaced was).
+    """
     return [e for e in _TABLE.values() if model is None or e.model == model]
 
 
 def find(name: str) -> Pretrained | None:
-    """The entry a name, alias or address stands for, or None."""
+    """The entry a name, alias or address stands for, or None.
+
+    Args:
+        name: an entry's name (``vit_b16.augreg_in21k_ft_in1k``), one of its aliases (a release
+            file name such as ``imagenet21k/ViT-B_16``, with or without ``.npz``) or its address
+            (``https://``, ``gs://`` or ``hf-hub:``). Case and surrounding spaces are ignored.
+
+    Returns:
+        The entry, or None when nothing is known by that spelling.
+    """
     key = _INDEX.get(name.strip().lower())
     return _TABLE[key] if key is not None else None
 
 
 def for_model(model: str, tag: str | bool) -> Pretrained:
     """The weights ``create_model(model, pretrained=tag)`` means: a tag of that model (``True``:
-    its default, the ImageNet-1k fine-tuned AugReg file where there is one)."""
+    its default, the ImageNet-1k fine-tuned AugReg file where there is one).
+
+    Args:
+        model: a vitkit model name as the entries record it (``"vit_b16"``).
+        tag: the tag (``"in21k"``) or the full name of one of the model's entries; ``True``: the
+            first of the tags ``augreg_in21k_ft_in1k``, ``in21k_ft_in1k``, ``augreg_in21k`` and
+            ``in21k`` the model has, else its first entry.
+
+    Returns:
+        The entry.
+
+    Raises:
+        UsageError: no weights are known for ``model``, or none with that tag (the message
+            lists the model's tags).
+    """
     own = list_pretrained(model)
     if tag is True:
         for preferred in ("augreg_in21k_ft_in1k", "in21k_ft_in1k", "augreg_in21k", "in21k"):
@@ -293,7 +339,16 @@ def for_model(model: str, tag: str | bool) -> Pretrained:
 
 def suggestions(name: str) -> list[str]:
     """Names close to ``name``: the variants of a release file name (``ViT-B_16`` ->
-    ``imagenet21k/ViT-B_16``...), else the closest spellings."""
+    ``imagenet21k/ViT-B_16``...), else the closest spellings.
+
+    Args:
+        name: the name that resolved to nothing.
+
+    Returns:
+        The first alias of every entry with a spelling that ends in ``/`` and ``name`` (case
+        ignored), sorted; when there is none, up to three entry names or first aliases that
+        :func:`difflib.get_close_matches` finds close to ``name`` (cutoff 0.5). Possibly empty.
+    """
     key = name.strip().lower()
     variants = sorted({_TABLE[v].aliases[0] for k, v in _INDEX.items() if k.endswith("/" + key) and _TABLE[v].aliases})
     spellings = [*_TABLE, *(a for e in _TABLE.values() for a in e.aliases[:1])]
@@ -301,7 +356,15 @@ def suggestions(name: str) -> list[str]:
 
 
 def unknown(name: str) -> UsageError:
-    """The error for a name nothing resolves, with close names suggested."""
+    """The error for a name nothing resolves, with close names suggested.
+
+    Args:
+        name: the name that resolved to nothing.
+
+    Returns:
+        A :class:`~vitkit.errors.UsageError`, for the caller to raise: one line naming ``name``,
+        the :func:`suggestions` if any, and the names and addresses that are accepted.
+    """
     close = suggestions(name)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return UsageError(
@@ -311,7 +374,18 @@ def unknown(name: str) -> UsageError:
 
 
 def rows(entries: list[Pretrained]) -> list[dict[str, object]]:
-    """The table ``vitkit models --pretrained`` prints (and writes as JSON)."""
+    """The table ``vitkit models --pretrained`` prints (and writes as JSON).
+
+    Args:
+        entries: the entries to list, such as :func:`list_pretrained` gives.
+
+    Returns:
+        One JSON-ready dict an entry, in the order given, with the keys ``name``, ``model``,
+        ``source``, ``resolution`` (pixels a side), ``data`` (``"PRETRAIN -> FINETUNE"``, or the
+        pre-training data alone), ``top1`` (%, or None), ``top1_source``, ``licence``, ``url``,
+        ``aliases`` (a list) and ``preprocessing`` (:meth:`Preprocessing.to_dict`, or None where the
+        entry carries none).
+    """
     return [
         {
             "name": e.name,

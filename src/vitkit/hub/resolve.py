@@ -38,6 +38,14 @@ class Resolved:
 
 
 def is_address(text: str) -> bool:
+    """Whether ``text`` is an address rather than a name or a path.
+
+    Args:
+        text: a ``--weights`` value, a name or a path.
+
+    Returns:
+        True when it starts with ``hf-hub:``, ``gs://``, ``https://`` or ``http://`` (case matters).
+    """
     return text.startswith(ADDRESS_PREFIXES)
 
 
@@ -134,6 +142,34 @@ def load_pretrained(
     downloaded once into the cache (:mod:`vitkit.hub.cache`) and come with their preprocessing
     (mean/std, crop fraction, interpolation) as ``model.preprocessing``; the model they fit is
     checked (``name`` overrides it). ``progress(bytes, total)`` follows a download.
+
+    Args:
+        path: a file or folder, a known name, an ``hf-hub:org/name[@revision]`` id, a ``gs://``
+            path or an ``http(s)://`` address (see :func:`resolve`).
+        name: the vitkit model the weights must fit (``"vit_b16"``); None: the model the name
+            stands for, else the architecture read from the file.
+        pos_embed_mode: how the position embeddings are resized when ``img_size`` is overridden:
+            "bilinear" (the official method) or "bicubic".
+        num_heads: the attention heads, for files that do not record them (timm tensors, Hugging
+            Face weights without ``config.json``); a file that records them must agree.
+        allow_nonfinite: load weights that hold NaN or inf instead of refusing them.
+        progress: called with (bytes so far, total or None) during a download.
+        **overrides: config fields, as for :func:`vitkit.checkpoint.load_pretrained`:
+            ``img_size`` resizes the position embeddings, ``num_classes`` replaces the head with a
+            zero-initialised one, ``features_only`` (with ``out_indices``) returns feature maps;
+            others (dropout rates...) are set as given.
+
+    Returns:
+        The model, in eval mode, with ``.load_report`` (whose ``name`` is the name asked for,
+        for named weights) and ``.preprocessing``: the named entry's or the hub repository's
+        where known, at the model's ``img_size``; otherwise what the file records, else the
+        paper's [-1, 1] range.
+
+    Raises:
+        UsageError: an unknown name, or an address whose file name has no weight suffix.
+        DownloadError: a download that failed or was refused, or a damaged file in a cache.
+        CheckpointError: a file that cannot be read or does not fit; for a downloaded one, the
+            message says which cache holds it and to delete it to download it again.
     """
     from ..checkpoint import load_pretrained as load_file
 
@@ -157,7 +193,27 @@ def create_model(name: str, pretrained: bool | str = False, **overrides: Any) ->
     of the model (``"in21k"``, ``"augreg_in21k_ft_in1k"``...), or any name, address or file
     :func:`load_pretrained` takes (checked to fit ``name``). ``overrides`` as for
     :func:`load_pretrained` (``img_size`` resizes the position embeddings, ``num_classes``
-    replaces the head)."""
+    replaces the head).
+
+    Args:
+        name: a vitkit model name or a paper spelling (``"vit_b16"``, ``"ViT-B/16"``).
+        pretrained: False or None for random weights; ``True``, a tag of the model, or a name,
+            address or file as above.
+        **overrides: config fields: for random weights, as :func:`vitkit.models.create_model`
+            takes them; with weights, as :func:`load_pretrained` takes them.
+
+    Returns:
+        The model: with random weights as :func:`vitkit.models.create_model` builds it, or
+        loaded (in eval mode, with ``.load_report`` and ``.preprocessing``) as
+        :func:`load_pretrained` returns it.
+
+    Raises:
+        ValueError: an unknown model name (suggesting close ones).
+        UsageError: a ``pretrained`` string that is neither weights nor a tag of the model (the
+            message lists its tags), or ``True`` for a model without known weights.
+        DownloadError: a download that failed or was refused.
+        CheckpointError: weights that cannot be read or do not fit ``name``.
+    """
     from ..models import canonical_name, model_config
     from ..models import create_model as create_random
 

@@ -64,7 +64,15 @@ class ScoreSettings:
 
 def check_fewshot_data(settings: ScoreSettings) -> None:
     """The few-shot task must have ``2 x shots`` training images of every class (half hold the
-    shots, half choose the l2 strength) and a test split."""
+    shots, half choose the l2 strength) and a test split.
+
+    Args:
+        settings: the suite's scoring, whose ``fewshot_data`` and ``shots`` are checked.
+
+    Raises:
+        DataError: a class has fewer than ``2 x shots`` training images, or the task's data or
+            its test split cannot be found.
+    """
     from ..data import build_dataset
 
     train = build_dataset(settings.fewshot_data, "train")
@@ -95,7 +103,17 @@ def fewshot_transfer(model: Any, settings: ScoreSettings, precision: str) -> dic
     """Few-shot linear accuracy (the closed form of :mod:`vitkit.eval.fewshot`) on the transfer
     task. The l2 strength is chosen on the task's training images alone: half of each class
     holds the shots, the other half scores them; then the shots come from all training images
-    and the test split scores them."""
+    and the test split scores them.
+
+    Args:
+        model: the model whose pre-logits features are scored.
+        settings: the suite's scoring (the task, the shots, the seeds).
+        precision: what the features are extracted in: "auto", "fp32" or "bf16".
+
+    Returns:
+        ``shots``, ``l2`` (the strength chosen), and the test accuracy over the seeds as ``mean``,
+        ``std`` and ``per_seed`` (fractions in [0, 1]).
+    """
     import torch
 
     from ..data.carve import class_orders
@@ -157,7 +175,24 @@ def train_accuracy(model: Any, recipe: Any, precision: str) -> float:
 
 def score(run_dir: Path, settings: ScoreSettings, precision: str, recipe: Any = None) -> dict[str, Any]:
     """Test top-1 and few-shot transfer of a finished run's best (minival) checkpoint; with the
-    run's ``recipe``, also its top-1 on its own training images (``train_top1``)."""
+    run's ``recipe``, also its top-1 on its own training images (``train_top1``).
+
+    Args:
+        run_dir: the run's folder, holding ``best.safetensors`` and ``metrics.jsonl``.
+        settings: the suite's scoring.
+        precision: what the model is evaluated in: "auto", "fp32" or "bf16".
+        recipe: the run's recipe (a :class:`vitkit.train.Recipe`), or None to leave out
+            ``train_top1``.
+
+    Returns:
+        ``test_top1`` and ``test_images``, ``fewshot`` (:func:`fewshot_transfer`), ``best_step``
+        and ``minival_top1`` (of the checkpoint, None where it does not say), ``flops_per_image``,
+        ``params``, ``img_size``, ``train_top1`` (None without ``recipe``) and ``minival_curve``
+        (``[step, top1]`` pairs). Accuracies are fractions in [0, 1].
+
+    Raises:
+        TrainingError: the run has no ``best.safetensors``.
+    """
     from ..checkpoint.io import read_safetensors_metadata
     from ..checkpoint.load import load_pretrained
     from ..eval import evaluate
@@ -774,7 +809,15 @@ class Runner:
         return self.results
 
     def train_flops(self, spec: RunSpec) -> float:
-        """A run's training FLOPs as its result counts them (3 x forward FLOPs x images), before it runs."""
+        """A run's training FLOPs as its result counts them (3 x forward FLOPs x images), before it runs.
+
+        Args:
+            spec: the run; its recipe's model, ``train.steps`` and ``train.batch_size`` are read
+                (1 for a missing one).
+
+        Returns:
+            3 x the model's forward FLOPs per image x steps x batch size.
+        """
         from ..models.flops import resnet_flops, vit_flops
         from ..models.registry import model_config
 

@@ -30,7 +30,17 @@ REPRODUCE_DIR = CONFIG_DIR / "reproduce"
 
 def check_experiments(names: list[str]) -> list[str]:
     """The experiments asked for, in the suite's order (all when none); a wrong name is a
-    :class:`UsageError` that suggests the close ones."""
+    :class:`UsageError` that suggests the close ones.
+
+    Args:
+        names: experiment names (``data-scaling``, ``compute``, ...), in any order; empty for all.
+
+    Returns:
+        The names asked for, each once, in the order of :data:`EXPERIMENTS`.
+
+    Raises:
+        UsageError: a name is not an experiment.
+    """
     for name in names:
         if name not in EXPERIMENTS:
             close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.5)
@@ -44,7 +54,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``, mappings merged key by key, anything else replaced."""
+    """``top`` over ``base``, mappings merged key by key, anything else replaced.
+
+    Args:
+        base: the mapping underneath.
+        top: the mapping whose values win.
+
+    Returns:
+        A new mapping (deep copies: neither argument is changed).
+    """
     out = copy.deepcopy(base)
     for k, v in top.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
@@ -54,7 +72,16 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def budget_view(tree: dict[str, Any], budget: str) -> dict[str, Any]:
     """A config file as one budget sees it: the budget's keys over the file's. ``models``
     entries are replaced whole (a budget names other models, not other overrides of these);
-    ``recipe`` and ``set`` merge."""
+    ``recipe`` and ``set`` merge.
+
+    Args:
+        tree: a reproduction config file's contents, with its ``budgets`` section.
+        budget: the budget's name (``smoke``, ``desktop``, ``full``); a budget the file does not
+            name changes nothing.
+
+    Returns:
+        The file's tree without ``budgets``, with that budget's keys over it.
+    """
     over = dict((tree.get("budgets") or {}).get(budget) or {})
     out = {k: v for k, v in tree.items() if k != "budgets"}
     models = over.pop("models", None)
@@ -67,6 +94,18 @@ def budget_view(tree: dict[str, Any], budget: str) -> dict[str, Any]:
 
 
 def load_experiment(name: str, budget: str) -> dict[str, Any]:
+    """An experiment's config file as one budget sees it (:func:`budget_view`).
+
+    Args:
+        name: the experiment (``pos-embed`` reads ``configs/reproduce/pos_embed.yaml``).
+        budget: the budget's name.
+
+    Returns:
+        The experiment's tree with the budget's keys over it.
+
+    Raises:
+        UsageError: the file cannot be read, or is not a YAML mapping.
+    """
     return budget_view(_read_yaml(REPRODUCE_DIR / f"{name.replace('-', '_')}.yaml"), budget)
 
 
@@ -145,6 +184,18 @@ class Suite:
         return (h, w)
 
     def model_section(self, label: str, **overrides: Any) -> dict[str, Any]:
+        """The recipe's ``model`` section for one of ``common.yaml``'s models, at the suite's input size.
+
+        Args:
+            label: the model's role in ``common.yaml`` (``vit-tiny``).
+            **overrides: model settings over the entry's own ``overrides`` and the input size.
+
+        Returns:
+            ``{"name": ..., "overrides": ...}``.
+
+        Raises:
+            UsageError: ``common.yaml`` defines no model ``label``.
+        """
         models = self.common.get("models", {})
         if label not in models:
             raise UsageError(f"model {label!r} is not defined in {REPRODUCE_DIR / 'common.yaml'}")
@@ -153,6 +204,14 @@ class Suite:
         return {"name": entry["name"], "overrides": over}
 
     def model_title(self, label: str) -> str:
+        """The name a report gives a model.
+
+        Args:
+            label: the model's role in ``common.yaml``.
+
+        Returns:
+            The entry's ``title``, or ``label`` where it has none.
+        """
         return str(self.common.get("models", {}).get(label, {}).get("title", label))
 
     def recipe(
@@ -166,7 +225,23 @@ class Suite:
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The whole recipe tree of one run: common recipe, the experiment's, the budget's
-        ``set`` keys, the model, the data (carved), the seed, and ``extra`` last."""
+        ``set`` keys, the model, the data (carved), the seed, and ``extra`` last.
+
+        Args:
+            model: the model's role in ``common.yaml``.
+            seed: the run's seed; it also draws the minival and the subset.
+            subset: the training images to use: a fraction of the pool or a count (None: all).
+            experiment: the experiment's config as the budget sees it (its ``recipe`` and ``set``).
+            overrides: model settings over the entry's own.
+            extra: recipe keys merged over everything else.
+
+        Returns:
+            The recipe tree, checked as a recipe.
+
+        Raises:
+            UsageError: the model is not defined in ``common.yaml``.
+            RecipeError: a key or value of the tree is not a valid recipe.
+        """
         experiment = experiment or {}
         tree = deep_merge(self.common.get("recipe", {}), experiment.get("recipe", {}))
         sets = {**(self.common.get("set") or {}), **(experiment.get("set") or {})}
@@ -196,11 +271,26 @@ class Suite:
         return tree
 
     def data_options(self) -> dict[str, Any]:
-        """Options of the data source: files are decoded at the models' size (in-memory data needs none)."""
+        """Options of the data source: files are decoded at the models' size (in-memory data needs none).
+
+        Returns:
+            ``{"load_size": [h, w]}`` for streaming data, else an empty mapping.
+        """
         return {"load_size": list(self.img_size)} if self.info.streaming else {}
 
     def subset_size(self, size: float) -> int:
-        """A subset as an image count: a fraction of the pool, or a count that must fit it."""
+        """A subset as an image count: a fraction of the pool, or a count that must fit it.
+
+        Args:
+            size: a fraction in (0, 1) of the pool, 1 for all of it, or a whole number of images.
+
+        Returns:
+            The number of images.
+
+        Raises:
+            DataError: ``size`` is neither, or the count exceeds the pool or is smaller than the
+                number of classes.
+        """
         n = image_count(size, self.num_pool, "subset")
         if n > self.num_pool:
             raise DataError(
@@ -214,6 +304,14 @@ class Suite:
         return n
 
     def run_dir(self, spec: RunSpec) -> Path:
+        """The folder of a run.
+
+        Args:
+            spec: the run.
+
+        Returns:
+            ``OUT/runs/KEY``, the key naming the model and a hash of the recipe.
+        """
         return self.out / "runs" / spec.key
 
 

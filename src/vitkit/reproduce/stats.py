@@ -66,11 +66,23 @@ class Interval:
         return self.low > 0 or self.high < 0
 
     def scaled(self, factor: float) -> Interval:
-        """The same interval in other units (fractions to points: ``factor=100``)."""
+        """The same interval in other units (fractions to points: ``factor=100``).
+
+        Args:
+            factor: what the estimate and both ends are multiplied by (positive, so the ends keep
+                their order).
+
+        Returns:
+            A new :class:`Interval`; ``n``, ``level`` and ``method`` are kept.
+        """
         return Interval(self.estimate * factor, self.low * factor, self.high * factor, self.n, self.level, self.method)
 
     def to_dict(self) -> dict[str, Any]:
-        """The interval as JSON-ready numbers."""
+        """The interval as JSON-ready numbers.
+
+        Returns:
+            ``estimate``, ``low``, ``high``, ``n``, ``level`` and ``method`` by name.
+        """
         return asdict(self)
 
     def text(self, digits: int = 1, unit: str = "") -> str:
@@ -117,6 +129,9 @@ def paired_difference(a: Sequence[Any], b: Sequence[Any], level: float = LEVEL) 
 
     Returns:
         The interval (method ``paired t``), or None with fewer than two complete pairs.
+
+    Raises:
+        ValueError: ``a`` and ``b`` differ in length.
     """
     if len(a) != len(b):
         raise ValueError(f"paired arms differ in length: {len(a)} and {len(b)}")
@@ -135,6 +150,9 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, A
     Returns:
         ``a_only`` and ``b_only`` (the discordant counts), ``difference`` (A's accuracy minus
         B's) and ``p`` (two-sided, from the binomial distribution of the discordant pairs).
+
+    Raises:
+        ValueError: the two sequences differ in length.
     """
     from scipy.stats import binomtest
 
@@ -183,7 +201,7 @@ def verdict(diff: Interval | None, name_a: str, name_b: str, *, unit: str = " po
         digits: decimals.
 
     Returns:
-        ``the ViT leads the ResNet: +3.1 points (95% CI 1.2 to 5.0, 3 seeds)``; ``the ViT and
+        ``the ViT leads the ResNet by 3.1 points (95% CI 1.2 to 5.0, 3 seeds)``; ``the ViT and
         the ResNet are not distinguishable: ...`` when the interval holds zero; ``... not weighed
         (fewer than 2 seeds with finite results on both sides)`` when there is no interval.
     """

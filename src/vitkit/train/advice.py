@@ -19,7 +19,14 @@ CHANCE_MARGIN = 0.05  # a validation score within this of chance is "not learnin
 
 def class_counts(ds: Dataset) -> list[int] | None:
     """Images of each class in ``ds`` (a multi-label source: images with that label), or None for a
-    source whose labels are not known before it is read (shards)."""
+    source whose labels are not known before it is read (shards).
+
+    Args:
+        ds: the dataset.
+
+    Returns:
+        One count a class, in class order, or None.
+    """
     rows = getattr(ds, "label_rows", None)
     if rows is not None:
         return [int(v) for v in rows.sum(0).tolist()]
@@ -34,7 +41,16 @@ def _listed(names: Sequence[str], most: int = 5) -> str:
 
 
 def few_images_warning(ds: Dataset, least: int = FEW_IMAGES) -> str | None:
-    """A line naming the classes with fewer than ``least`` training images, or None."""
+    """A line naming the classes with fewer than ``least`` training images, or None.
+
+    Args:
+        ds: the training dataset.
+        least: the fewest images a class may have without a warning.
+
+    Returns:
+        The warning (the first five such classes with their counts), or None when every class has
+        enough images or the counts are not known before reading (shards).
+    """
     counts = class_counts(ds)
     if counts is None:
         return None
@@ -49,7 +65,15 @@ def few_images_warning(ds: Dataset, least: int = FEW_IMAGES) -> str | None:
 
 def second_evaluation_step(eval_every: int, steps: int) -> int:
     """The step of a run's second evaluation (its only one when there is one): where the
-    near-chance check is made."""
+    near-chance check is made.
+
+    Args:
+        eval_every: steps between evaluations (0: none during the run, only at its end).
+        steps: the run's training steps.
+
+    Returns:
+        ``2 * eval_every``, capped at ``steps``; ``steps`` when ``eval_every`` is 0.
+    """
     return min(2 * eval_every, steps) if eval_every else steps
 
 
@@ -90,6 +114,9 @@ def never_predicted_warning(predicted: Sequence[int], classes: Sequence[str]) ->
     Args:
         predicted: how many validation images were predicted as each class.
         classes: the class names.
+
+    Returns:
+        The warning (the first five such classes by name), or None when every class was predicted.
     """
     never = [classes[c] for c, n in enumerate(predicted) if n == 0]
     if not never:
@@ -101,7 +128,17 @@ def never_predicted_warning(predicted: Sequence[int], classes: Sequence[str]) ->
 
 
 def nonfinite_loss_advice(lr: float, batch_size: int, warmup_steps: int) -> str:
-    """What a non-finite loss most likely means and what to try, in one sentence."""
+    """What a non-finite loss most likely means and what to try, in one sentence.
+
+    Args:
+        lr: the peak learning rate of the run.
+        batch_size: the run's batch size.
+        warmup_steps: the run's warm-up steps.
+
+    Returns:
+        The advice: a learning rate ten times lower, a longer warm-up, gradient clipping, fp32, or
+        skipping such steps.
+    """
     return (
         f"the learning rate {lr:.3g} is most likely too high for this model at batch {batch_size}; "
         f"try optim.lr={lr / 10:.2g}, a longer warm-up (optim.warmup_steps, now {warmup_steps}), "

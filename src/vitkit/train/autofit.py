@@ -36,12 +36,27 @@ class FinetunePlan:
 
 
 def batch_for(n_train: int) -> int:
-    """The batch for ``n_train`` training images: a power of two from 8 to 32, at most a quarter of them."""
+    """The batch for ``n_train`` training images: a power of two from 8 to 32, at most a quarter of
+    them where that is at least 8.
+
+    Args:
+        n_train: the number of training images.
+
+    Returns:
+        The batch size: 8 up to 63 images, 16 up to 127, 32 from 128.
+    """
     return max(8, min(32, 2 ** int(math.log2(max(n_train // 4, 1)))))
 
 
 def epochs_for(n_train: int) -> int:
-    """How many epochs to fine-tune ``n_train`` images for: fewer as there are more."""
+    """How many epochs to fine-tune ``n_train`` images for: fewer as there are more.
+
+    Args:
+        n_train: the number of training images.
+
+    Returns:
+        30 up to 500 images, 20 up to 2,000, 10 up to 20,000, 5 beyond.
+    """
     if n_train <= 500:
         return 30
     if n_train <= 2_000:

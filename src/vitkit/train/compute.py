@@ -33,12 +33,25 @@ Output = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 def bf16_copy(model: nn.Module) -> nn.Module:
-    """A bf16 copy of ``model`` (see :class:`Bf16CopyCompute`)."""
+    """A bf16 copy of ``model`` (see :class:`Bf16CopyCompute`).
+
+    Args:
+        model: the fp32 model; left as it is.
+
+    Returns:
+        A deep copy of ``model`` with its parameters and floating buffers in bf16.
+    """
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
 def grads_to_weights(net: nn.Module, model: nn.Module) -> None:
-    """Hand the bf16 copy's gradients to the fp32 weights, as fp32, for clipping and the step."""
+    """Hand the bf16 copy's gradients to the fp32 weights, as fp32, for clipping and the step.
+
+    Args:
+        net: the bf16 copy; its gradients are cleared.
+        model: the fp32 model, with the same parameters in the same order; each gradient is
+            replaced by the copy's (None where the copy has none).
+    """
     for q, p in zip(net.parameters(), model.parameters(), strict=True):
         p.grad = None if q.grad is None else q.grad.float()
         q.grad = None
@@ -47,7 +60,12 @@ def grads_to_weights(net: nn.Module, model: nn.Module) -> None:
 @torch.no_grad()
 def copy_weights(model: nn.Module, net: nn.Module) -> None:
     """Round the fp32 weights, and floating buffers, into the bf16 copy (after each step, and
-    after resuming)."""
+    after resuming).
+
+    Args:
+        model: the fp32 model, read.
+        net: the bf16 copy, with the same parameters and buffers in the same order; written.
+    """
     # one call for all of them: for tensors this small, a Python loop's per-call cost exceeds the copying
     torch._foreach_copy_(list(net.parameters()), list(model.parameters()))
     for a, b in zip(model.buffers(), net.buffers(), strict=True):
@@ -75,27 +93,55 @@ class StepCompute:
         self._forward = torch.compile(self.wrapped)
 
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """The context of one micro-step: data parallelism's gradient sync only on the ``last``."""
+        """The context of one micro-step: data parallelism's gradient sync only on the ``last``.
+
+        Args:
+            last: whether this is the last micro-step of the step (gradient accumulation).
+
+        Returns:
+            The wrapped module's ``no_sync()`` for the micro-steps before the last, else a context
+            that does nothing.
+        """
         if last or not hasattr(self.wrapped, "no_sync"):
             return contextlib.nullcontext()
         return self.wrapped.no_sync()
 
     def forward(self, x: torch.Tensor) -> Output:
-        """The training forward of fp32 images ``x``; logits in fp32 or in autocast's dtype."""
+        """The training forward of fp32 images ``x``; logits in fp32 or in autocast's dtype.
+
+        Args:
+            x: a batch of images (B, C, H, W) in fp32, on the step's device.
+
+        Returns:
+            The model's output: logits (B, num_classes), or a tuple of tensors where the model
+            returns several (distillation's two heads).
+        """
         raise NotImplementedError
 
     def gradients_ready(self, info: D.DistInfo) -> None:
-        """After the last backward of a step: the fp32 weights hold the step's averaged gradients."""
+        """After the last backward of a step: the fp32 weights hold the step's averaged gradients.
+
+        Args:
+            info: this process among the data-parallel ones.
+        """
 
     def weights_loaded(self, info: D.DistInfo) -> None:
         """Once the weights are set (built, or read back on resuming): every process computes with
-        rank 0's."""
+        rank 0's.
+
+        Args:
+            info: this process among the data-parallel ones.
+        """
 
     def weights_changed(self) -> None:
         """After the optimiser's step: what computes sees the new weights."""
 
     def evaluation_forward(self) -> Callable[..., Any]:
-        """What evaluation calls on images (under the step's autocast)."""
+        """What evaluation calls on images (under the step's autocast).
+
+        Returns:
+            The module (compiled where the step is) that computes the forward.
+        """
         return self._forward
 
 
@@ -109,6 +155,15 @@ class AutocastCompute(StepCompute):
         self.device = device
 
     def forward(self, x: torch.Tensor) -> Output:
+        """The forward of the fp32 weights under the step's autocast.
+
+        Args:
+            x: a batch of images (B, C, H, W) in fp32, on the step's device.
+
+        Returns:
+            The model's output (logits, or a tuple of tensors), in bf16 where autocast computes
+            in bf16, else fp32.
+        """
         with autocast(self.device, self.precision.name):
             return self._forward(x)
 
@@ -121,21 +176,45 @@ class Bf16CopyCompute(StepCompute):
         super().__init__(model, precision, net, net)
 
     def forward(self, x: torch.Tensor) -> Output:
+        """The forward of the bf16 copy, its output cast to fp32 for the loss.
+
+        Args:
+            x: a batch of images (B, C, H, W) in fp32, on the step's device; cast to bf16.
+
+        Returns:
+            The model's output (logits, or a tuple of tensors) in fp32.
+        """
         out = self._forward(x.to(torch.bfloat16))
         return tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
 
     def gradients_ready(self, info: D.DistInfo) -> None:
+        """Move the copy's gradients to the fp32 weights and average them over the processes.
+
+        Args:
+            info: this process among the data-parallel ones.
+        """
         grads_to_weights(self.net, self.model)
         D.average_gradients(self.model, info)
 
     def weights_loaded(self, info: D.DistInfo) -> None:
+        """Give every process rank 0's fp32 weights and round them into the copy.
+
+        Args:
+            info: this process among the data-parallel ones.
+        """
         D.broadcast_weights(self.model, info)  # DDP would have; the copy is not wrapped
         copy_weights(self.model, self.net)
 
     def weights_changed(self) -> None:
+        """Round the updated fp32 weights into the copy."""
         copy_weights(self.model, self.net)
 
     def evaluation_forward(self) -> Callable[..., Any]:
+        """Evaluation runs on the fp32 weights, not the copy.
+
+        Returns:
+            The fp32 model, uncompiled.
+        """
         return self.model  # the fp32 weights, uncompiled (train.compile compiles the copy)
 
 

@@ -63,7 +63,12 @@ class RunFolder:
     # -- the lock ---------------------------------------------------------------------------------
     def acquire(self) -> None:
         """Hold the folder (made if missing), or stop with one line naming the run that holds it
-        or saying why the folder is not a run folder (:func:`check_run_folder`)."""
+        or saying why the folder is not a run folder (:func:`check_run_folder`).
+
+        Raises:
+            UsageError: ``out`` is a file, or a folder of other files.
+            TrainingError: another run holds the folder, or it cannot be made, locked or marked.
+        """
         self._created = not self.out.exists()
         check_run_folder(self.out)
         try:
@@ -97,7 +102,11 @@ class RunFolder:
 
     def release(self, failed_start: bool = False) -> None:
         """Let the folder go. ``failed_start``: the run never began, so a folder this run made
-        (holding only the lock file) is removed again."""
+        (holding only the lock file) is removed again.
+
+        Args:
+            failed_start: whether the run never began.
+        """
         if self._fd is None:
             return
         if failed_start and self._created:
@@ -115,7 +124,11 @@ class RunFolder:
     # -- what a killed run left -------------------------------------------------------------------
     def remove_stale_temporaries(self) -> list[str]:
         """Remove the temporaries a killed run's atomic writes left here and in checkpoints/ (the
-        folder is held, so no other run is writing them); returns their names."""
+        folder is held, so no other run is writing them); returns their names.
+
+        Returns:
+            The file names removed, without their folders.
+        """
         removed = []
         for folder in (self.out, self.checkpoints):
             if not folder.is_dir():
@@ -130,7 +143,15 @@ class RunFolder:
 
     # -- what is kept -----------------------------------------------------------------------------
     def kept(self, best_step: int | None = None) -> str:
-        """What a run that stops now leaves to resume from and to use, in words."""
+        """What a run that stops now leaves to resume from and to use, in words.
+
+        Args:
+            best_step: the step of ``best.safetensors``, named where it is kept (None: not named).
+
+        Returns:
+            E.g. ``OUT/checkpoints/step_400.safetensors is kept; best.safetensors (step 300) is kept``,
+            or ``no checkpoint was written``.
+        """
         from .state import list_checkpoints
 
         ckpts = list_checkpoints(self.checkpoints)
@@ -141,7 +162,20 @@ class RunFolder:
 
     @contextlib.contextmanager
     def writing(self, path: Path, doing: str, step: int, best_step: int | None = None) -> Iterator[None]:
-        """Turn a failed write (a full disk, a read-only folder) into one line naming the file."""
+        """Turn a failed write (a full disk, a read-only folder) into one line naming the file.
+
+        Args:
+            path: the file the block writes.
+            doing: what the block does, as the message says it ("write the checkpoint").
+            step: the step the run stops at.
+            best_step: the step of ``best.safetensors``, for :meth:`kept`.
+
+        Yields:
+            None; the block is the write.
+
+        Raises:
+            TrainingError: the block raised an ``OSError``; the message also says what is kept.
+        """
         try:
             yield
         except OSError as e:
@@ -152,14 +186,25 @@ class RunFolder:
 
     # -- the metrics log --------------------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Append one record as one whole line (a single write, flushed)."""
+        """Append one record as one whole line (a single write, flushed).
+
+        Args:
+            record: the record, JSON-serialisable, with an integer ``step``.
+        """
         line = json.dumps(record) + "\n"
         with open(self.metrics, "a") as f:
             f.write(line)
             f.flush()
 
     def truncate_metrics(self, step: int) -> None:
-        """Keep the records up to ``step`` (the resumed one), dropping a torn last line; atomically."""
+        """Keep the records up to ``step`` (the resumed one), dropping a torn last line; atomically.
+
+        Args:
+            step: the last step whose records are kept.
+
+        Raises:
+            TrainingError: the log cannot be read, or a line other than the last is damaged.
+        """
         if not self.metrics.is_file():
             return
         keep = [line for line, rec in read_metrics(self.metrics) if rec["step"] <= step]
@@ -206,7 +251,19 @@ def check_run_folder(out: str | Path) -> None:
 def read_metrics(path: str | Path, strict: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """(line, record) for each record of a ``metrics.jsonl``. A last line that does not parse (torn by
     a crash while appending) is dropped; one elsewhere is a :class:`TrainingError` naming the file
-    and line, or, with ``strict`` False, skipped too."""
+    and line, or, with ``strict`` False, skipped too.
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+        strict: whether a damaged line before the last is an error (True) or skipped (False).
+
+    Returns:
+        (line, record) pairs in file order: the line as written, without its newline, and its
+        record (a mapping with an integer ``step``). Blank lines are skipped.
+
+    Raises:
+        TrainingError: the file cannot be read, or (``strict``) a line before the last is damaged.
+    """
     path = Path(path)
     try:
         lines = path.read_text(errors="replace").splitlines()

@@ -110,7 +110,16 @@ def logged_warnings(metrics: Path) -> list[str]:
 
 
 def format_epoch_table(epochs: list[dict[str, Any]], best_epoch: int | None = None) -> str:
-    """The per-epoch table as aligned text (the best epoch marked with ``*``)."""
+    """The per-epoch table as aligned text (the best epoch marked with ``*``).
+
+    Args:
+        epochs: the rows of :func:`epoch_table`.
+        best_epoch: the 1-based epoch to mark (None: none).
+
+    Returns:
+        A header line and one line an epoch: epoch, last step, train loss, validation loss, top-1
+        (or mAP, when any row has one) in percent, and seconds; a missing number shows as ``-``.
+    """
     multilabel = any(r["map"] is not None for r in epochs)
     score = "mAP" if multilabel else "top-1"
     lines = [f"{'epoch':>5}  {'step':>6}  {'train loss':>10}  {'val loss':>8}  {score:>7}  {'time':>7}"]
