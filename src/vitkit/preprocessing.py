@@ -28,7 +28,9 @@ class Preprocessing:
     The default (mean = std = 0.5) is the paper's range [-1, 1]. ``crop_pct`` (timm's): below
     1, the image is resized so that ``img_size`` is that fraction of it (its shorter side, keeping
     the aspect ratio) and the centre ``img_size`` kept; 1.0, the official code's evaluation,
-    resizes the whole image to ``img_size``.
+    resizes the whole image to ``img_size``. ``crop_mode`` "center" keeps the aspect ratio at 1.0
+    too: the shorter side to ``img_size``, then the centre (CLIP's, SigLIP's and timm's eval
+    transform at crop fraction 1); "squash" (the default) resizes the whole image.
     """
 
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -36,6 +38,7 @@ class Preprocessing:
     img_size: tuple[int, int] = (224, 224)
     interpolation: str = "bilinear"
     crop_pct: float = 1.0
+    crop_mode: str = "squash"  # at crop_pct 1: "squash" the whole image, or "center" (shorter side, then crop)
 
     @classmethod
     def for_config(cls, cfg: Any) -> Preprocessing:
@@ -54,12 +57,14 @@ class Preprocessing:
         """JSON-ready; ``crop_pct`` only when it crops, so files that do not crop read as before.
 
         Returns:
-            ``mean``, ``std`` and ``img_size`` as lists, ``interpolation``, and ``crop_pct``
-            unless it is 1.0.
+            ``mean``, ``std`` and ``img_size`` as lists, ``interpolation``, ``crop_pct`` unless it
+            is 1.0, and ``crop_mode`` unless it is "squash".
         """
         d = asdict(self)
         if d["crop_pct"] == 1.0:
             del d["crop_pct"]
+        if d["crop_mode"] == "squash":
+            del d["crop_mode"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
@@ -68,7 +73,8 @@ class Preprocessing:
 
         Args:
             d: a dict with ``mean``, ``std`` and ``img_size``, and optionally ``interpolation``
-                (default "bilinear") and ``crop_pct`` (default 1.0). Values are not checked here.
+                (default "bilinear"), ``crop_pct`` (default 1.0) and ``crop_mode`` (default
+                "squash"). Values are not checked here.
 
         Returns:
             The preprocessing.
@@ -82,6 +88,7 @@ class Preprocessing:
             img_size=tuple(d["img_size"]),
             interpolation=d.get("interpolation", "bilinear"),
             crop_pct=float(d.get("crop_pct", 1.0)),
+            crop_mode=str(d.get("crop_mode", "squash")),
         )
 
 
@@ -167,13 +174,13 @@ def prepare_images(images: Sequence[tuple[str, Image.Image]], pre: Preprocessing
 
 
 def _resize_crop(im: Image.Image, size: tuple[int, int], pre: Preprocessing) -> Image.Image:
-    """An image file to ``size`` (h, w) as its weights' publisher prepares it. ``crop_pct`` 1: a
-    plain resize (the official code's). Below 1, timm's eval transform: the shorter side to
+    """An image file to ``size`` (h, w) as its weights' publisher prepares it. ``crop_pct`` 1 with
+    ``crop_mode`` "squash": a plain resize (the official code's). Otherwise timm's eval transform: the shorter side to
     ``floor(side / crop_pct)``, keeping the aspect ratio (both sides, for a non-square size), then
     the central ``size``; so a photo is never squashed. On batches of square images, which the
     data sources load, :func:`vitkit.data.transforms.center_crop` then a resize is the same crop."""
     h, w = size
-    if pre.crop_pct >= 1.0:
+    if pre.crop_pct >= 1.0 and pre.crop_mode != "center":
         return im.resize((w, h), _resample(pre))
     iw, ih = im.size
     if h == w:

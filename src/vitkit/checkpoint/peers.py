@@ -902,6 +902,8 @@ def timm_preprocessing(cfg: Any, where: Any) -> Preprocessing | None:
             "img_size": list(size[-2:]) if isinstance(size, (list, tuple)) else size,
             "interpolation": interpolation if interpolation in ("bilinear", "bicubic") else "bilinear",
             "crop_pct": cfg.get("crop_pct", 1.0),
+            # timm's eval transform: "center" resizes the shorter side and crops, even at crop_pct 1
+            "crop_mode": "squash" if cfg.get("crop_mode") == "squash" else "center",
         },
         where,
     )
@@ -910,8 +912,8 @@ def timm_preprocessing(cfg: Any, where: Any) -> Preprocessing | None:
 def hf_preprocessing(proc: Any, where: Any) -> Preprocessing | None:
     """The preprocessing of a transformers ``preprocessor_config.json``, checked; None when it
     gives no mean and std. A resize of the shorter side followed by a centre crop (CLIP's,
-    DINOv2's: shorter side 256, crop 224) is the crop fraction ``crop / shorter side``; at 1 the
-    crop of a non-square image is not kept (vitkit's crop fraction 1 resizes the whole image).
+    DINOv2's: shorter side 256, crop 224) is the crop fraction ``crop / shorter side`` with
+    ``crop_mode`` "center", so a non-square image keeps its aspect ratio at fraction 1 too.
 
     Args:
         proc: the parsed ``preprocessor_config.json``.
@@ -925,7 +927,9 @@ def hf_preprocessing(proc: Any, where: Any) -> Preprocessing | None:
     size = proc.get("size", 224)
     crop = proc.get("crop_size") if proc.get("do_center_crop", "crop_size" in proc) else None
     crop_pct = proc.get("crop_pct") or 1.0
+    mode = "squash"
     if isinstance(size, dict) and "shortest_edge" in size:
+        mode = "center"  # the shorter side, then the centre: the aspect ratio is kept
         side = size["shortest_edge"]
         crop_side = crop.get("height", side) if isinstance(crop, dict) else crop if isinstance(crop, int) else side
         size, crop_pct = crop_side, (crop_side / side if isinstance(side, int) and side > 0 else crop_pct)
@@ -938,6 +942,7 @@ def hf_preprocessing(proc: Any, where: Any) -> Preprocessing | None:
             "img_size": size,
             "interpolation": _PIL_RESAMPLE.get(proc.get("resample"), "bilinear"),
             "crop_pct": crop_pct,
+            "crop_mode": mode,
         },
         where,
     )

@@ -250,7 +250,7 @@ def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
     """
     if not isinstance(d, dict):
         raise CheckpointError(f"{where}: preprocessing must be a JSON object, got {type(d).__name__}")
-    fields = ("mean", "std", "img_size", "interpolation", "crop_pct")
+    fields = ("mean", "std", "img_size", "interpolation", "crop_pct", "crop_mode")
     unknown = sorted(str(k)[:40] for k in d if k not in fields)  # shown as a list: escaped
     if unknown:
         raise CheckpointError(f"{where}: unknown preprocessing field(s) {unknown[:5]}")
@@ -263,5 +263,7 @@ def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
     size_pair(d.get("img_size"), where, "preprocessing['img_size']", MAX_IMAGE_SIDE)
     if "interpolation" in d:
         choice(d["interpolation"], where, "preprocessing['interpolation']", ("bilinear", "bicubic"))
+    if "crop_mode" in d:
+        choice(d["crop_mode"], where, "preprocessing['crop_mode']", ("squash", "center"))
     if "crop_pct" in d:
         number(d["crop_pct"], where, "preprocessing['crop_pct']", *CROP_PCT_RANGE)

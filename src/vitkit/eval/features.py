@@ -56,7 +56,7 @@ def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     elif cfg is not None:
         size = tuple(cfg.img_size)
-    return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation, pre.crop_pct)
+    return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation, pre.crop_pct, pre.crop_mode)
 
 
 def autocast(device: torch.device, precision: str) -> Any:

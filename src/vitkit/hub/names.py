@@ -202,15 +202,15 @@ def _dinov2(size: str, word: str, registers: bool) -> list[Pretrained]:
     facebook = f"facebook/dinov2-{'with-registers-' if registers else ''}{word}"
     timm = f"timm/vit_{word}_patch14_{'reg4_' if registers else ''}dinov2.lvd142m"
     crop = Preprocessing(IMAGENET_MEAN, IMAGENET_STD, (224, 224), "bicubic", 224 / 256)
-    whole = Preprocessing(IMAGENET_MEAN, IMAGENET_STD, (518, 518), "bicubic")
+    whole = Preprocessing(IMAGENET_MEAN, IMAGENET_STD, (518, 518), "bicubic", crop_mode="center")
     return [
         _release(model, "lvd142m", facebook, 224, "LVD-142M (DINOv2, self-supervised)", crop, APACHE),
         _release(model, "lvd142m_timm", timm, 518, "LVD-142M (DINOv2, self-supervised)", whole, APACHE),
     ]
 
 
-_OPENAI_CLIP = Preprocessing(OPENAI_MEAN, OPENAI_STD, (224, 224), "bicubic")
-_SIGLIP = Preprocessing((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), (224, 224), "bicubic")
+_OPENAI_CLIP = Preprocessing(OPENAI_MEAN, OPENAI_STD, (224, 224), "bicubic", crop_mode="center")  # shorter side, crop
+_SIGLIP = Preprocessing((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), (224, 224), "bicubic")  # the whole image, squashed
 _WIT = "WIT-400M (OpenAI CLIP, image-text)"
 _WEBLI = "WebLI (SigLIP, image-text)"
 _WEBLI2 = "WebLI (SigLIP 2, image-text)"
