@@ -556,3 +556,32 @@ def test_exports_refuse_what_the_peer_cannot_hold():
     with pytest.raises(vitkit.CheckpointError, match="register tokens a position row"):
         check_timm(dinov2.cfg)
     to_timm(tiny(num_registers=2, cls_pos_embed=False).state_dict(), tiny(num_registers=2, cls_pos_embed=False).cfg)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_registers=4, layer_scale_init=1e-5, classifier="token"),  # DINOv2 with registers
+        dict(pre_norm=True, act="quick_gelu", classifier="token"),  # a CLIP image tower
+    ],
+    ids=["dinov2-registers", "clip"],
+)
+def test_the_paper_analyses_run_on_todays_backbones(options, tmp_path):
+    """Rollout, attention distance, position-embedding similarity and filters on a DINOv2 model
+    with registers (the registers are prefix tokens: neither a place in the maps nor in the
+    distances) and on a CLIP tower, with the figures drawn."""
+    from vitkit.analysis import analyze
+    from vitkit.preprocessing import LoadedImages
+
+    pytest.importorskip("matplotlib")
+    model = tiny(**options).eval()
+    x = torch.randn(3, 3, 28, 28)
+    pixels = (x.permute(0, 2, 3, 1).clamp(-1, 1) * 127.5 + 127.5).to(torch.uint8).numpy()
+    rep = analyze(model, LoadedImages(["a", "b", "c"], pixels, x))
+    assert rep.rollout.shape == (3, 4, 4) and rep.head_maps.shape == (3, 2, 2, 4, 4)
+    assert rep.distances.shape == (2, 2) and torch.isfinite(rep.distances).all()
+    assert rep.pos_similarity is not None and rep.pos_similarity.shape == (4, 4, 4, 4)
+    assert rep.pos_summary["neighbours"] is not None and rep.query == "class token"
+    rep.write(tmp_path)
+    written = {p.suffix for p in tmp_path.rglob("*")}
+    assert {".png", ".json"} <= written
