@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import UsageError
-from .experiments import Experiment, Section, finite, lead, mean_of, pct, shots_label
+from .experiments import Experiment, Section, finite, lead, mean_of, pct, sentence_from, shots_label
 from .spec import RunSpec
 from .stats import Interval, paired_difference
 
@@ -295,6 +295,7 @@ class Compute(Experiment):
         numbers["target"] = self.target(families)
         figure = plot_compute(numbers, self.suite.out / "figures" / "compute.png", shots)
         section = self.section(header, rows, numbers, self.verdict(numbers))
+        section.headline = sentence_from(section.verdict, "Figure 5 finds")
         section.caption = (
             "Measured (mean ± standard deviation over seeds, in percent; training s: the machine's training time, "
             "which also depends on how many runs trained at once)"

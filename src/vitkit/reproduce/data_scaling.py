@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
-from .experiments import Experiment, Section, finite, lead, mean_of, mean_std, pct, shots_label
+from .experiments import Experiment, Section, finite, lead, mean_of, mean_std, pct, sentence_from, shots_label
 from .spec import RunSpec, deep_merge
 
 FAMILIES = ("cnn", "vit")  # the roles with a learning-rate grid; the larger ViT takes the ViT's rate
@@ -247,6 +247,7 @@ class DataScaling(Experiment):
         numbers["shots"] = shots
         header = ["quantity", *[f"{n:,} images" for n in numbers["sizes"]]]
         section = self.section(header, self.rows(numbers), numbers, self.verdict(numbers, shots))
+        section.headline = sentence_from(section.verdict, "Against Figure 4:")
         section.caption = (
             "Measured (test top-1 and gaps: mean ± standard deviation over seeds, in percent or points; "
             "ratios and differences: mean over seeds with its 95% t interval, paired by seed)"

@@ -39,6 +39,7 @@ class Section:
     verdict: str
     figures: list[Path] = field(default_factory=list)
     caption: str = "Measured (mean ± standard deviation over seeds, in percent)"
+    headline: str = ""  # the sentence the report's summary shows (its agreement with the paper); "": the first
     # more tables after the main one: (caption, header, rows)
     tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     runs: int = 0  # training runs the experiment needs
@@ -172,6 +173,25 @@ def lead(name_a: str, a: list[Any], name_b: str, b: list[Any]) -> str:
     if left_out:
         text += f" ({left_out} of {len(a) + len(b)} results not finite, left out)"
     return text
+
+
+def sentence_from(text: str, *starts: str) -> str:
+    """The sentence of ``text`` that begins with one of ``starts`` (the first found), or "".
+
+    Args:
+        text: a verdict.
+        starts: the openings to look for, e.g. ``"Against Figure 9:"``.
+
+    Returns:
+        That sentence, up to its full stop.
+    """
+    from .report import first_sentence
+
+    for start in starts:
+        i = text.find(start)
+        if i >= 0:
+            return first_sentence(text[i:])
+    return ""
 
 
 def note_diverged(section: Section, specs: list[RunSpec], results: dict[str, dict[str, Any]]) -> None:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .experiments import Experiment, Section, lead, mean_of, pct, shots_label
+from .experiments import Experiment, Section, lead, mean_of, pct, sentence_from, shots_label
 from .spec import RunSpec
 
 POOLINGS = {"token": "class token", "gap": "global average pooling"}
@@ -177,6 +177,7 @@ class Pooling(Experiment):
                          pct(c["test_top1"]), pct(c["fewshot"])])  # fmt: skip
         verdict, numbers["comparisons"] = self.verdict(numbers)
         section = self.section(header, rows, numbers, verdict)
+        section.headline = sentence_from(verdict, "Against Figure 9:")
         section.caption = (
             f"Measured (in percent): the minival top-1 of seed {first} chooses each pooling's rate; test top-1 and "
             "transfer are the mean ± standard deviation over the seeds run at that rate"

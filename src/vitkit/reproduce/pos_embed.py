@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .compute import scaled_length
-from .experiments import Experiment, Section, lead, pct, shots_label
+from .experiments import Experiment, Section, lead, pct, sentence_from, shots_label
 from .spec import RunSpec
 from .stats import Interval, paired_difference
 
@@ -199,6 +199,7 @@ class PosEmbed(Experiment):
         numbers["comparisons"] = self.comparisons(numbers)
         figure = plot_pos_embed(numbers, self.suite.out / "figures" / "pos_embed.png", shots)
         section = self.section(header, rows, numbers, self.verdict(numbers, shots))
+        section.headline = sentence_from(section.verdict, "Table 8 finds")
         section.figures.append(figure)
         return section
 

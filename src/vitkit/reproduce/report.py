@@ -117,8 +117,9 @@ def first_sentence(text: str) -> str:
 
 
 def headline_table(experiments: dict[str, Any]) -> str:
-    """The report's summary: per experiment what it follows, its seeds and its verdict's first
-    sentence; the README shows the published report's (``docs/gen_reference.py`` writes it there).
+    """The report's summary: per experiment what it follows, its runs and its headline (the
+    sentence on its agreement with the paper; the verdict's first sentence where it has none).
+    The README shows the published report's (``docs/gen_reference.py`` writes it there).
 
     Args:
         experiments: ``report.json``'s ``experiments`` (name to its entry).
@@ -127,10 +128,11 @@ def headline_table(experiments: dict[str, Any]) -> str:
         A markdown table.
     """
     rows = [
-        [f"`{name}`", str(e["follows"]), str(e.get("runs", "")), first_sentence(str(e["verdict"])).replace("|", "/")]
+        [f"`{name}`", str(e["follows"]), str(e.get("runs", "")),
+         (e.get("headline") or first_sentence(str(e["verdict"]))).replace("|", "/")]
         for name, e in experiments.items()
-    ]
-    return _table(["experiment", "follows", "runs", "what came out (the first sentence of its verdict)"], rows)
+    ]  # fmt: skip
+    return _table(["experiment", "follows", "runs", "what came out"], rows)
 
 
 def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs: dict[str, Any]) -> tuple[Path, Path]:
@@ -165,7 +167,8 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
         "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",
     ]
-    summary = {s.name: {"follows": s.follows, "runs": s.runs, "verdict": s.verdict} for s in sections}
+    summary = {s.name: {"follows": s.follows, "runs": s.runs, "verdict": s.verdict, "headline": s.headline}
+               for s in sections}  # fmt: skip
     body = ["## Summary\n\n" + headline_table(summary)] if sections else []
     body += [_section_md(s, out) for s in sections]
     md = out / "report.md"
@@ -181,6 +184,7 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
                 "paper": s.paper,
                 "numbers": s.numbers,
                 "verdict": s.verdict,
+                "headline": s.headline,
                 "table": {"header": s.header, "rows": s.rows},
                 "tables": [{"caption": c, "header": h, "rows": r} for c, h, r in s.tables],
                 "figures": [f.relative_to(out).as_posix() for f in s.figures],

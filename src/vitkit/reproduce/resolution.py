@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .experiments import Experiment, Section, finite, lead, pct, shots_label
+from .experiments import Experiment, Section, finite, lead, pct, sentence_from, shots_label
 from .pooling import best_on_minival, grid_position, position_clause
 from .spec import RunSpec
 
@@ -169,6 +169,7 @@ class Resolution(Experiment):
                          c["rate"] + mark, pct([c["minival_top1"]]), pct([c["test_top1"]]), ""])  # fmt: skip
         verdict, numbers["comparisons"] = self.verdict(numbers)
         section = self.section(header, rows, numbers, verdict)
+        section.headline = sentence_from(verdict, "This agrees", "This does not agree", "Against section 3.2")
         section.caption = (
             "Measured (in percent; each model scored at its own size): mean ± standard deviation over the seeds of "
             f"the chosen rates; the grid rows are seed {first}, whose minival top-1 chooses each size's rate"
