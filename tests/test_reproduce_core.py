@@ -118,3 +118,21 @@ def test_the_full_budget_plans_gpu_sized_pairs(tmp_path):
         costs[role] = resnet_flops(cfg) if hasattr(cfg, "units") else vit_flops(cfg)
     assert 0.8 < costs["vit-tiny"] / costs["bit-r8"] < 1.25
     assert costs["vit-large"] / costs["vit-tiny"] >= 3.5
+
+
+def test_the_summary_shows_each_experiment_s_agreement_sentence():
+    from vitkit.reproduce.experiments import sentence_from
+    from vitkit.reproduce.report import headline_table
+
+    verdict = "By the minival, 2e-3. Against Figure 9: GAP's rate is not lower, unlike the paper. More follows."
+    said = sentence_from(verdict, "Against Figure 9:")
+    assert said == "Against Figure 9: GAP's rate is not lower, unlike the paper."
+    assert sentence_from(verdict, "Against Figure 4:") == ""
+    table = headline_table(
+        {
+            "pooling": {"follows": "Figure 9", "runs": 18, "verdict": verdict, "headline": said},
+            "attention": {"follows": "Figure 7", "runs": 6, "verdict": "Heads span 13.9 to 14.3 px. Then more."},
+        }
+    )
+    assert "| `pooling` | Figure 9 | 18 | Against Figure 9: GAP's rate is not lower, unlike the paper. |" in table
+    assert "| `attention` | Figure 7 | 6 | Heads span 13.9 to 14.3 px. |" in table
