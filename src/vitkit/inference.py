@@ -671,35 +671,23 @@ def prepare_inference(
     """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
     in place when ``copy_model`` is False (saves memory when the original is not needed).
 
-    ``precision``: "auto" (bf16 where the model's device computes it natively and fast, fp32
-    elsewhere: :mod:`vitkit.precision`); "fp32"; "bf16" (bf16 weights); "int8" (dynamic
-    quantisation of the linear layers: int8 weights per output channel, activations quantised
-    per batch, on the CPU's int8 dot-product instructions; with oneDNN the rest of the model runs
-    in bf16 where the CPU computes bf16 natively, else in fp32). Feed inputs of the returned
-    model's ``input_dtype``. ``pack``
-    uses :class:`PackedLinear` / :class:`Int8Linear` (True: every layer; False: none, fp32 and
-    bf16 keep ``nn.Linear`` and int8 uses ``torch.ao.quantization.quantize_dynamic``). The default,
-    on a CPU whose oneDNN has the kernels, packs int8 layers and, in fp32 and bf16, each layer
-    whose shape runs faster packed than through ``nn.Linear`` on this CPU, timed when the model is
-    prepared (:func:`choose_linear_kernel`; a few seconds for a ViT-B, nothing the second time in
-    a process); ``served.kernel_choices`` counts the decisions. ``calibration`` (int8 on oneDNN only: what
-    :func:`calibrate_int8` takes) fixes the activation scales from those images instead of each
-    batch's range (static quantisation, :func:`calibrate_int8`), which saves a pass over every
-    activation to find its range. Packed models also have attention's query scale folded into the
-    qkv weights. The result cannot be trained or differentiated and its ``state_dict`` lacks the
-    packed layers' weights; keep the original to save or fine-tune. ``torch.compile`` of the
-    returned model works (``fullgraph`` too): each packed layer stays one call to its oneDNN
-    kernel, and Inductor fuses what lies between them (with static int8 scales, each activation's
-    quantisation into the LayerNorm or attention before it).
+    int8 is dynamic quantisation of the linear layers (int8 weights per output channel,
+    activations per batch; with oneDNN the rest runs in bf16 where the CPU has it natively).
+    By default, on a CPU whose oneDNN has the kernels, int8 layers are packed and, in fp32 and
+    bf16, each layer whose shape runs faster packed (:func:`choose_linear_kernel`, timed once per
+    process). Packed models fold attention's query scale into the qkv weights; the result cannot
+    be trained and its ``state_dict`` lacks the packed weights (keep the original to save or
+    fine-tune). ``torch.compile`` of it works, ``fullgraph`` too.
 
     Args:
         model: the model to serve (left unchanged unless ``copy_model`` is False).
-        precision: "auto", "fp32", "bf16" or "int8".
-        pack: True to pack every linear layer, False to pack none, None (the default) to decide
-            as described above.
+        precision: "auto" (bf16 where the device computes it natively and fast, else fp32:
+            :mod:`vitkit.precision`), "fp32", "bf16" (bf16 weights) or "int8".
+        pack: True to pack every linear layer (:class:`PackedLinear`, :class:`Int8Linear`), False
+            none (int8 then uses ``quantize_dynamic``), None (the default) to decide as above.
         copy_model: convert a deep copy (True) or ``model`` itself (False).
-        calibration: images to fix static int8 scales from (int8 on oneDNN only), in any form
-            :func:`calibrate_int8` takes; None for dynamic quantisation.
+        calibration: images to fix static int8 scales from (int8 on oneDNN only; saves finding
+            each activation's range per batch), as :func:`calibrate_int8` takes; None: dynamic.
 
     Returns:
         The prepared model, in eval mode; ``input_dtype`` is the dtype its

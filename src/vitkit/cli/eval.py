@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..data.labels import is_labels_file
 from ..errors import UsageError, writing
-from ..eval.predict import stored_thresholds
 from ..files import slug
 from .common import (
     chosen_precision,
@@ -96,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..data import build_dataset
+    from ..data.labels import is_labels_file
     from ..eval import evaluate, write_confusion_matrix
+    from ..eval.predict import stored_thresholds
 
     args.precision = chosen_precision(args.precision, args.device)  # auto: what this device computes fast
     model = load_model(args.ckpt, args.img_size)
@@ -170,7 +170,7 @@ def run_multilabel(args: argparse.Namespace, model: Any) -> int:
     """
     from ..data.labels import LabelsFile
     from ..eval.multilabel import evaluate_multilabel
-    from ..eval.predict import stored_class_names
+    from ..eval.predict import stored_class_names, stored_thresholds
 
     classes = stored_class_names(model)
     if classes is None:

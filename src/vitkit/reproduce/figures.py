@@ -61,28 +61,9 @@ def _scaling_line(ax: Any, by_size: dict[int, list[Any]], label: str, scale: flo
     return bars[0]
 
 
-def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
-    """The data-scaling study (after Figure 4): against the number of training images, test error
-    per model (log-log, with each family's slope), the ViT/ResNet error ratio with its 95% interval,
-    the generalisation gap, the ViT's attention locality and class-token share, and the few-shot
-    transfer control beside the same models untrained.
-
-    Args:
-        numbers: :meth:`vitkit.reproduce.data_scaling.DataScaling.measure`'s numbers.
-        path: where the PNG goes.
-        shots: the transfer metric's name ("10-shot").
-
-    Returns:
-        ``path``.
-    """
-    from .stats import Interval
-
-    fig = _new_figure(15.0, 8.0)
-    axes = fig.subplots(2, 3)
+def _error_panel(ax: Any, numbers: dict[str, Any]) -> None:
+    """Test error per model against images, log-log, each with its slope and interval."""
     models, sizes = numbers["models"], numbers["sizes"]
-    xlabel = "training images (class-balanced subsets)"
-
-    ax = axes[0][0]
     drawn = False
     for role, entry in models.items():
         slope = numbers["slopes"].get(role)
@@ -103,7 +84,12 @@ def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     if drawn:
         ax.legend(fontsize=7)
 
-    ax = axes[0][1]
+
+def _ratio_panel(ax: Any, numbers: dict[str, Any]) -> None:
+    """The ViT/ResNet error ratio per size with its 95% interval."""
+    from .stats import Interval
+
+    sizes = numbers["sizes"]
     pts = []
     for n in sizes:
         iv = numbers["error_ratio"][n]["interval"]
@@ -121,6 +107,29 @@ def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     _log_x(ax, bool(pts), sizes)
     ax.set_ylabel("ViT test error / ResNet test error")
     ax.set_title("error ratio (95% interval over seeds; 1: equal)", fontsize=9)
+
+
+def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
+    """The data-scaling study (after Figure 4): against the number of training images, test error
+    per model (log-log, with each family's slope), the ViT/ResNet error ratio with its 95% interval,
+    the generalisation gap, the ViT's attention locality and class-token share, and the few-shot
+    transfer control beside the same models untrained.
+
+    Args:
+        numbers: :meth:`vitkit.reproduce.data_scaling.DataScaling.measure`'s numbers.
+        path: where the PNG goes.
+        shots: the transfer metric's name ("10-shot").
+
+    Returns:
+        ``path``.
+    """
+    fig = _new_figure(15.0, 8.0)
+    axes = fig.subplots(2, 3)
+    models, sizes = numbers["models"], numbers["sizes"]
+    xlabel = "training images (class-balanced subsets)"
+
+    _error_panel(axes[0][0], numbers)
+    _ratio_panel(axes[0][1], numbers)
 
     ax = axes[0][2]
     drawn = False
