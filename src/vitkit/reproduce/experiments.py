@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,10 @@ class Experiment:
     def planned(self) -> bool:
         """Whether :meth:`runs` is the whole plan (a phased experiment: once its first phase is finished)."""
         return True
+
+    def finished(self, specs: Iterable[RunSpec]) -> bool:
+        """Whether every run of ``specs`` has a result (always, when only counting runs: ``--plan``)."""
+        return self.suite.planning or all(self.result_of(s) is not None for s in specs)
 
     def result_of(self, spec: RunSpec) -> dict[str, Any] | None:
         """The finished result of ``spec``, or None (not run, not finished, or damaged)."""

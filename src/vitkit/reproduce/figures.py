@@ -294,6 +294,18 @@ def _minival_against_rate(ax: Any, lines: dict[str, list[tuple[float, float, boo
     ax.grid(alpha=0.3)
 
 
+def _finish_curves(ax: Any, drawn: bool, xlabel: str, title: str, legend_size: int) -> None:
+    """Labels, title and grid of a panel of minival curves; its legend, or a note that no run has a result."""
+    if drawn:
+        ax.legend(fontsize=legend_size)
+    else:
+        _no_result(ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("minival top-1 (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+
+
 def plot_pooling(numbers: dict[str, Any], path: Path) -> Path:
     """Figure 9's view: minival top-1 against training steps for the class token and for GAP, one
     line per learning rate (the mean over the seeds run at it; the chosen rate bold), and the
@@ -312,14 +324,7 @@ def plot_pooling(numbers: dict[str, Any], path: Path) -> Path:
             label = f"lr {c['rate']} ({n} seed{'s' if n > 1 else ''})" + (", chosen" if c["chosen"] else "")
             ax.plot(steps, mean, marker="o", ms=3, lw=2.5 if c["chosen"] else 1.0, color=colours.get(c["rate"]),
                     label=label)  # fmt: skip
-        if drawn:
-            ax.legend(fontsize=7)
-        else:
-            _no_result(ax)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("minival top-1 (%)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
+        _finish_curves(ax, drawn, "training step", title, 7)
     lines = {
         title: [(c["lr"], c["minival_seed0"], c["chosen"]) for c in numbers["cells"] if c["pooling"] == pooling]
         for pooling, title in (("token", "class token"), ("gap", "GAP"))
@@ -361,14 +366,7 @@ def plot_resolution(numbers: dict[str, Any], path: Path) -> Path:
             n = len(arm["curves"])
             label = f"{h}x{w} px, lr {arm['lr']:g} ({n} seed{'s' if n > 1 else ''})"
             ax.plot(steps, mean, marker="o", ms=3, label=label)
-    if curves:
-        ax.legend(fontsize=8)
-    else:
-        _no_result(ax)
-    ax.set_xlabel("fine-tuning step")
-    ax.set_ylabel("minival top-1 (%)")
-    ax.set_title("fine-tuning at the chosen rates", fontsize=9)
-    ax.grid(alpha=0.3)
+    _finish_curves(ax, curves, "fine-tuning step", "fine-tuning at the chosen rates", 8)
     lines = {}
     for which in ("low", "native"):
         h, w = numbers["sizes"][which]

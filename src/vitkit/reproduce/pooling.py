@@ -121,9 +121,7 @@ class Pooling(Experiment):
         return {p: {lr: self.cell_spec(p, lr, self.seeds[0]) for lr in self.rates()} for p in POOLINGS}
 
     def planned(self) -> bool:
-        if self.suite.planning:  # counting runs (--plan): the grid counts as finished
-            return True
-        return all(self.result_of(s) is not None for cells in self.grid().values() for s in cells.values())
+        return self.finished(s for cells in self.grid().values() for s in cells.values())
 
     def chosen(self) -> dict[str, float | None] | None:
         """Each pooling's rate, chosen on the minival once the whole grid is finished (else None)."""

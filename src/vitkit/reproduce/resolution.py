@@ -71,9 +71,7 @@ class Resolution(Experiment):
         return {w: {lr: self.finetune(w, lr, self.seeds[0]) for lr in self.rates()} for w in SIZES}
 
     def planned(self) -> bool:
-        if self.suite.planning:  # counting runs (--plan): the grid counts as finished
-            return True
-        return all(self.result_of(s) is not None for cells in self.grid().values() for s in cells.values())
+        return self.finished(s for cells in self.grid().values() for s in cells.values())
 
     def runs(self) -> list[RunSpec]:
         out = [self.pretrain(s) for s in self.seeds]
