@@ -328,3 +328,33 @@ def test_finetune_with_no_other_flag_fits_its_recipe_and_says_so_first(tmp_path,
     assert (tmp_path / "ft" / "README.md").is_file() and f"Started from: `{weights}`" in (
         tmp_path / "ft" / "README.md"
     ).read_text()
+
+
+def test_a_multi_label_run_under_torchrun_matches_one_process(tmp_path):
+    """Two DDP processes (gloo) on a multi-label labels file take the losses of one process with
+    the same global batch, and score the same mAP (every process scores the whole split)."""
+    f = labels_file(tmp_path, multi_rows(48))
+    tree = changed(TINY_VIT, data__name=str(f), train__loss="sigmoid", augment__crop="none", augment__flip=False)
+    tree["data"].update(options={"load_size": 16}, eval_split="val")
+    tree["train"]["steps"] = 4
+    tree["log"].update(eval_every=4, checkpoint_every=4)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tree))
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    base = ["-m", "vitkit", "train", "--config", str(recipe), "--device", "cpu"]
+    one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541"]
+    two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-2000:]
+
+    def logged(d: Path) -> list[dict]:
+        return [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = logged(tmp_path / "one"), logged(tmp_path / "two")
+    la, lb = [r["loss"] for r in a if "loss" in r], [r["loss"] for r in b if "loss" in r]
+    assert len(la) == len(lb) == 4 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5, (la, lb)
+    ma, mb = [r["map"] for r in a if "map" in r], [r["map"] for r in b if "map" in r]
+    assert len(ma) == len(mb) == 1 and abs(ma[0] - mb[0]) < 1e-5
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["multilabel"]["map_macro"] == pytest.approx(ma[0], abs=1e-6)
