@@ -128,6 +128,13 @@ def _timed(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
+def _clear_outputs(work: Path) -> None:
+    import shutil
+
+    for p in work.glob("*.safetensors*"):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
 def _commands(work: Path, args: argparse.Namespace, bf16: bool) -> dict[str, list[str]]:
     me = [sys.executable, str(Path(__file__).resolve())]
     timm = [*me, "--timm-job", str(work / "weights"), str(work / "images"), "--batch-size", str(args.batch_size)]
@@ -175,6 +182,7 @@ def main() -> None:
         seconds: dict[str, list[float]] = {name: [] for name in rows}
         for r in range(args.rounds):
             for name, cmd in rows.items():
+                _clear_outputs(work)  # a finished file would be reused by vitkit's resume, not recomputed
                 seconds[name].append(_timed(cmd, env))
                 print(f"round {r + 1}: {name:10s} {seconds[name][-1]:7.1f} s", flush=True)
     base = statistics.median(seconds["timm"])
