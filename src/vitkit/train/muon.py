@@ -4,7 +4,7 @@ Muon replaces each weight matrix's momentum by the nearest semi-orthogonal matri
 step: every direction of the update gets the same size, so the directions that plain gradients
 under-train move as fast as the dominant ones. Its authors found it reaches a given loss in
 fewer steps than AdamW on small Transformers; that is what a short CPU schedule needs (the
-demo's model underfits at its budget, see benchmarks/RESULTS.md). Muon is defined for matrices
+demo's schedule ends while its model is still learning). Muon is defined for matrices
 that map hidden features to hidden features only: the patch embedding, the head, position
 embeddings, tokens, biases and norm scales stay with AdamW (as its authors advise).
 
