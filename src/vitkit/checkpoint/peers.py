@@ -24,17 +24,18 @@ from ..models.registry import RELEASES
 from ..preprocessing import Preprocessing
 from . import values
 
-# Pieces of timm's (and DINOv3's) ViTs that vitkit's does not have: a part of a key -> what it is.
+# Pieces of timm's (and Meta's DINOv3 files') ViTs that vitkit's does not have: a part of a key ->
+# what it is. timm's DINOv3 files (its Eva layout) hold no RoPE tensor: their RoPE is DINOv3's.
 _UNSUPPORTED_TIMM = {
-    "rope": "rotary position embeddings (RoPE: DINOv3, EVA)",
-    "storage_tokens": "DINOv3's storage tokens (with RoPE)",
-    "local_cls_norm": "DINOv3's local class-token norm",
-    "bias_mask": "DINOv3's masked qkv bias",
+    "rope": "rotary position embeddings other than timm's DINOv3 (EVA's, RoPE-Mixed's learned frequencies)",
+    "storage_tokens": "the storage tokens of Meta's own DINOv3 files (timm's and Hugging Face's files load)",
+    "local_cls_norm": "DINOv3 7B's local class-token norm of pre-training",
+    "bias_mask": "the masked qkv bias of Meta's own DINOv3 files (timm's and Hugging Face's files load)",
     "attn.norm.": "a norm inside attention (timm's scale_attn_norm)",
     "mlp.norm.": "a norm inside the MLP (timm's scale_mlp_norm)",
     "patch_embed.norm.": "a norm after the patch embedding",
-    "attn.q_bias": "separate q and v biases (BEiT, EVA)",
-    "mlp.fc1_g.": "an unpacked SwiGLU (fc1_g, fc1_x)",
+    "relative_position": "relative position bias tables (BEiT)",
+    "attn.gate.": "gated attention",
     "attn_pool.pos_embed": "a position embedding in the attention pooling",
     "attn_pool.q_norm": "q/k norm in the attention pooling",
     "attn_pool.k_norm": "q/k norm in the attention pooling",
@@ -42,6 +43,8 @@ _UNSUPPORTED_TIMM = {
 
 # Names of DINOv2's own files (torch.hub) that differ from timm's.
 _DINOV2_NAMES = [(r"^register_tokens$", "reg_token"), (r"\.mlp\.w12\.", ".mlp.fc1."), (r"\.mlp\.w3\.", ".mlp.fc2.")]
+# timm's Eva (its DINOv3 models): LayerScale as gamma_1 / gamma_2 of the block.
+_EVA_NAMES = [(r"\.gamma_1$", ".ls1.gamma"), (r"\.gamma_2$", ".ls2.gamma")]
 # Tensors a file may hold that play no part in an image's forward pass: DINOv2's masked-image token.
 _TRAINING_ONLY = ("mask_token",)
 
@@ -169,10 +172,51 @@ def timm_to_vitkit(
                 notes.append(f"left out {k!r}: a token of masked-image training, not used on images")
             continue
         k = k.replace("pre_logits.fc.", "pre_logits.")
-        for pattern, repl in _DINOV2_NAMES:
+        for pattern, repl in _DINOV2_NAMES + _EVA_NAMES:
             k = re.sub(pattern, repl, k)
         out[_timm_backbone_key(k)] = v.float()
+    _pack_eva_blocks(out)
     return out
+
+
+def _pack_eva_blocks(out: dict[str, torch.Tensor]) -> None:
+    """timm's Eva layers in vitkit's packed form (in place): separate q and v biases (the key's is
+    fixed at zero) or none at all as one qkv bias, q, k, v; an unpacked SwiGLU's ``fc1_g`` (the
+    gate) and ``fc1_x`` as one ``fc1``, the gate's rows first. Each computes what it did."""
+    blocks = sorted({m.group(0) for k in out if (m := re.match(r"blocks\.\d+\.", k))})
+    for b in blocks:
+        qkv = out.get(f"{b}attn.qkv.weight")
+        if qkv is not None and f"{b}attn.qkv.bias" not in out:
+            zeros = torch.zeros(qkv.shape[0] // 3)
+            q, v = out.pop(f"{b}attn.q_bias", zeros), out.pop(f"{b}attn.v_bias", zeros)
+            out[f"{b}attn.qkv.bias"] = torch.cat([q, zeros, v])
+        if f"{b}mlp.fc1_g.weight" in out:
+            for t in ("weight", "bias"):
+                gate, value = out.pop(f"{b}mlp.fc1_g.{t}"), out.pop(f"{b}mlp.fc1_x.{t}")
+                out[f"{b}mlp.fc1.{t}"] = torch.cat([gate, value], dim=0)
+
+
+def _is_eva(keys: Any) -> bool:
+    """Whether a timm state dict is in timm's Eva layout (its DINOv3 models): LayerScale as
+    ``gamma_1``, separate q and v biases, an unpacked SwiGLU."""
+    return any(k.endswith((".gamma_1", ".attn.q_bias")) or ".mlp.fc1_g." in k for k in keys)
+
+
+# The RoPE of timm's DINOv3 models (timm's state dicts do not show it; timm's Eva builds it so).
+TIMM_DINOV3_ROPE = {"pos_embed": "rope_dinov3", "rope_theta": 100.0}
+
+
+def _timm_rope(keys: Any, out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
+    """The position fields of a timm file in the Eva layout: DINOv3's RoPE for DINOv3's layout (no
+    position table, a class token and storage tokens); other Eva models (EVA, RoPE-ViT) refused."""
+    if not _is_eva(keys):
+        return {}
+    if "pos_embed" in out or "reg_token" not in out or "cls_token" not in out:
+        raise CheckpointError(
+            f"{path}: timm's Eva layout (gamma_1, q_bias...) without DINOv3's tokens (a class token, storage "
+            "tokens, no position table): EVA's and RoPE-ViT's position embeddings are not ones vitkit has"
+        )
+    return dict(TIMM_DINOV3_ROPE)
 
 
 def convert_timm(
@@ -201,6 +245,7 @@ def convert_timm(
     distill = "dist_token" in out  # DeiT's distilled models: a second prefix token and head_dist
     prefix = (1 if classifier == "token" else 0) + (1 if distill else 0)
     img, cls_pos_embed = (224, 224), True
+    rope = _timm_rope(sd, out, path)
     if "pos_embed" in out:
         rows = _timm_position_rows(out, prefix, (ph, pw), stride, path, notes)
         img = _grid_img(out["pos_embed"].shape[1] - rows, (ph, pw), stride, path)
@@ -215,19 +260,21 @@ def convert_timm(
         num_heads=num_heads or heads_for(width)[0],
         classifier=classifier,
         representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
-        pos_embed="learned" if "pos_embed" in out else "none",
+        pos_embed=rope.get("pos_embed", "learned" if "pos_embed" in out else "none"),
+        rope_theta=rope.get("rope_theta", 100.0),
         cls_pos_embed=cls_pos_embed,
         resnet_units=units,
         resnet_width=out["patch_embed.backbone.conv_root.weight"].shape[0] if units else 64,
         distill_token=distill,
-        **_timm_pieces(out, path),
+        **_timm_pieces(out, path, dinov3=bool(rope)),
     )
     return out, cfg
 
 
-def _timm_pieces(out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
+def _timm_pieces(out: dict[str, torch.Tensor], path: Any, dinov3: bool = False) -> dict[str, Any]:
     """The config fields of the later pieces a timm state dict holds, and its MLP's kind and width:
-    a packed SwiGLU's first layer is twice as wide as its second's input."""
+    a packed SwiGLU's first layer is twice as wide as its second's input. ``dinov3``: timm's
+    DINOv3 layout, whose LayerNorm epsilon is 1e-5."""
     if "fc_norm.weight" in out and "norm.weight" in out:
         raise CheckpointError(f"{path}: a final norm both before and after pooling; vitkit's ViT has one of them")
     if "fc_norm.weight" not in out and "norm.weight" not in out:
@@ -249,7 +296,7 @@ def _timm_pieces(out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
         "fc_norm": "fc_norm.weight" in out,
         "qk_norm": "blocks.0.attn.q_norm.weight" in out,
         "patch_bias": "patch_embed.proj.bias" in out,
-        **timm_defaults(pre_norm),
+        **timm_defaults(pre_norm or dinov3),
     }
 
 
@@ -260,10 +307,11 @@ LAYER_SCALE_INIT = 1e-5
 
 def timm_defaults(pre_norm: bool) -> dict[str, Any]:
     """The activation and LayerNorm epsilon timm builds a ViT with when its file does not say:
-    timm's defaults, and for a CLIP tower (a norm before the blocks) the epsilon of its CLIP models.
+    timm's defaults, and for a CLIP tower (a norm before the blocks) or a DINOv3 model the epsilon
+    of those models (1e-5).
 
     Args:
-        pre_norm: whether the model has a LayerNorm before the blocks.
+        pre_norm: whether the model is a CLIP tower (a LayerNorm before the blocks) or a DINOv3.
 
     Returns:
         ``{"act": ..., "ln_eps": ...}``.
