@@ -172,7 +172,7 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
     raise CheckpointError(f"{p}: tensors are not a ViT vitkit recognises (first keys: {sample})")
 
 
-_HF_FAMILY_NAMES = {"dinov2": " for DINOv2", "clip": " for CLIP", "siglip": " for SigLIP"}
+_HF_FAMILY_NAMES = {"dinov2": " for DINOv2", "dinov3": " for DINOv3", "clip": " for CLIP", "siglip": " for SigLIP"}
 
 
 def _read_hf(
@@ -195,6 +195,8 @@ def _read_hf(
     if config is None:  # what transformers would read from a config.json that leaves them out
         family = hf_family(set(tensors), None)
         said = {"act": cfg.act, "ln_eps": HF_FAMILY_DEFAULTS[family]["ln_eps"]}
+        if family == "dinov3":
+            said["rope_theta"] = cfg.rope_theta
         why = "Hugging Face's default" + _HF_FAMILY_NAMES.get(family, "")
         loaded.assumed = {k: (v, why) for k, v in said.items()}
     return loaded

@@ -430,6 +430,7 @@ HF_MODEL_TYPES = {
     "vit": "vit",
     "dinov2": "dinov2",
     "dinov2_with_registers": "dinov2",
+    "dinov3_vit": "dinov3",
     "clip": "clip",
     "clip_vision_model": "clip",
     "siglip": "siglip",
@@ -439,6 +440,7 @@ HF_MODEL_TYPES = {
 HF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "vit": {"act": "gelu", "ln_eps": 1e-12},
     "dinov2": {"act": "gelu", "ln_eps": 1e-6},
+    "dinov3": {"act": "gelu", "ln_eps": 1e-5},
     "clip": {"act": "quick_gelu", "ln_eps": 1e-5},
     "siglip": {"act": "gelu_pytorch_tanh", "ln_eps": 1e-6},
 }
@@ -455,7 +457,7 @@ def is_hf(keys: set[str]) -> bool:
 
 
 def hf_family(keys: set[str], hf_config: dict[str, Any] | None, where: str = "config.json") -> str:
-    """Which Hugging Face model a file holds: "vit", "dinov2", "clip" or "siglip", from its
+    """Which Hugging Face model a file holds: "vit", "dinov2", "dinov3", "clip" or "siglip", from its
     ``config.json``'s ``model_type`` or, without one, from its tensors' names.
 
     Args:
@@ -479,6 +481,8 @@ def hf_family(keys: set[str], hf_config: dict[str, Any] | None, where: str = "co
             )
         return HF_MODEL_TYPES[kind]
     names = " ".join(keys)
+    if any(k.endswith("embeddings.patch_embeddings.weight") for k in keys):  # DINOv2's has a .projection
+        return "dinov3"
     if "class_embedding" in names:
         return "clip"
     if "embeddings.patch_embedding." in names:
@@ -511,8 +515,11 @@ def convert_hf(
     if bad := unsupported_pieces(sd):
         raise CheckpointError(f"{path}: the file holds pieces vitkit's ViT does not have: {bad}")
     reader = _HFReader(sd, path)
-    converters = {"vit": _hf_vit, "dinov2": _hf_dinov2, "clip": _hf_clip, "siglip": _hf_siglip}
+    converters = {"vit": _hf_vit, "dinov2": _hf_dinov2, "dinov3": _hf_dinov3, "clip": _hf_clip, "siglip": _hf_siglip}
     fields = converters[family](reader)
+    if family == "dinov3":
+        theta = (vision or {}).get("rope_theta", 100.0)
+        fields["rope_theta"] = values.number(theta, where, "rope_theta", 1.0, 1e9, lo_open=True)
     out, prefix = reader.out, reader.prefix_rows
     heads, act, eps, img = _hf_settings(vision, out, num_heads, where, path, family, prefix)
     width, cin, ph, pw = out["patch_embed.proj.weight"].shape
@@ -667,6 +674,59 @@ def _hf_dinov2(r: _HFReader) -> dict[str, Any]:
     }
 
 
+def _hf_dinov3(r: _HFReader) -> dict[str, Any]:
+    """``DINOv3ViTModel``: the class token, then the storage (register) tokens, no position table:
+    2-D RoPE in every layer (``rope_theta`` of ``config.json``, set by :func:`convert_hf`).
+    LayerScale, separate q, k and v layers (each bias optional: the released files have no key
+    bias), a GELU MLP (``up_proj``, ``down_proj``) or a SwiGLU (``gate_proj``, ``up_proj``,
+    ``down_proj``), the final norm; ``pooler_output`` is the class token after it."""
+    patch = next(k for k in r.sd if k.endswith("embeddings.patch_embeddings.weight"))
+    p = patch[: -len("embeddings.patch_embeddings.weight")]
+    emb = f"{p}embeddings."
+    r.put("patch_embed.proj", f"{emb}patch_embeddings")
+    r.out["cls_token"] = r.take(f"{emb}cls_token")
+    if r.has(f"{emb}register_tokens") and r.sd[f"{emb}register_tokens"].shape[1]:
+        r.out["reg_token"] = r.take(f"{emb}register_tokens")  # (1, R, D)
+    r.leave((f"{emb}mask_token", f"{emb}register_tokens"), "of masked-image training or empty")
+    layers = f"{p}model.layer." if any(k.startswith(f"{p}model.layer.") for k in r.sd) else f"{p}layer."
+    r.count_layers(rf"{re.escape(layers)}(\d+)\.")
+    for i in range(r.depth):
+        src, dst = f"{layers}{i}.", f"blocks.{i}."
+        r.put(dst + "norm1", src + "norm1")
+        r.put(dst + "norm2", src + "norm2")
+        att = src + "attention."
+        r.out[dst + "attn.qkv.weight"] = torch.cat([r.take(f"{att}{n}_proj.weight") for n in "qkv"], dim=0)
+        r.out[dst + "attn.qkv.bias"] = torch.cat([_bias_or_zeros(r, f"{att}{n}_proj") for n in "qkv"], dim=0)
+        r.out[dst + "attn.proj.weight"], r.out[dst + "attn.proj.bias"] = _linear(r, att + "o_proj")
+        r.out[dst + "ls1.gamma"] = r.take(src + "layer_scale1.lambda1")
+        r.out[dst + "ls2.gamma"] = r.take(src + "layer_scale2.lambda1")
+        gated = r.has(src + "mlp.gate_proj.weight")
+        firsts = [_linear(r, f"{src}mlp.{n}") for n in (("gate_proj", "up_proj") if gated else ("up_proj",))]
+        r.out[dst + "mlp.fc1.weight"] = torch.cat([w for w, _ in firsts], dim=0)  # the gate's rows first
+        r.out[dst + "mlp.fc1.bias"] = torch.cat([b for _, b in firsts], dim=0)
+        r.out[dst + "mlp.fc2.weight"], r.out[dst + "mlp.fc2.bias"] = _linear(r, src + "mlp.down_proj")
+    r.put("norm", f"{p}norm")
+    return {
+        "classifier": "token",
+        "num_registers": r.out["reg_token"].shape[1] if "reg_token" in r.out else 0,
+        "layer_scale_init": LAYER_SCALE_INIT,
+        "mlp_type": "swiglu" if gated else "mlp",
+        "pos_embed": "rope_dinov3",
+    }
+
+
+def _bias_or_zeros(r: _HFReader, layer: str) -> torch.Tensor:
+    """The bias of a Hugging Face linear layer, or zeros (its width) where it has none."""
+    if r.has(f"{layer}.bias"):
+        return r.take(f"{layer}.bias")
+    return torch.zeros(r.sd[f"{layer}.weight"].shape[0])
+
+
+def _linear(r: _HFReader, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of a Hugging Face linear layer, a zero bias where it has none."""
+    return r.take(f"{layer}.weight"), _bias_or_zeros(r, layer)
+
+
 def _hf_tower_layers(r: _HFReader, p: str) -> None:
     """The encoder layers CLIP and SigLIP name alike (``encoder.layers.{i}.self_attn...``), and
     the final norm (``post_layernorm``)."""
@@ -772,8 +832,13 @@ def _hf_settings(
     swiglu = out["blocks.0.mlp.fc1.weight"].shape[0] == 2 * out["blocks.0.mlp.fc2.weight"].shape[1]
     if not swiglu and (not isinstance(act, str) or act not in _HF_ACTS):  # a SwiGLU's gate is SiLU whatever it says
         raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(_HF_ACTS)})")
+    if swiglu and family == "dinov3" and act != "silu":  # its gated MLP takes the activation the config names
+        raise CheckpointError(f"{where}: a gated MLP with hidden_act {act!r}; vitkit's SwiGLU gates with SiLU")
     eps = hf_config.get("layer_norm_eps", defaults["ln_eps"])
     eps = values.number(eps, where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
+    if "pos_embed" not in out:  # RoPE: no table shows the size; the config's, else Hugging Face's default
+        h, w = values.size_pair(hf_config.get("image_size", 224), where, "image_size")
+        return heads, _HF_ACTS.get(act, "gelu"), eps, (max(ph, h - h % ph), max(pw, w - w % pw))
     num_patches = out["pos_embed"].shape[1] - prefix
     img = _grid_img(num_patches, (ph, pw), 1, path) if square_side(num_patches) else None
     if "image_size" in hf_config:  # a rectangular image size (Hugging Face takes a pair) names the grid
@@ -902,6 +967,7 @@ def read_hf_dir(path: Path) -> dict[str, Any] | None:
 # config.json), transformers' preprocessor_config.json.
 
 _TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h", "giant": "g", "so400m": "so400m"}
+_DINOV3_SIZES = {"small": "s", "small_plus": "splus", "base": "b", "large": "l", "huge_plus": "hplus", "7b": "7b"}
 _PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # Pillow's codes in preprocessor_config.json
 
 
@@ -909,7 +975,8 @@ def timm_model_name(architecture: str) -> str | None:
     """The vitkit model a timm architecture is: ``vit_base_patch16_224`` -> ``vit_b16``, and the
     releases of :data:`vitkit.models.registry.RELEASES`: ``vit_small_patch14_reg4_dinov2`` ->
     ``vit_s14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224`` -> ``vit_b16_clip_quickgelu``,
-    ``vit_so400m_patch14_siglip_224`` -> ``vit_so400m14_siglip``.
+    ``vit_so400m_patch14_siglip_224`` -> ``vit_so400m14_siglip``,
+    ``vit_small_plus_patch16_dinov3_qkvb`` -> ``vit_splus16_dinov3``.
 
     Args:
         architecture: timm's model name (its hub ``config.json``'s ``architecture``).
@@ -917,6 +984,9 @@ def timm_model_name(architecture: str) -> str | None:
     Returns:
         The vitkit model name, or None for an architecture vitkit has no name for.
     """
+    m = re.fullmatch(r"vit_(small|small_plus|base|large|huge_plus|7b)_patch16_dinov3(_qkvb)?", architecture)
+    if m:
+        return f"vit_{_DINOV3_SIZES[m.group(1)]}16_dinov3"
     m = re.fullmatch(
         r"vit_([a-z0-9]+)_patch(\d+)_(reg4_dinov2|dinov2|clip_quickgelu_224|clip_224|siglip_224)", architecture
     )
