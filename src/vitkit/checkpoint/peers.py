@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import OPTIONAL_FIELDS, VIT_SIZES, ViTConfig, hybrid_stem_stride
+from ..models.config import OPTIONAL_FIELDS, ROPE_POS_EMBEDS, VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
 from ..models.registry import RELEASES
 from ..preprocessing import Preprocessing
@@ -367,7 +367,7 @@ def check_timm(cfg: Any) -> None:
     if not isinstance(cfg, ViTConfig):
         what = type(cfg).__name__
         raise CheckpointError(f"timm's VisionTransformer holds ViTs, not a {what}; export to vitkit instead")
-    if cfg.pos_embed in ("sincos2d", "learned2d", "relative"):
+    if cfg.pos_embed in ("sincos2d", "learned2d", "relative", *ROPE_POS_EMBEDS):
         raise CheckpointError(
             f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
             "export to vitkit instead"
@@ -828,11 +828,12 @@ def _hf_settings(
         raise CheckpointError(
             f"{where}: no num_attention_heads, and Hugging Face's default of 12 does not divide the width {width}"
         )
-    act = hf_config.get("hidden_act", defaults["act"])
     swiglu = out["blocks.0.mlp.fc1.weight"].shape[0] == 2 * out["blocks.0.mlp.fc2.weight"].shape[1]
+    gated_dinov3 = swiglu and family == "dinov3"  # DINOv3's gated MLP: SiLU, as its released configs say
+    act = hf_config.get("hidden_act", "silu" if gated_dinov3 else defaults["act"])
     if not swiglu and (not isinstance(act, str) or act not in _HF_ACTS):  # a SwiGLU's gate is SiLU whatever it says
         raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(_HF_ACTS)})")
-    if swiglu and family == "dinov3" and act != "silu":  # its gated MLP takes the activation the config names
+    if gated_dinov3 and act != "silu":  # transformers gates with the activation the config names
         raise CheckpointError(f"{where}: a gated MLP with hidden_act {act!r}; vitkit's SwiGLU gates with SiLU")
     eps = hf_config.get("layer_norm_eps", defaults["ln_eps"])
     eps = values.number(eps, where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
