@@ -421,3 +421,45 @@ def test_dinov3_release_names_are_listed_with_their_sources():
     assert sat["preprocessing"]["mean"] == [0.430, 0.411, 0.296]
     assert timm_model_name("vit_huge_plus_patch16_dinov3_qkvb") == "vit_hplus16_dinov3"
     assert timm_model_name("vit_small_patch16_dinov3") == "vit_s16_dinov3"
+
+
+def _hub_repo(root, repo: str, files: dict[str, bytes]) -> None:
+    """The layout huggingface_hub keeps: refs/main names a revision, whose snapshot links to blobs
+    named by their sha256."""
+    import hashlib
+
+    folder = root / "hub" / f"models--{repo.replace('/', '--')}"
+    rev = hashlib.sha1(repo.encode()).hexdigest()
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(rev)
+    (folder / "snapshots" / rev).mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    for name, data in files.items():
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (folder / "snapshots" / rev / name).symlink_to(f"../../blobs/{blob.name}")
+
+
+def test_a_dinov3_name_loads_from_the_hub_cache(tmp_path, monkeypatch):
+    """``facebook/dinov3-vits16-pretrain-lvd1689m``'s files (a DINOv3ViTModel of the real width and
+    depth, random) found by name in the hub's cache, offline: the model the name says, with the
+    repository's preprocessing."""
+    t = _hf()
+    torch.manual_seed(0)
+    cfg = t.DINOv3ViTConfig(num_register_tokens=4, layerscale_value=1e-5)  # ViT-S/16's sizes are the defaults
+    peer = t.DINOv3ViTModel(cfg).eval()
+    _randomise(peer)
+    peer.save_pretrained(tmp_path / "repo")
+    files = {n: (tmp_path / "repo" / n).read_bytes() for n in ("config.json", "model.safetensors")}
+    processor = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 2}
+    files["preprocessor_config.json"] = json.dumps({**processor, "size": {"height": 224, "width": 224}}).encode()
+    _hub_repo(tmp_path / "cache", "facebook/dinov3-vits16-pretrain-lvd1689m", files)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = vitkit.load_pretrained("vit_s16_dinov3.lvd1689m")
+    assert model.load_report.name == "vit_s16_dinov3.lvd1689m" and model.cfg == vitkit.model_config("vit_s16_dinov3")
+    assert model.preprocessing.crop_mode == "squash" and model.preprocessing.mean == (0.485, 0.456, 0.406)
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        assert (model.forward_features(x) - peer(pixel_values=x).last_hidden_state).abs().max() < 1e-5
