@@ -30,6 +30,10 @@ FAMILIES = {
         {"img_size": (32, 48), "patch_size": 8, "depth": 2, "num_classes": 5, "pos_embed": "learned2d"},
     ),
     "deit": ("vit_ti16", {"img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 5, "distill_token": True}),
+    "rope_dinov3": (
+        "vit_ti16",
+        {"img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 5, "pos_embed": "rope_dinov3", "num_registers": 4},
+    ),
     "hybrid": ("r_vit_ti16", {"img_size": 64, "depth": 2, "num_classes": 5}),
     "bit_resnet": ("bit_r50x1", {"img_size": 64, "units": (1, 1), "num_classes": 5}),
 }

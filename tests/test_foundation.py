@@ -313,7 +313,7 @@ def test_dinov2_own_file_names_and_register_positions(tmp_path):
         ("rope.periods", "RoPE"),
         ("blocks.0.attn.norm.weight", "scale_attn_norm"),
         ("storage_tokens", "storage tokens"),
-        ("blocks.0.mlp.fc1_g.weight", "unpacked SwiGLU"),
+        ("blocks.0.attn.qkv.bias_mask", "masked qkv bias"),
     ],
 )
 def test_pieces_vitkit_does_not_have_are_refused_by_name(key, piece, tmp_path):
@@ -425,12 +425,12 @@ def test_hf_module_names_load_without_config(case, tmp_path):
 def test_hf_model_types_vitkit_does_not_read_are_refused(tmp_path):
     import json
 
-    folder = tmp_path / "dinov3"
+    folder = tmp_path / "eva"
     folder.mkdir()
-    sd = {"embeddings.patch_embeddings.weight": torch.zeros(32, 3, 16, 16), "rope_embeddings.inv_freq": torch.zeros(8)}
+    sd = {"embeddings.patch_embeddings.weight": torch.zeros(32, 3, 16, 16), "rope.freqs": torch.zeros(8)}
     _save(sd, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({"model_type": "dinov3_vit"}))
-    with pytest.raises(vitkit.CheckpointError, match=r"dinov3_vit.*RoPE"):
+    (folder / "config.json").write_text(json.dumps({"model_type": "eva02"}))
+    with pytest.raises(vitkit.CheckpointError, match=r"eva02.*rotary"):
         vitkit.load_pretrained(folder)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..files import slug, write_json
+from ..models.config import ROPE_POS_EMBEDS
 from ..preprocessing import LoadedImages
 from .attention import (
     attention_rollout,
@@ -156,11 +157,11 @@ def analyze(
         head_maps.append(token_attention_maps(attentions, grid, prefix))  # (b, L, H, gh, gw)
         dist = mean_attention_distance(attentions, grid, stride, prefix) * len(batch)  # (L, H)
         distance_sum = dist if distance_sum is None else distance_sum + dist
-    if cfg.pos_embed not in ("none", "relative"):
+    if cfg.pos_embed not in ("none", "relative", *ROPE_POS_EMBEDS):
         sim = pos_embed_similarity(model)
         pos_summary: dict[str, Any] = {"grid": list(grid), "kind": cfg.pos_embed, **pos_embed_similarity_summary(sim)}
     else:
-        kind = "absolute " if cfg.pos_embed == "relative" else ""  # relative positions live in the attention
+        kind = "" if cfg.pos_embed == "none" else "absolute "  # relative and rotary positions live in the attention
         sim, pos_summary = None, {"skipped": f"the model has no {kind}position embedding"}
     return Report(
         name=model_name(cfg),

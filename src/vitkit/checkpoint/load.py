@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, UsageError, VitkitError
-from ..models.config import ResNetConfig, ViTConfig
+from ..models.config import ROPE_POS_EMBEDS, ResNetConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_embed
 from ..models.registry import RELEASES, build_model, canonical_name, model_config
 from ..preprocessing import Preprocessing
@@ -47,7 +47,7 @@ log = logging.getLogger("vitkit")
 # Architecture fields a model name fixes; a file whose tensors disagree is an error.
 _ARCH_FIELDS = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_units", "num_registers", "mlp_type")
 # Values a file may not record that the name of a release (models.registry.RELEASES) says.
-_RELEASE_FIELDS = ("act", "ln_eps")
+_RELEASE_FIELDS = ("act", "ln_eps", "pos_embed", "rope_theta")
 
 
 @dataclass
@@ -172,7 +172,7 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
     raise CheckpointError(f"{p}: tensors are not a ViT vitkit recognises (first keys: {sample})")
 
 
-_HF_FAMILY_NAMES = {"dinov2": " for DINOv2", "clip": " for CLIP", "siglip": " for SigLIP"}
+_HF_FAMILY_NAMES = {"dinov2": " for DINOv2", "dinov3": " for DINOv3", "clip": " for CLIP", "siglip": " for SigLIP"}
 
 
 def _read_hf(
@@ -195,6 +195,8 @@ def _read_hf(
     if config is None:  # what transformers would read from a config.json that leaves them out
         family = hf_family(set(tensors), None)
         said = {"act": cfg.act, "ln_eps": HF_FAMILY_DEFAULTS[family]["ln_eps"]}
+        if family == "dinov3":
+            said["rope_theta"] = cfg.rope_theta
         why = "Hugging Face's default" + _HF_FAMILY_NAMES.get(family, "")
         loaded.assumed = {k: (v, why) for k, v in said.items()}
     return loaded
@@ -218,10 +220,17 @@ def _read_timm(
         loaded.name = timm_model_name(config["architecture"])
     if heads is None:
         loaded.assumed["num_heads"] = heads_for(cfg.width)
-    clip = " for its CLIP towers" if cfg.pre_norm else ""
+    dinov3 = cfg.pos_embed in ROPE_POS_EMBEDS
+    family = " for its DINOv3 models" if dinov3 else " for its CLIP towers" if cfg.pre_norm else ""
     loaded.assumed["act"] = (cfg.act, "timm's default")
-    loaded.assumed["ln_eps"] = (cfg.ln_eps, f"timm's default{clip}")
-    if cfg.pos_embed == "none":
+    loaded.assumed["ln_eps"] = (cfg.ln_eps, f"timm's default{family}")
+    if dinov3:  # RoPE takes any input size: the size the weights were published for, where it is said
+        why = "timm's DINOv3: its Eva layout with storage tokens and no position table"
+        loaded.assumed["pos_embed"] = (cfg.pos_embed, why)
+        loaded.assumed["rope_theta"] = (cfg.rope_theta, "timm's DINOv3")
+        if pre is not None and all(s % p == 0 for s, p in zip(pre.img_size, cfg.patch_size)):
+            loaded.cfg = cfg.replace(img_size=tuple(pre.img_size))
+    elif cfg.pos_embed == "none":
         loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
     return loaded
 

@@ -18,23 +18,24 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..models.config import OPTIONAL_FIELDS, VIT_SIZES, ViTConfig, hybrid_stem_stride
+from ..models.config import OPTIONAL_FIELDS, ROPE_POS_EMBEDS, VIT_SIZES, ViTConfig, hybrid_stem_stride
 from ..models.posembed import square_side
 from ..models.registry import RELEASES
 from ..preprocessing import Preprocessing
 from . import values
 
-# Pieces of timm's (and DINOv3's) ViTs that vitkit's does not have: a part of a key -> what it is.
+# Pieces of timm's (and Meta's DINOv3 files') ViTs that vitkit's does not have: a part of a key ->
+# what it is. timm's DINOv3 files (its Eva layout) hold no RoPE tensor: their RoPE is DINOv3's.
 _UNSUPPORTED_TIMM = {
-    "rope": "rotary position embeddings (RoPE: DINOv3, EVA)",
-    "storage_tokens": "DINOv3's storage tokens (with RoPE)",
-    "local_cls_norm": "DINOv3's local class-token norm",
-    "bias_mask": "DINOv3's masked qkv bias",
+    "rope": "rotary position embeddings other than timm's DINOv3 (EVA's, RoPE-Mixed's learned frequencies)",
+    "storage_tokens": "the storage tokens of Meta's own DINOv3 files (timm's and Hugging Face's files load)",
+    "local_cls_norm": "DINOv3 7B's local class-token norm of pre-training",
+    "bias_mask": "the masked qkv bias of Meta's own DINOv3 files (timm's and Hugging Face's files load)",
     "attn.norm.": "a norm inside attention (timm's scale_attn_norm)",
     "mlp.norm.": "a norm inside the MLP (timm's scale_mlp_norm)",
     "patch_embed.norm.": "a norm after the patch embedding",
-    "attn.q_bias": "separate q and v biases (BEiT, EVA)",
-    "mlp.fc1_g.": "an unpacked SwiGLU (fc1_g, fc1_x)",
+    "relative_position": "relative position bias tables (BEiT)",
+    "attn.gate.": "gated attention",
     "attn_pool.pos_embed": "a position embedding in the attention pooling",
     "attn_pool.q_norm": "q/k norm in the attention pooling",
     "attn_pool.k_norm": "q/k norm in the attention pooling",
@@ -42,6 +43,8 @@ _UNSUPPORTED_TIMM = {
 
 # Names of DINOv2's own files (torch.hub) that differ from timm's.
 _DINOV2_NAMES = [(r"^register_tokens$", "reg_token"), (r"\.mlp\.w12\.", ".mlp.fc1."), (r"\.mlp\.w3\.", ".mlp.fc2.")]
+# timm's Eva (its DINOv3 models): LayerScale as gamma_1 / gamma_2 of the block.
+_EVA_NAMES = [(r"\.gamma_1$", ".ls1.gamma"), (r"\.gamma_2$", ".ls2.gamma")]
 # Tensors a file may hold that play no part in an image's forward pass: DINOv2's masked-image token.
 _TRAINING_ONLY = ("mask_token",)
 
@@ -169,10 +172,51 @@ def timm_to_vitkit(
                 notes.append(f"left out {k!r}: a token of masked-image training, not used on images")
             continue
         k = k.replace("pre_logits.fc.", "pre_logits.")
-        for pattern, repl in _DINOV2_NAMES:
+        for pattern, repl in _DINOV2_NAMES + _EVA_NAMES:
             k = re.sub(pattern, repl, k)
         out[_timm_backbone_key(k)] = v.float()
+    _pack_eva_blocks(out)
     return out
+
+
+def _pack_eva_blocks(out: dict[str, torch.Tensor]) -> None:
+    """timm's Eva layers in vitkit's packed form (in place): separate q and v biases (the key's is
+    fixed at zero) or none at all as one qkv bias, q, k, v; an unpacked SwiGLU's ``fc1_g`` (the
+    gate) and ``fc1_x`` as one ``fc1``, the gate's rows first. Each computes what it did."""
+    blocks = sorted({m.group(0) for k in out if (m := re.match(r"blocks\.\d+\.", k))})
+    for b in blocks:
+        qkv = out.get(f"{b}attn.qkv.weight")
+        if qkv is not None and f"{b}attn.qkv.bias" not in out:
+            zeros = torch.zeros(qkv.shape[0] // 3)
+            q, v = out.pop(f"{b}attn.q_bias", zeros), out.pop(f"{b}attn.v_bias", zeros)
+            out[f"{b}attn.qkv.bias"] = torch.cat([q, zeros, v])
+        if f"{b}mlp.fc1_g.weight" in out:
+            for t in ("weight", "bias"):
+                gate, value = out.pop(f"{b}mlp.fc1_g.{t}"), out.pop(f"{b}mlp.fc1_x.{t}")
+                out[f"{b}mlp.fc1.{t}"] = torch.cat([gate, value], dim=0)
+
+
+def _is_eva(keys: Any) -> bool:
+    """Whether a timm state dict is in timm's Eva layout (its DINOv3 models): LayerScale as
+    ``gamma_1``, separate q and v biases, an unpacked SwiGLU."""
+    return any(k.endswith((".gamma_1", ".attn.q_bias")) or ".mlp.fc1_g." in k for k in keys)
+
+
+# The RoPE of timm's DINOv3 models (timm's state dicts do not show it; timm's Eva builds it so).
+TIMM_DINOV3_ROPE = {"pos_embed": "rope_dinov3", "rope_theta": 100.0}
+
+
+def _timm_rope(keys: Any, out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
+    """The position fields of a timm file in the Eva layout: DINOv3's RoPE for DINOv3's layout (no
+    position table, a class token and storage tokens); other Eva models (EVA, RoPE-ViT) refused."""
+    if not _is_eva(keys):
+        return {}
+    if "pos_embed" in out or "reg_token" not in out or "cls_token" not in out:
+        raise CheckpointError(
+            f"{path}: timm's Eva layout (gamma_1, q_bias...) without DINOv3's tokens (a class token, storage "
+            "tokens, no position table): EVA's and RoPE-ViT's position embeddings are not ones vitkit has"
+        )
+    return dict(TIMM_DINOV3_ROPE)
 
 
 def convert_timm(
@@ -201,6 +245,7 @@ def convert_timm(
     distill = "dist_token" in out  # DeiT's distilled models: a second prefix token and head_dist
     prefix = (1 if classifier == "token" else 0) + (1 if distill else 0)
     img, cls_pos_embed = (224, 224), True
+    rope = _timm_rope(sd, out, path)
     if "pos_embed" in out:
         rows = _timm_position_rows(out, prefix, (ph, pw), stride, path, notes)
         img = _grid_img(out["pos_embed"].shape[1] - rows, (ph, pw), stride, path)
@@ -215,19 +260,21 @@ def convert_timm(
         num_heads=num_heads or heads_for(width)[0],
         classifier=classifier,
         representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
-        pos_embed="learned" if "pos_embed" in out else "none",
+        pos_embed=rope.get("pos_embed", "learned" if "pos_embed" in out else "none"),
+        rope_theta=rope.get("rope_theta", 100.0),
         cls_pos_embed=cls_pos_embed,
         resnet_units=units,
         resnet_width=out["patch_embed.backbone.conv_root.weight"].shape[0] if units else 64,
         distill_token=distill,
-        **_timm_pieces(out, path),
+        **_timm_pieces(out, path, dinov3=bool(rope)),
     )
     return out, cfg
 
 
-def _timm_pieces(out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
+def _timm_pieces(out: dict[str, torch.Tensor], path: Any, dinov3: bool = False) -> dict[str, Any]:
     """The config fields of the later pieces a timm state dict holds, and its MLP's kind and width:
-    a packed SwiGLU's first layer is twice as wide as its second's input."""
+    a packed SwiGLU's first layer is twice as wide as its second's input. ``dinov3``: timm's
+    DINOv3 layout, whose LayerNorm epsilon is 1e-5."""
     if "fc_norm.weight" in out and "norm.weight" in out:
         raise CheckpointError(f"{path}: a final norm both before and after pooling; vitkit's ViT has one of them")
     if "fc_norm.weight" not in out and "norm.weight" not in out:
@@ -249,7 +296,7 @@ def _timm_pieces(out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
         "fc_norm": "fc_norm.weight" in out,
         "qk_norm": "blocks.0.attn.q_norm.weight" in out,
         "patch_bias": "patch_embed.proj.bias" in out,
-        **timm_defaults(pre_norm),
+        **timm_defaults(pre_norm or dinov3),
     }
 
 
@@ -260,10 +307,11 @@ LAYER_SCALE_INIT = 1e-5
 
 def timm_defaults(pre_norm: bool) -> dict[str, Any]:
     """The activation and LayerNorm epsilon timm builds a ViT with when its file does not say:
-    timm's defaults, and for a CLIP tower (a norm before the blocks) the epsilon of its CLIP models.
+    timm's defaults, and for a CLIP tower (a norm before the blocks) or a DINOv3 model the epsilon
+    of those models (1e-5).
 
     Args:
-        pre_norm: whether the model has a LayerNorm before the blocks.
+        pre_norm: whether the model is a CLIP tower (a LayerNorm before the blocks) or a DINOv3.
 
     Returns:
         ``{"act": ..., "ln_eps": ...}``.
@@ -319,7 +367,7 @@ def check_timm(cfg: Any) -> None:
     if not isinstance(cfg, ViTConfig):
         what = type(cfg).__name__
         raise CheckpointError(f"timm's VisionTransformer holds ViTs, not a {what}; export to vitkit instead")
-    if cfg.pos_embed in ("sincos2d", "learned2d", "relative"):
+    if cfg.pos_embed in ("sincos2d", "learned2d", "relative", *ROPE_POS_EMBEDS):
         raise CheckpointError(
             f"timm's VisionTransformer holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
             "export to vitkit instead"
@@ -382,6 +430,7 @@ HF_MODEL_TYPES = {
     "vit": "vit",
     "dinov2": "dinov2",
     "dinov2_with_registers": "dinov2",
+    "dinov3_vit": "dinov3",
     "clip": "clip",
     "clip_vision_model": "clip",
     "siglip": "siglip",
@@ -391,6 +440,7 @@ HF_MODEL_TYPES = {
 HF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "vit": {"act": "gelu", "ln_eps": 1e-12},
     "dinov2": {"act": "gelu", "ln_eps": 1e-6},
+    "dinov3": {"act": "gelu", "ln_eps": 1e-5},
     "clip": {"act": "quick_gelu", "ln_eps": 1e-5},
     "siglip": {"act": "gelu_pytorch_tanh", "ln_eps": 1e-6},
 }
@@ -407,7 +457,7 @@ def is_hf(keys: set[str]) -> bool:
 
 
 def hf_family(keys: set[str], hf_config: dict[str, Any] | None, where: str = "config.json") -> str:
-    """Which Hugging Face model a file holds: "vit", "dinov2", "clip" or "siglip", from its
+    """Which Hugging Face model a file holds: "vit", "dinov2", "dinov3", "clip" or "siglip", from its
     ``config.json``'s ``model_type`` or, without one, from its tensors' names.
 
     Args:
@@ -431,6 +481,8 @@ def hf_family(keys: set[str], hf_config: dict[str, Any] | None, where: str = "co
             )
         return HF_MODEL_TYPES[kind]
     names = " ".join(keys)
+    if any(k.endswith("embeddings.patch_embeddings.weight") for k in keys):  # DINOv2's has a .projection
+        return "dinov3"
     if "class_embedding" in names:
         return "clip"
     if "embeddings.patch_embedding." in names:
@@ -463,8 +515,11 @@ def convert_hf(
     if bad := unsupported_pieces(sd):
         raise CheckpointError(f"{path}: the file holds pieces vitkit's ViT does not have: {bad}")
     reader = _HFReader(sd, path)
-    converters = {"vit": _hf_vit, "dinov2": _hf_dinov2, "clip": _hf_clip, "siglip": _hf_siglip}
+    converters = {"vit": _hf_vit, "dinov2": _hf_dinov2, "dinov3": _hf_dinov3, "clip": _hf_clip, "siglip": _hf_siglip}
     fields = converters[family](reader)
+    if family == "dinov3":
+        theta = (vision or {}).get("rope_theta", 100.0)
+        fields["rope_theta"] = values.number(theta, where, "rope_theta", 1.0, 1e9, lo_open=True)
     out, prefix = reader.out, reader.prefix_rows
     heads, act, eps, img = _hf_settings(vision, out, num_heads, where, path, family, prefix)
     width, cin, ph, pw = out["patch_embed.proj.weight"].shape
@@ -619,6 +674,59 @@ def _hf_dinov2(r: _HFReader) -> dict[str, Any]:
     }
 
 
+def _hf_dinov3(r: _HFReader) -> dict[str, Any]:
+    """``DINOv3ViTModel``: the class token, then the storage (register) tokens, no position table:
+    2-D RoPE in every layer (``rope_theta`` of ``config.json``, set by :func:`convert_hf`).
+    LayerScale, separate q, k and v layers (each bias optional: the released files have no key
+    bias), a GELU MLP (``up_proj``, ``down_proj``) or a SwiGLU (``gate_proj``, ``up_proj``,
+    ``down_proj``), the final norm; ``pooler_output`` is the class token after it."""
+    patch = next(k for k in r.sd if k.endswith("embeddings.patch_embeddings.weight"))
+    p = patch[: -len("embeddings.patch_embeddings.weight")]
+    emb = f"{p}embeddings."
+    r.put("patch_embed.proj", f"{emb}patch_embeddings")
+    r.out["cls_token"] = r.take(f"{emb}cls_token")
+    if r.has(f"{emb}register_tokens") and r.sd[f"{emb}register_tokens"].shape[1]:
+        r.out["reg_token"] = r.take(f"{emb}register_tokens")  # (1, R, D)
+    r.leave((f"{emb}mask_token", f"{emb}register_tokens"), "of masked-image training or empty")
+    layers = f"{p}model.layer." if any(k.startswith(f"{p}model.layer.") for k in r.sd) else f"{p}layer."
+    r.count_layers(rf"{re.escape(layers)}(\d+)\.")
+    for i in range(r.depth):
+        src, dst = f"{layers}{i}.", f"blocks.{i}."
+        r.put(dst + "norm1", src + "norm1")
+        r.put(dst + "norm2", src + "norm2")
+        att = src + "attention."
+        r.out[dst + "attn.qkv.weight"] = torch.cat([r.take(f"{att}{n}_proj.weight") for n in "qkv"], dim=0)
+        r.out[dst + "attn.qkv.bias"] = torch.cat([_bias_or_zeros(r, f"{att}{n}_proj") for n in "qkv"], dim=0)
+        r.out[dst + "attn.proj.weight"], r.out[dst + "attn.proj.bias"] = _linear(r, att + "o_proj")
+        r.out[dst + "ls1.gamma"] = r.take(src + "layer_scale1.lambda1")
+        r.out[dst + "ls2.gamma"] = r.take(src + "layer_scale2.lambda1")
+        gated = r.has(src + "mlp.gate_proj.weight")
+        firsts = [_linear(r, f"{src}mlp.{n}") for n in (("gate_proj", "up_proj") if gated else ("up_proj",))]
+        r.out[dst + "mlp.fc1.weight"] = torch.cat([w for w, _ in firsts], dim=0)  # the gate's rows first
+        r.out[dst + "mlp.fc1.bias"] = torch.cat([b for _, b in firsts], dim=0)
+        r.out[dst + "mlp.fc2.weight"], r.out[dst + "mlp.fc2.bias"] = _linear(r, src + "mlp.down_proj")
+    r.put("norm", f"{p}norm")
+    return {
+        "classifier": "token",
+        "num_registers": r.out["reg_token"].shape[1] if "reg_token" in r.out else 0,
+        "layer_scale_init": LAYER_SCALE_INIT,
+        "mlp_type": "swiglu" if gated else "mlp",
+        "pos_embed": "rope_dinov3",
+    }
+
+
+def _bias_or_zeros(r: _HFReader, layer: str) -> torch.Tensor:
+    """The bias of a Hugging Face linear layer, or zeros (its width) where it has none."""
+    if r.has(f"{layer}.bias"):
+        return r.take(f"{layer}.bias")
+    return torch.zeros(r.sd[f"{layer}.weight"].shape[0])
+
+
+def _linear(r: _HFReader, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of a Hugging Face linear layer, a zero bias where it has none."""
+    return r.take(f"{layer}.weight"), _bias_or_zeros(r, layer)
+
+
 def _hf_tower_layers(r: _HFReader, p: str) -> None:
     """The encoder layers CLIP and SigLIP name alike (``encoder.layers.{i}.self_attn...``), and
     the final norm (``post_layernorm``)."""
@@ -720,12 +828,18 @@ def _hf_settings(
         raise CheckpointError(
             f"{where}: no num_attention_heads, and Hugging Face's default of 12 does not divide the width {width}"
         )
-    act = hf_config.get("hidden_act", defaults["act"])
     swiglu = out["blocks.0.mlp.fc1.weight"].shape[0] == 2 * out["blocks.0.mlp.fc2.weight"].shape[1]
+    gated_dinov3 = swiglu and family == "dinov3"  # DINOv3's gated MLP: SiLU, as its released configs say
+    act = hf_config.get("hidden_act", "silu" if gated_dinov3 else defaults["act"])
     if not swiglu and (not isinstance(act, str) or act not in _HF_ACTS):  # a SwiGLU's gate is SiLU whatever it says
         raise CheckpointError(f"{where}: hidden_act {act!r} is not supported ({', '.join(_HF_ACTS)})")
+    if gated_dinov3 and act != "silu":  # transformers gates with the activation the config names
+        raise CheckpointError(f"{where}: a gated MLP with hidden_act {act!r}; vitkit's SwiGLU gates with SiLU")
     eps = hf_config.get("layer_norm_eps", defaults["ln_eps"])
     eps = values.number(eps, where, "layer_norm_eps", 0.0, 1.0, lo_open=True)
+    if "pos_embed" not in out:  # RoPE: no table shows the size; the config's, else Hugging Face's default
+        h, w = values.size_pair(hf_config.get("image_size", 224), where, "image_size")
+        return heads, _HF_ACTS.get(act, "gelu"), eps, (max(ph, h - h % ph), max(pw, w - w % pw))
     num_patches = out["pos_embed"].shape[1] - prefix
     img = _grid_img(num_patches, (ph, pw), 1, path) if square_side(num_patches) else None
     if "image_size" in hf_config:  # a rectangular image size (Hugging Face takes a pair) names the grid
@@ -854,6 +968,7 @@ def read_hf_dir(path: Path) -> dict[str, Any] | None:
 # config.json), transformers' preprocessor_config.json.
 
 _TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h", "giant": "g", "so400m": "so400m"}
+_DINOV3_SIZES = {"small": "s", "small_plus": "splus", "base": "b", "large": "l", "huge_plus": "hplus", "7b": "7b"}
 _PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # Pillow's codes in preprocessor_config.json
 
 
@@ -861,7 +976,8 @@ def timm_model_name(architecture: str) -> str | None:
     """The vitkit model a timm architecture is: ``vit_base_patch16_224`` -> ``vit_b16``, and the
     releases of :data:`vitkit.models.registry.RELEASES`: ``vit_small_patch14_reg4_dinov2`` ->
     ``vit_s14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224`` -> ``vit_b16_clip_quickgelu``,
-    ``vit_so400m_patch14_siglip_224`` -> ``vit_so400m14_siglip``.
+    ``vit_so400m_patch14_siglip_224`` -> ``vit_so400m14_siglip``,
+    ``vit_small_plus_patch16_dinov3_qkvb`` -> ``vit_splus16_dinov3``.
 
     Args:
         architecture: timm's model name (its hub ``config.json``'s ``architecture``).
@@ -869,6 +985,9 @@ def timm_model_name(architecture: str) -> str | None:
     Returns:
         The vitkit model name, or None for an architecture vitkit has no name for.
     """
+    m = re.fullmatch(r"vit_(small|small_plus|base|large|huge_plus|7b)_patch16_dinov3(_qkvb)?", architecture)
+    if m:
+        return f"vit_{_DINOV3_SIZES[m.group(1)]}16_dinov3"
     m = re.fullmatch(
         r"vit_([a-z0-9]+)_patch(\d+)_(reg4_dinov2|dinov2|clip_quickgelu_224|clip_224|siglip_224)", architecture
     )

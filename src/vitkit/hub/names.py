@@ -8,10 +8,11 @@ the names of its file in the release: ``imagenet21k/ViT-B_16``, ``imagenet21k+im
 (the 2020 release of the paper), ``augreg/B_16-i21k-300ep-...`` or the AugReg file name alone, and to
 its public address (``gs://``/``https://``).
 
-Later releases of the ViT (DINOv2 with and without registers, OpenAI's CLIP image towers,
+Later releases of the ViT (DINOv2 with and without registers, DINOv3, OpenAI's CLIP image towers,
 SigLIP and SigLIP 2 at 224 px) are named ``MODEL.TAG`` too (``vit_s14_dinov2.lvd142m``,
-``vit_b16_clip_quickgelu.openai``, ``vit_b16_siglip.webli``), each answering to its hub
-repository (``facebook/dinov2-small``, ``timm/vit_small_patch14_dinov2.lvd142m``...).
+``vit_s16_dinov3.lvd1689m``, ``vit_b16_clip_quickgelu.openai``, ``vit_b16_siglip.webli``), each
+answering to its hub repository (``facebook/dinov2-small``, ``timm/vit_small_patch14_dinov2.lvd142m``,
+``facebook/dinov3-vits16-pretrain-lvd1689m``...).
 
 Accuracies are ImageNet-1k top-1 (%) as the publisher reports them, with where: the paper's
 Table 5 for the 2020 fine-tuned files (fine-tuned at 384), the release README for the ``-224``
@@ -209,6 +210,38 @@ def _dinov2(size: str, word: str, registers: bool) -> list[Pretrained]:
     ]
 
 
+# DINOv3 (Simeoni et al., 2025): Meta's transformers repositories (their processor: the whole image
+# squashed to 224 px, bilinear) and timm's (the whole image at 256 px, bicubic: timm's evaluation
+# of its DINOv3 models). Both repositories are gated behind the DINOv3 License: accept it on the
+# hub and log in before the first download.
+# (vitkit model, Meta's name in facebook/dinov3-NAME-pretrain-DATA, timm's size word)
+_DINOV3_SIZES = [
+    ("vit_s16_dinov3", "vits16", "small"),
+    ("vit_splus16_dinov3", "vits16plus", "small_plus"),
+    ("vit_b16_dinov3", "vitb16", "base"),
+    ("vit_l16_dinov3", "vitl16", "large"),
+    ("vit_hplus16_dinov3", "vith16plus", "huge_plus"),
+    ("vit_7b16_dinov3", "vit7b16", "7b"),
+]
+DINOV3_LICENCE = "DINOv3 License (gated)"
+_LVD = "LVD-1689M (DINOv3, self-supervised)"
+_SAT = "SAT-493M (DINOv3, satellite, self-supervised)"
+SAT_MEAN, SAT_STD = (0.430, 0.411, 0.296), (0.213, 0.156, 0.143)
+
+
+def _dinov3(model: str, meta: str, word: str, data: str) -> list[Pretrained]:
+    """A DINOv3 release on LVD-1689M (``data`` "lvd1689m") or satellite images ("sat493m"):
+    Meta's transformers repository and timm's."""
+    mean, std = (SAT_MEAN, SAT_STD) if data == "sat493m" else (IMAGENET_MEAN, IMAGENET_STD)
+    squash = Preprocessing(mean, std, (224, 224), "bilinear")
+    whole = Preprocessing(mean, std, (256, 256), "bicubic", crop_mode="center")
+    what = _SAT if data == "sat493m" else _LVD
+    return [
+        _release(model, data, f"facebook/dinov3-{meta}-pretrain-{data}", 224, what, squash, DINOV3_LICENCE),
+        _release(model, f"{data}_timm", f"timm/vit_{word}_patch16_dinov3.{data}", 256, what, whole, DINOV3_LICENCE),
+    ]
+
+
 _OPENAI_CLIP = Preprocessing(OPENAI_MEAN, OPENAI_STD, (224, 224), "bicubic", crop_mode="center")  # shorter side, crop
 _SIGLIP = Preprocessing((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), (224, 224), "bicubic")  # the whole image, squashed
 _WIT = "WIT-400M (OpenAI CLIP, image-text)"
@@ -217,6 +250,13 @@ _WEBLI2 = "WebLI (SigLIP 2, image-text)"
 
 _RELEASES = [
     *(e for size, word in _DINOV2_SIZES for registers in (False, True) for e in _dinov2(size, word, registers)),
+    *(e for model, meta, word in _DINOV3_SIZES for e in _dinov3(model, meta, word, "lvd1689m")),
+    *(
+        e
+        for model, meta, word in _DINOV3_SIZES
+        if meta in ("vitl16", "vit7b16")
+        for e in _dinov3(model, meta, word, "sat493m")
+    ),
     # OpenAI's CLIP image towers (QuickGELU; the image projection is the head: the output is
     # CLIP's image embedding, the pre-logits its pooled token)
     _release("vit_b16_clip_quickgelu", "openai", "openai/clip-vit-base-patch16", 224, _WIT, _OPENAI_CLIP, MIT),

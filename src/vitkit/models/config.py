@@ -17,9 +17,13 @@ Pooling = Literal["token", "gap", "map"]
 POOLINGS: tuple[str, ...] = ("token", "gap", "map")
 # learned: one 1-D table (section 3.1); learned2d: a row and a column table, each D/2 wide, and
 # relative: a learned bias per query-key offset inside attention (appendix D.4, Table 8);
-# sincos2d: fixed 2-D sine-cosine (big_vision); none.
-PosEmbed = Literal["learned", "learned2d", "sincos2d", "relative", "none"]
-POS_EMBEDS: tuple[str, ...] = ("learned", "learned2d", "sincos2d", "relative", "none")
+# sincos2d: fixed 2-D sine-cosine (big_vision); rope_axial and rope_dinov3: 2-D rotary embeddings
+# of the patches' queries and keys inside attention (RoPE, Su et al. 2021, on both image axes), at
+# the patches' row and column indices (axial, Heo et al. 2024) or at their centres in [-1, 1]
+# (DINOv3, Simeoni et al. 2025; posembed.rope_angles); none.
+PosEmbed = Literal["learned", "learned2d", "sincos2d", "relative", "rope_axial", "rope_dinov3", "none"]
+POS_EMBEDS: tuple[str, ...] = ("learned", "learned2d", "sincos2d", "relative", "rope_axial", "rope_dinov3", "none")
+ROPE_POS_EMBEDS: tuple[str, ...] = ("rope_axial", "rope_dinov3")
 # gelu_tanh: GELU's tanh approximation (the official JAX code, SigLIP); gelu: the exact GELU (timm,
 # Hugging Face, DINOv2); quick_gelu: x * sigmoid(1.702 x) (OpenAI's CLIP).
 Activation = Literal["gelu_tanh", "gelu", "quick_gelu"]
@@ -131,6 +135,7 @@ class ViTConfig:
     qk_norm: bool = False  # a LayerNorm over each head's queries and keys before their product
     mlp_type: MlpType = "mlp"  # swiglu: mlp_dim is the gated width, the packed input layer twice that
     patch_bias: bool = True  # False: the patch embedding has no bias (CLIP)
+    rope_theta: float = 100.0  # RoPE's base: frequencies theta ** (-4k / head_dim) (both RoPE kinds; DINOv3's 100)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
@@ -186,6 +191,15 @@ class ViTConfig:
             raise ValueError(f"layer_scale_init must be a finite number or None (no LayerScale), got {scale!r}")
         if self.distill_token and self.fc_norm:
             raise ValueError("distill_token (DeiT) feeds its two heads from the normed tokens; it takes no fc_norm")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
+            raise ValueError(f"rope_theta must be a finite number above 1, got {theta!r}")
+        head_dim = self.width // max(self.num_heads, 1)
+        if self.pos_embed in ROPE_POS_EMBEDS and head_dim % 4:
+            raise ValueError(
+                f"pos_embed {self.pos_embed!r} rotates each head's channels in pairs on two axes: it needs a head "
+                f"width divisible by 4, got {head_dim} (width {self.width}, {self.num_heads} heads)"
+            )
 
     @property
     def stem_stride(self) -> int:
@@ -247,6 +261,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "qk_norm": False,
     "mlp_type": "mlp",
     "patch_bias": True,
+    "rope_theta": 100.0,
 }
 
 

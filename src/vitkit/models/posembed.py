@@ -150,3 +150,86 @@ def resample_relative_embed(table: torch.Tensor, num_patches: int, num_prefix_to
     """
     extra = 1 if num_prefix_tokens else 0
     return resample_1d(table, relative_num_offsets(num_patches), num_prefix_tokens=extra)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2-D rotary position embeddings (RoPE): each head's queries and keys of the patches are rotated,
+# channel pair by channel pair, by angles that grow with the patch's place, so that the logit of
+# a query-key pair depends on their offset. A quarter of the pairs turns with the row, a quarter
+# with the column, each at the frequencies theta ** (-4k / head_dim), k = 0 .. head_dim/4 - 1.
+#
+# "rope_axial" places patch (i, j) at (i, j), its row and column indices (RoPE-Axial, Heo et al.
+# 2024). "rope_dinov3" places it at its centre in [-1, 1] on each axis, (2 (i + 0.5) / gh - 1,
+# 2 (j + 0.5) / gw - 1), and turns by 2 pi times that over the period theta ** (4k / head_dim)
+# (DINOv3): the angles span the same range on every grid, so another resolution needs no resize.
+#
+# The pairs are in the rotate-half layout: channel c pairs with channel c + head_dim/2, and the
+# angles of the first half are [row angles, column angles]; the second half repeats them.
+
+
+def rope_angles(grid: tuple[int, int], head_dim: int, theta: float = 100.0, kind: str = "rope_dinov3") -> torch.Tensor:
+    """The rotation angle of each patch and channel pair, (gh * gw, head_dim / 2), raster order,
+    in float64: the row's angles first, then the column's.
+
+    Args:
+        grid: the token grid (rows, cols).
+        head_dim: channels per attention head (a multiple of 4).
+        theta: the base of the frequencies.
+        kind: "rope_axial" (row and column indices) or "rope_dinov3" (patch centres in [-1, 1]).
+
+    Returns:
+        The angles.
+    """
+    if head_dim % 4 or head_dim < 4:
+        raise ValueError(f"2-D RoPE needs a head width divisible by 4, got {head_dim}")
+    if kind not in ("rope_axial", "rope_dinov3"):
+        raise ValueError(f"RoPE kind must be 'rope_axial' or 'rope_dinov3', got {kind!r}")
+    gh, gw = int(grid[0]), int(grid[1])
+    exponents = 4.0 * torch.arange(head_dim // 4, dtype=torch.float64) / head_dim  # (hd/4,)
+    if kind == "rope_axial":
+        rows, cols = torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64)
+        scale = theta**-exponents  # radians per unit of position
+    else:
+        rows = 2.0 * (torch.arange(gh, dtype=torch.float64) + 0.5) / gh - 1.0
+        cols = 2.0 * (torch.arange(gw, dtype=torch.float64) + 0.5) / gw - 1.0
+        scale = 2.0 * math.pi / theta**exponents  # one turn per period
+    row_angles = (rows[:, None] * scale)[:, None].expand(gh, gw, -1)  # (gh, gw, hd/4)
+    col_angles = (cols[:, None] * scale)[None].expand(gh, gw, -1)  # (gh, gw, hd/4)
+    return torch.cat([row_angles, col_angles], dim=-1).reshape(gh * gw, head_dim // 2)
+
+
+def rope_table(grid: tuple[int, int], head_dim: int, theta: float = 100.0, kind: str = "rope_dinov3") -> torch.Tensor:
+    """The cosines and sines a grid's patches are rotated with, (2, gh * gw, head_dim), float32,
+    in the rotate-half layout (:func:`rope_angles`, repeated over the two halves).
+
+    Args:
+        grid: the token grid (rows, cols).
+        head_dim: channels per attention head (a multiple of 4).
+        theta: the base of the frequencies.
+        kind: "rope_axial" or "rope_dinov3".
+
+    Returns:
+        ``table[0]`` the cosines, ``table[1]`` the sines.
+    """
+    angles = rope_angles(grid, head_dim, theta, kind).repeat(1, 2)  # (N, hd)
+    return torch.stack([angles.cos(), angles.sin()]).float()
+
+
+def rotate_patches(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Queries or keys (B, H, T, hd) with their last N tokens, the patches, rotated by a
+    :func:`rope_table` of N rows; the T - N tokens before them (class token, registers) unchanged.
+
+    Args:
+        x: the queries or keys.
+        table: (2, N, hd): cosines and sines (cast to ``x``'s dtype).
+
+    Returns:
+        The rotated tensor, of ``x``'s shape and dtype.
+    """
+    cos, sin = table.to(x.dtype).unbind(0)  # (N, hd) each
+    prefix = x.shape[-2] - cos.shape[0]
+    patches = x[..., prefix:, :]
+    first, second = patches.chunk(2, dim=-1)
+    turned = torch.cat([-second, first], dim=-1)  # each pair (a, b) -> (-b, a): a quarter turn
+    rotated = patches * cos + turned * sin
+    return torch.cat([x[..., :prefix, :], rotated], dim=-2) if prefix else rotated

@@ -34,11 +34,24 @@ HYBRIDS: dict[str, tuple[tuple[int, ...], str, int]] = {
 # towers (Radford et al., 2021; the names of timm's): a LayerNorm before the blocks, a patch
 # embedding without bias, LayerNorm epsilon 1e-5, the image projection as the head; OpenAI's were
 # trained with QuickGELU, OpenCLIP's with the exact GELU. SigLIP (Zhai et al., 2023): no class
-# token, attention pooling (MAP), GELU's tanh approximation.
+# token, attention pooling (MAP), GELU's tanh approximation. DINOv3 (Simeoni et al., 2025): 2-D
+# RoPE at the patch centres (base 100) instead of a position table, so any input size; 4 storage
+# (register) tokens, LayerScale, LayerNorm epsilon 1e-5, the class token read; S+, H+ and 7B have a
+# SwiGLU MLP (widths 1536, 5120 and 8192: two thirds of their MLP ratio's, as DINOv3 builds them).
 _DINOV2 = {"img_size": 518, "act": "gelu", "layer_scale_init": 1e-5, "num_classes": 0}
 _GIANT = (1536, 40, 24, 4096)
 _CLIP = {"pre_norm": True, "patch_bias": False, "ln_eps": 1e-5, "act": "gelu"}
 _SIGLIP = {"classifier": "map", "act": "gelu_tanh", "num_classes": 0}
+_DINOV3 = {
+    "pos_embed": "rope_dinov3",
+    "rope_theta": 100.0,
+    "num_registers": 4,
+    "layer_scale_init": 1e-5,
+    "act": "gelu",
+    "ln_eps": 1e-5,
+    "num_classes": 0,
+}
+_DINOV3_SWIGLU = {**_DINOV3, "mlp_type": "swiglu"}
 RELEASES: dict[str, tuple[str | tuple[int, int, int, int], int, dict[str, Any]]] = {
     **{f"vit_{s.lower()}14_dinov2": (s, 14, _DINOV2) for s in ("S", "B", "L")},
     "vit_g14_dinov2": (_GIANT, 14, {**_DINOV2, "mlp_type": "swiglu"}),
@@ -52,6 +65,12 @@ RELEASES: dict[str, tuple[str | tuple[int, int, int, int], int, dict[str, Any]]]
     "vit_l14_clip_quickgelu": ("L", 14, {**_CLIP, "act": "quick_gelu", "num_classes": 768}),
     "vit_b16_siglip": ("B", 16, _SIGLIP),
     "vit_so400m14_siglip": ((1152, 27, 16, 4304), 14, _SIGLIP),
+    "vit_s16_dinov3": ("S", 16, _DINOV3),
+    "vit_splus16_dinov3": ((384, 12, 6, 1536), 16, _DINOV3_SWIGLU),
+    "vit_b16_dinov3": ("B", 16, _DINOV3),
+    "vit_l16_dinov3": ("L", 16, _DINOV3),
+    "vit_hplus16_dinov3": ((1280, 32, 20, 5120), 16, _DINOV3_SWIGLU),
+    "vit_7b16_dinov3": ((4096, 40, 32, 8192), 16, _DINOV3_SWIGLU),
 }
 
 LISTED = [

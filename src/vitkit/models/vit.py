@@ -20,7 +20,10 @@ weights load and compute what their authors' code computes:
 - LayerScale (Touvron et al., 2021; DINOv2): ``x = x + gamma_1 * MSA(LN(x))``, and so for the MLP;
 - a LayerNorm on z0 before the first block (CLIP, ``pre_norm``), the final norm moved after
   pooling (``fc_norm``), a LayerNorm over each head's queries and keys (``qk_norm``);
-- the SwiGLU MLP of DINOv2's giant model (``mlp_type="swiglu"``) and OpenAI CLIP's QuickGELU.
+- the SwiGLU MLP of DINOv2's giant model (``mlp_type="swiglu"``) and OpenAI CLIP's QuickGELU;
+- 2-D rotary position embeddings instead of E_pos (DINOv3, Simeoni et al. 2025:
+  ``pos_embed="rope_dinov3"``; ``"rope_axial"``): every block rotates the patches' queries and keys
+  by angles of their place in the grid, the class token and registers unrotated.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import ATTENTION_IMPLS, attend
-from .config import ViTConfig, check_divisible
+from .config import ROPE_POS_EMBEDS, ViTConfig, check_divisible
 from .heads import MAPHead, ReplaceableHead
 from .posembed import (
     learned_2d_pos_table,
@@ -43,6 +46,8 @@ from .posembed import (
     resample_1d,
     resample_pos_embed,
     resample_relative_embed,
+    rope_table,
+    rotate_patches,
     sincos_2d_pos_embed,
 )
 from .resnet import HybridStem
@@ -140,6 +145,10 @@ class Attention(nn.Module):
 
     ``qk_norm`` puts a LayerNorm (over head_dim, shared by the heads) on each head's queries and
     keys before their product: ``q_norm`` and ``k_norm``.
+
+    ``rope``, given to :meth:`forward` (a :func:`.posembed.rope_table` of the patch grid), rotates
+    the patches' queries and keys (after ``qk_norm``) before every path of :func:`.attention.attend`
+    takes them; the tokens before the patches keep theirs (2-D RoPE, ``pos_embed="rope_*"``).
     """
 
     impl: str = "auto"
@@ -198,13 +207,15 @@ class Attention(nn.Module):
         return logits.gather(-1, index.expand(B, H, T, T))  # (B, H, T, T)
 
     def forward(
-        self, x: torch.Tensor, return_weights: bool = False
+        self, x: torch.Tensor, return_weights: bool = False, rope: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rotate_patches(q, rope), rotate_patches(k, rope)
         bias = self.relative_bias(q) if self.rel_embed is not None else None
         out, weights = attend(
             q, k, v, scale=self.scale, dropout_p=self.attn_drop, training=self.training, impl=self.impl,
@@ -311,11 +322,12 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, return_weights: bool = False
+        self, x: torch.Tensor, return_weights: bool = False, rope: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, N, D) -> (B, N, D); with ``return_weights`` also the attention's softmax weights
-        (B, H, N, N), which makes the attention take its explicit path."""
-        attn = self.attn(self.norm1(x), return_weights=return_weights)
+        (B, H, N, N), which makes the attention take its explicit path. ``rope``: the rotary
+        table of the patch grid, for a model with 2-D RoPE (:meth:`Attention.forward`)."""
+        attn = self.attn(self.norm1(x), return_weights=return_weights, rope=rope)
         attn_out, weights = attn if return_weights else (attn, None)
         x = x + self.drop_path(self.ls1(attn_out))
         x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
@@ -351,8 +363,10 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             self.pos_embed = nn.Parameter(torch.empty(1, prefix_rows + gh * gw, D))
         elif cfg.pos_embed == "sincos2d":
             self.register_buffer("pos_embed", sincos_pos_table(cfg.grid_size, D, prefix_rows), persistent=False)
-        else:  # learned2d: no 1-D table (below); relative: no E_pos, each block's attention has its table
+        else:  # learned2d: no 1-D table (below); relative, RoPE: no E_pos, the positions act in attention
             self.pos_embed = None
+        if cfg.pos_embed in ROPE_POS_EMBEDS:  # cosines and sines of the grid's rotations (rope_for)
+            self.register_buffer("rope", self._rope_table(cfg.grid_size), persistent=False)
         if cfg.pos_embed == "learned2d":  # E_pos of patch (i, j): cat(row[i], col[j]) (pos_embed_table)
             self.pos_embed_row = nn.Parameter(torch.empty(1, gh, D // 2))
             self.pos_embed_col = nn.Parameter(torch.empty(1, gw, D // 2))
@@ -463,6 +477,20 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             return sincos_pos_table(grid, cfg.width, cfg.pos_prefix_rows).to(self.pos_embed)
         return resample_pos_embed(self.pos_embed, grid, old_grid=cfg.grid_size, num_prefix_tokens=cfg.pos_prefix_rows)
 
+    def _rope_table(self, grid: tuple[int, int]) -> torch.Tensor:
+        cfg = self.cfg
+        return rope_table(grid, cfg.width // cfg.num_heads, cfg.rope_theta, cfg.pos_embed)
+
+    def rope_for(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The rotary table (2, gh*gw, head_dim) for images ``x`` (B, C, H, W), computed for a grid
+        other than the model's; None for a model without 2-D RoPE."""
+        if self.cfg.pos_embed not in ROPE_POS_EMBEDS:
+            return None
+        grid = self.cfg.grid_for((x.shape[-2], x.shape[-1]))
+        if grid == self.cfg.grid_size:
+            return self.rope
+        return self._rope_table(grid).to(self.rope)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> token sequence z0 (B, P+N, D), dropout applied, then ``norm_pre``
         where the model has one (CLIP); in training with a patch drop rate (:meth:`set_patch_drop`)
@@ -554,11 +582,12 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         """Images -> the normed token sequence LN(z_L), (B, P+N, D). With gradient checkpointing on
         (:meth:`set_grad_checkpointing`) and gradients wanted, each block keeps only its input and
         runs again in the backward pass."""
+        rope = self.rope_for(x)
         x = self.embed(x)
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
         for blk in self.blocks:
             # preserve_rng_state (the default) replays the forward's dropout and drop-path masks
-            x = checkpoint(blk, x, use_reentrant=False) if recompute else blk(x)
+            x = checkpoint(blk, x, rope=rope, use_reentrant=False) if recompute else blk(x, rope=rope)
         return self.norm(x)
 
     def forward_intermediates(
@@ -593,13 +622,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         wanted = set(range(depth) if indices is None else (i % depth for i in indices))
         out: dict[str, Any] = {"tokens": [], "attention": [] if return_attention else None}
         gh, gw = self.cfg.grid_for((x.shape[-2], x.shape[-1]))
+        rope = self.rope_for(x)
         out["embedded"] = x = self.embed(x)
         for i, blk in enumerate(self.blocks):
             if return_attention and i in wanted:
-                x, w = blk(x, return_weights=True)
+                x, w = blk(x, return_weights=True, rope=rope)
                 out["attention"].append(w)
             else:
-                x = blk(x)
+                x = blk(x, rope=rope)
             if i in wanted:
                 out["tokens"].append(self.norm(x) if norm else x)
         out["normed"] = self.norm(x)
@@ -701,9 +731,9 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
         if not 0.0 < flat_weight <= 1.0:
             raise ValueError(f"patch drop flat weight must be in (0, 1], got {flat_weight}")
-        if rate and self.cfg.pos_embed == "relative":
+        if rate and self.cfg.pos_embed in ("relative", *ROPE_POS_EMBEDS):
             raise ValueError(
-                "patch dropout needs absolute position embeddings: with pos_embed='relative' the kept "
+                f"patch dropout needs absolute position embeddings: with pos_embed={self.cfg.pos_embed!r} the kept "
                 "patches would lose their places in the grid"
             )
         self.patch_drop_rate = float(rate)
@@ -712,7 +742,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the position embeddings (in place) for another input resolution: the learned
-        table(s), the fixed sin-cos one, or every block's relative table (:mod:`.posembed`)."""
+        table(s), the fixed sin-cos one, every block's relative table, or the rotary table of 2-D
+        RoPE (:mod:`.posembed`)."""
         cfg = self.cfg.replace(img_size=img_size)
         grid = cfg.grid_size
         if self.cfg.pos_embed == "learned":
@@ -725,4 +756,6 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         elif self.cfg.pos_embed == "relative":
             for blk in self.blocks:
                 blk.attn.set_num_patches(grid[0] * grid[1])
+        elif self.cfg.pos_embed in ROPE_POS_EMBEDS:
+            self.register_buffer("rope", self._rope_table(grid).to(self.rope), persistent=False)
         self.cfg = cfg
