@@ -296,13 +296,12 @@ def test_timm_eva_names_pack_into_vitkits_layers(tmp_path):
 @pytest.mark.parametrize(
     "key,piece",
     [
-        ("storage_tokens", "storage tokens of Meta's own DINOv3 files"),
-        ("blocks.0.attn.qkv.bias_mask", "masked qkv bias"),
-        ("rope_embed.periods", "rotary position embeddings other than"),
-        ("local_cls_norm.weight", "local class-token norm"),
+        ("blocks.0.attn.qkv.bias_mask", "masked qkv bias without DINOv3's storage tokens"),
+        ("rope_embed.freqs", "rotary position embeddings other than"),
+        ("blocks.0.attn.gate.weight", "gated attention"),
     ],
 )
-def test_pieces_of_metas_own_files_are_refused_by_name(key, piece, tmp_path):
+def test_pieces_vitkit_does_not_have_are_refused_by_name(key, piece, tmp_path):
     from vitkit.checkpoint.peers import to_timm
 
     sd = to_timm(tiny(pos_embed="learned").state_dict())
@@ -463,3 +462,62 @@ def test_a_dinov3_name_loads_from_the_hub_cache(tmp_path, monkeypatch):
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
         assert (model.forward_features(x) - peer(pixel_values=x).last_hidden_state).abs().max() < 1e-5
+
+
+def test_axial_rope_trains_from_a_recipe_and_refuses_patch_dropout(tmp_path):
+    """A recipe with ``pos_embed: rope_axial`` trains (a few steps on synthetic images); asking it
+    for patch dropout is one line before the first step."""
+    import yaml
+
+    from test_recipes import stand_in
+    from vitkit.errors import RecipeError
+    from vitkit.train import load_recipe, train
+
+    path = stand_in("vit_cifar10_scratch", tmp_path, steps=2, batch=4)
+    tree = yaml.safe_load(path.read_text())
+    tree["model"]["overrides"].update(width=32, depth=2, num_heads=2, mlp_dim=64, pos_embed="rope_axial")
+    tree["train"]["patch_drop"] = 0.0
+    path.write_text(yaml.safe_dump(tree))
+    result = train(load_recipe(path), tmp_path / "run")
+    back = vitkit.load_pretrained(tmp_path / "run")
+    assert back.cfg.pos_embed == "rope_axial" and result.resumed_from is None
+    with pytest.raises(RecipeError, match="patch_drop needs absolute position embeddings"):
+        train(load_recipe(path, sets=[("train.patch_drop", 0.5)]), tmp_path / "dropped")
+
+
+def _meta_file(model: torch.nn.Module, key_bias: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``model`` (a DINOv3-like vitkit model, SwiGLU) in the names of Meta's own DINOv3 files: storage
+    tokens, a masked qkv bias (its key part ``key_bias``, masked to zero), w1/w2/w3, RoPE periods in bf16."""
+    sd: dict[str, torch.Tensor] = {"mask_token": torch.zeros(1, 32)}
+    for k, v in model.state_dict().items():
+        k = k.replace("reg_token", "storage_tokens")
+        if k.endswith("attn.qkv.bias"):
+            sd[k] = torch.cat([v[:32], key_bias, v[64:]])
+            sd[f"{k}_mask"] = torch.cat([torch.ones(32), torch.zeros(32), torch.ones(32)])
+        elif ".mlp.fc1." in k:
+            sd[k.replace("fc1", "w1")], sd[k.replace("fc1", "w2")] = v[:64], v[64:]
+        else:
+            sd[k.replace(".mlp.fc2.", ".mlp.w3.")] = v
+    sd["rope_embed.periods"] = (100.0 ** (torch.arange(4) / 4.0)).bfloat16()  # head width 16
+    sd["local_cls_norm.weight"], sd["local_cls_norm.bias"] = torch.ones(32), torch.zeros(32)
+    return sd
+
+
+def test_metas_own_dinov3_files_load(tmp_path):
+    """Meta's DINOv3 files: the storage tokens, the qkv bias with its key part masked (a nonzero
+    key bias in the file, which the mask zeroes), the SwiGLU's w1/w2/w3, the RoPE periods checked
+    and left out with the 7B's local class-token norm; other periods refused."""
+    model = tiny(mlp_type="swiglu", num_classes=0).eval()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.qkv.bias[32:64] = 0
+    sd = _meta_file(model, key_bias=torch.full((32,), 3.0))
+    back = vitkit.load_pretrained(_save(sd, tmp_path / "meta.safetensors"), num_heads=2)
+    assert back.cfg.pos_embed == "rope_dinov3" and back.cfg.num_registers == 4 and back.cfg.mlp_type == "swiglu"
+    assert any("local_cls_norm" in n for n in back.load_report.notes)
+    x = torch.randn(2, 3, 48, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+    sd["rope_embed.periods"] = (10_000.0 ** (torch.arange(4) / 4.0)).bfloat16()
+    with pytest.raises(vitkit.CheckpointError, match="not DINOv3's base-100 periods"):
+        vitkit.load_pretrained(_save(sd, tmp_path / "other.safetensors"), num_heads=2)

@@ -312,7 +312,7 @@ def test_dinov2_own_file_names_and_register_positions(tmp_path):
     [
         ("rope.periods", "RoPE"),
         ("blocks.0.attn.norm.weight", "scale_attn_norm"),
-        ("storage_tokens", "storage tokens"),
+        ("local_cls_norm.weight", "local class-token norm"),
         ("blocks.0.attn.qkv.bias_mask", "masked qkv bias"),
     ],
 )

@@ -88,7 +88,8 @@ def test_every_pos_embed_runs_and_trains_its_tables(pos_embed, classifier):
 
 
 def test_pos_embed_choices_and_odd_width():
-    with pytest.raises(ValueError, match="'learned', 'learned2d', 'sincos2d', 'relative' or 'none', got 'rope'"):
+    choices = "'learned', 'learned2d', 'sincos2d', 'relative', 'rope_axial', 'rope_dinov3' or 'none', got 'rope'"
+    with pytest.raises(ValueError, match=choices):
         ViTConfig(pos_embed="rope")
     with pytest.raises(ValueError, match="pos_embed 'learned2d' needs an even width"):
         ViTConfig(width=33, num_heads=3, mlp_dim=64, pos_embed="learned2d")

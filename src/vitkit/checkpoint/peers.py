@@ -27,10 +27,9 @@ from . import values
 # Pieces of timm's (and Meta's DINOv3 files') ViTs that vitkit's does not have: a part of a key ->
 # what it is. timm's DINOv3 files (its Eva layout) hold no RoPE tensor: their RoPE is DINOv3's.
 _UNSUPPORTED_TIMM = {
-    "rope": "rotary position embeddings other than timm's DINOv3 (EVA's, RoPE-Mixed's learned frequencies)",
-    "storage_tokens": "the storage tokens of Meta's own DINOv3 files (timm's and Hugging Face's files load)",
-    "local_cls_norm": "DINOv3 7B's local class-token norm of pre-training",
-    "bias_mask": "the masked qkv bias of Meta's own DINOv3 files (timm's and Hugging Face's files load)",
+    "rope": "rotary position embeddings other than DINOv3's (EVA's, RoPE-Mixed's learned frequencies)",
+    "bias_mask": "a masked qkv bias without DINOv3's storage tokens",
+    "local_cls_norm": "DINOv3 7B's local class-token norm, without DINOv3's storage tokens",
     "attn.norm.": "a norm inside attention (timm's scale_attn_norm)",
     "mlp.norm.": "a norm inside the MLP (timm's scale_mlp_norm)",
     "patch_embed.norm.": "a norm after the patch embedding",
@@ -163,6 +162,7 @@ def timm_to_vitkit(
     named with its keys. DINOv2's own names (``register_tokens``, the SwiGLU's ``w12`` and
     ``w3``) are read too; its masked-image token, which images never use, is left out (said in
     ``notes``)."""
+    sd = _meta_dinov3(sd, path, notes)
     if bad := unsupported_pieces(sd):
         raise CheckpointError(f"{path}: the file holds pieces vitkit's ViT does not have: {bad}")
     out = {}
@@ -177,6 +177,44 @@ def timm_to_vitkit(
         out[_timm_backbone_key(k)] = v.float()
     _pack_eva_blocks(out)
     return out
+
+
+def _meta_dinov3(sd: dict[str, torch.Tensor], path: Any, notes: list[str] | None) -> dict[str, torch.Tensor]:
+    """Meta's own DINOv3 files (``storage_tokens``) in timm's names: the storage tokens as
+    registers, each qkv bias times its ``bias_mask`` (the key's part zero), the SwiGLU's ``w1``
+    (the gate), ``w2`` and ``w3``; the RoPE periods are checked to be DINOv3's (base 100, the
+    head width four times their count) and left out, as is the 7B's local class-token norm of
+    pre-training. Other files are returned as they are."""
+    if "storage_tokens" not in sd:
+        return sd
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        if k.endswith(".bias_mask") or k.startswith("local_cls_norm."):
+            continue
+        if k.endswith("rope_embed.periods"):
+            _check_rope_periods(v, path)
+            continue
+        if k.endswith(".attn.qkv.bias") and f"{k}_mask" in sd:
+            v = v.float() * sd[f"{k}_mask"].float()
+        k = k.replace("storage_tokens", "reg_token")
+        k = re.sub(r"\.mlp\.w1\.", ".mlp.fc1_g.", k)
+        k = re.sub(r"\.mlp\.w2\.", ".mlp.fc1_x.", k)
+        out[re.sub(r"\.mlp\.w3\.", ".mlp.fc2.", k)] = v
+    if notes is not None and any(k.startswith("local_cls_norm.") for k in sd):
+        notes.append("left out local_cls_norm: the local crops' class-token norm of pre-training")
+    return out
+
+
+def _check_rope_periods(periods: torch.Tensor, path: Any) -> None:
+    """Refuse RoPE periods other than those of DINOv3's released ViTs: ``100 ** (4k / head_dim)``
+    for k < head_dim / 4 (stored in bf16 there, hence the tolerance)."""
+    count = periods.numel()
+    expected = 100.0 ** (4.0 * torch.arange(count, dtype=torch.float64) / (4 * count))
+    if periods.ndim != 1 or not torch.allclose(periods.double(), expected, rtol=1e-2):
+        raise CheckpointError(
+            f"{path}: rope_embed.periods are not DINOv3's base-100 periods for a head width of {4 * count}: "
+            "rotary embeddings of other periods are not ones vitkit has"
+        )
 
 
 def _pack_eva_blocks(out: dict[str, torch.Tensor]) -> None:
@@ -198,8 +236,8 @@ def _pack_eva_blocks(out: dict[str, torch.Tensor]) -> None:
 
 def _is_eva(keys: Any) -> bool:
     """Whether a timm state dict is in timm's Eva layout (its DINOv3 models): LayerScale as
-    ``gamma_1``, separate q and v biases, an unpacked SwiGLU."""
-    return any(k.endswith((".gamma_1", ".attn.q_bias")) or ".mlp.fc1_g." in k for k in keys)
+    ``gamma_1``, separate q and v biases, an unpacked SwiGLU; or one of Meta's DINOv3 files."""
+    return "storage_tokens" in keys or any(k.endswith((".gamma_1", ".attn.q_bias")) or ".mlp.fc1_g." in k for k in keys)
 
 
 # The RoPE of timm's DINOv3 models (timm's state dicts do not show it; timm's Eva builds it so).
@@ -207,8 +245,9 @@ TIMM_DINOV3_ROPE = {"pos_embed": "rope_dinov3", "rope_theta": 100.0}
 
 
 def _timm_rope(keys: Any, out: dict[str, torch.Tensor], path: Any) -> dict[str, Any]:
-    """The position fields of a timm file in the Eva layout: DINOv3's RoPE for DINOv3's layout (no
-    position table, a class token and storage tokens); other Eva models (EVA, RoPE-ViT) refused."""
+    """The position fields of a timm file in the Eva layout or of Meta's DINOv3 files: DINOv3's RoPE
+    for DINOv3's layout (no position table, a class token and storage tokens); other Eva models
+    (EVA, RoPE-ViT) refused."""
     if not _is_eva(keys):
         return {}
     if "pos_embed" in out or "reg_token" not in out or "cls_token" not in out:

@@ -482,8 +482,8 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         return rope_table(grid, cfg.width // cfg.num_heads, cfg.rope_theta, cfg.pos_embed)
 
     def rope_for(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The rotary table (2, gh*gw, head_dim) for images ``x`` (B, C, H, W), computed for a grid
-        other than the model's; None for a model without 2-D RoPE."""
+        """The rotary table (2, gh*gw, head_dim) of the token grid of images ``x`` (B, C, H, W): the
+        cached one at the model's grid, computed afresh at another; None for a model without 2-D RoPE."""
         if self.cfg.pos_embed not in ROPE_POS_EMBEDS:
             return None
         grid = self.cfg.grid_for((x.shape[-2], x.shape[-1]))
