@@ -67,13 +67,16 @@ def image_folder(root: Path, per_class: int, size: int = 32, seed: int = 0) -> N
 
 def mosaics(root: Path, rows: int, seed: int) -> list[tuple[str, list[str]]]:
     """``rows`` 2x2 mosaics of 16 px tiles of the tutorial's photographs under ``root/images``,
-    each labelled with the photographs it shows."""
+    each labelled with the photographs it shows: the first half of one photograph each, the
+    others of two or three."""
     rng = np.random.default_rng(seed)
     tiles = {name: photo(name).resize((16, 16)) for name in PHOTOS}
     (root / "images").mkdir(parents=True, exist_ok=True)
     out = []
     for i in range(rows):
-        names = [PHOTOS[(i + k) % 4] if k == 0 else PHOTOS[int(rng.integers(4))] for k in range(4)]
+        names = [PHOTOS[i % 4]] * 4
+        if i >= rows // 2:
+            names[1], names[3] = PHOTOS[(i + 1) % 4], PHOTOS[int(rng.integers(4))]
         canvas = Image.new("RGB", (32, 32))
         for k, name in enumerate(names):
             canvas.paste(tiles[name], (16 * (k % 2), 16 * (k // 2)))
