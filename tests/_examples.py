@@ -15,6 +15,7 @@ and its first line, with the end of its output.
 from __future__ import annotations
 
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -111,6 +112,12 @@ def run_example(example: Example, folder: Path, env: dict[str, str], prelude: st
         raise ExampleFailed(f"{example.where}: failed (exit {result.returncode})\n{output}")
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children: a block's cost on a busy machine."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def run_page(
     blocks: list[Example], folder: Path, env: dict[str, str], setups: dict[str, Setup], timeout: float = 120
 ) -> list[str]:
@@ -118,8 +125,8 @@ def run_page(
     that names it.
 
     Returns:
-        One line for each block: where it is, and the seconds it took (its stand-ins included) or
-        why it was skipped.
+        One line for each block: where it is, and the seconds it took, wall and CPU (its stand-ins
+        included), or why it was skipped.
 
     Raises:
         ExampleFailed: the first block that failed.
@@ -130,11 +137,12 @@ def run_page(
         if example.skip is not None:
             report.append(f"{example.where}: skipped ({example.skip})")
             continue
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_seconds()
         for name in example.setups:
             if name not in prepared:
                 prepared[name] = setups[name](folder)
         prelude = "".join(prepared[name] for name in example.setups)
         run_example(example, folder, env, prelude, timeout)
-        report.append(f"{example.where}: ran in {time.perf_counter() - start:.1f} s")
+        took = f"{time.perf_counter() - start:.1f} s ({_cpu_seconds() - cpu:.1f} s of CPU)"
+        report.append(f"{example.where}: ran in {took}")
     return report

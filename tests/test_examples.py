@@ -20,6 +20,11 @@ from _standins import StandIns
 REPO = Path(__file__).resolve().parents[1]
 # docs/reference/ and docs/reproduce/ are generated; their blocks are checked where they are made.
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# Pages whose examples take longer than the default run affords; `make test-all` runs them.
+SLOW_PAGES = {
+    "evaluation.md": "the README's evaluation commands again, with int8 and predict: ~40 s of CPU",
+    "weights.md": "six conversions, ONNX and torch.export among them: ~40 s of CPU",
+}
 TIMEOUT = 600  # seconds a block may take (a few on an idle machine; far more on a busy one)
 
 
@@ -61,7 +66,9 @@ def test_every_note_before_a_block_is_known():
             assert not unknown, f"{example.where}: no stand-in named {', '.join(sorted(unknown))}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page", [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW_PAGES else []) for p in PAGES]
+)
 def test_every_example_of_the_page_runs(page, shared, tmp_path):
     blocks = examples(page.read_text(), page.relative_to(REPO).as_posix())
     stand_ins = StandIns(shared, example_env(tmp_path / "home"))
