@@ -51,7 +51,7 @@ def make_images(folder: Path, count: int) -> None:
     from PIL import Image
 
     rng = random.Random(0)
-    names = ["astronaut", "coffee", "chelsea", "rocket", "motorcycle_left", "hubble_deep_field"]
+    names = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry"]
     photos = [Image.fromarray(np.asarray(getattr(skimage.data, n)())[..., :3]) for n in names]
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
@@ -172,7 +172,7 @@ def main() -> None:
     from vitkit.precision import resolve_precision
 
     info = cpu_info()
-    bf16 = resolve_precision("auto", "cpu") == "bf16"
+    bf16 = resolve_precision("auto", "cpu").name == "bf16"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         make_images(work / "images", args.images)

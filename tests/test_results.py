@@ -170,7 +170,25 @@ def _check_peers(table: Table, data: dict, args: dict[str, str]) -> None:
         assert checked, f"no contender of the JSON in the {precision} row"
 
 
-RULES = {"cpu_kind": _check_cpu_kind, "int8_accuracy": _check_int8_accuracy, "peers": _check_peers}
+def _check_embed_speed(table: Table, data: dict, args: dict[str, str]) -> None:
+    """embed_speed.py: one row a command (its name in backticks in the first cell); median seconds,
+    images/s and timm's time over the row's."""
+    assert "median s" in table.header[1] and "images/s" in table.header[2]
+    rows = {re.search(r"`([^`]+)`", row[0]).group(1): row for row in table.rows}
+    assert set(rows) == set(data["rows"]), "one row per command in the JSON"
+    for name, result in data["rows"].items():
+        row = rows[name]
+        assert shown_equals(row[1], result["median_s"]), row
+        assert shown_equals(row[2], result["img_per_s"]), row
+        assert shown_equals(row[3].rstrip("x"), result["speedup_vs_timm"]), row
+
+
+RULES = {
+    "cpu_kind": _check_cpu_kind,
+    "int8_accuracy": _check_int8_accuracy,
+    "peers": _check_peers,
+    "embed_speed": _check_embed_speed,
+}
 
 
 def _kind(data: dict) -> str:
@@ -180,6 +198,8 @@ def _kind(data: dict) -> str:
         return "int8_accuracy"
     if "suites" in data:
         return "peers"
+    if "model" in data and "rows" in data and "images" in data:
+        return "embed_speed"
     raise AssertionError("no rule in tests/test_results.py for this kind of file")
 
 
