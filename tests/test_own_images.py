@@ -6,6 +6,7 @@ killed with SIGKILL that resumes bit-exact."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -340,12 +341,13 @@ def test_a_multi_label_run_under_torchrun_matches_one_process(tmp_path):
     tree["log"].update(eval_every=4, checkpoint_every=4)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(tree))
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = ["-m", "vitkit", "train", "--config", str(recipe), "--device", "cpu"]
-    one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True)
+    run = {"env": env, "capture_output": True, "text": True}
+    one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], **run)
     assert one.returncode == 0, one.stderr[-2000:]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541"]
-    two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
+    two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], **run)
     assert two.returncode == 0, two.stderr[-2000:]
 
     def logged(d: Path) -> list[dict]:
