@@ -465,6 +465,8 @@ def test_release_names_are_listed_with_their_sources():
         ("timm/vit_small_patch14_dinov2.lvd142m", "vit_s14_dinov2.lvd142m_timm"),
         ("hf-hub:openai/clip-vit-large-patch14", "vit_l14_clip_quickgelu.openai"),
         ("google/siglip-so400m-patch14-224", "vit_so400m14_siglip.webli"),
+        ("timm/vit_large_patch14_clip_224.laion2b", "vit_l14_clip.laion2b"),
+        ("hf-hub:timm/vit_base_patch16_clip_224.dfn2b", "vit_b16_clip.dfn2b"),
     ]:
         assert find(repo).name == name
     for entry in list_pretrained():
@@ -472,6 +474,9 @@ def test_release_names_are_listed_with_their_sources():
             vitkit.model_config(entry.model)  # every entry names a model vitkit builds
     clip = next(r for r in rows(list_pretrained("vit_b16_clip_quickgelu")) if r["name"].endswith(".openai"))
     assert clip["licence"] == "MIT" and clip["preprocessing"]["mean"] == list(CLIP_MEAN)
+    openclip = {e.name: e for e in list_pretrained("vit_l14_clip")}  # OpenCLIP's towers: the exact GELU
+    assert openclip["vit_l14_clip.laion2b"].preprocessing.mean == (0.5, 0.5, 0.5)  # as OpenCLIP trained it
+    assert openclip["vit_l14_clip.datacompxl"].preprocessing.mean == tuple(CLIP_MEAN)
 
 
 def test_a_dinov2_name_loads_from_the_hub_cache(tmp_path, monkeypatch):

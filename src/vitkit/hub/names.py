@@ -245,6 +245,20 @@ def _dinov3(model: str, meta: str, word: str, data: str) -> list[Pretrained]:
 _OPENAI_CLIP = Preprocessing(OPENAI_MEAN, OPENAI_STD, (224, 224), "bicubic", crop_mode="center")  # shorter side, crop
 _SIGLIP = Preprocessing((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), (224, 224), "bicubic")  # the whole image, squashed
 _WIT = "WIT-400M (OpenAI CLIP, image-text)"
+_DFN = "DFN-2B (Apple's filtered data, image-text)"
+_ASCL = "Apple Sample Code License"
+
+
+def _openclip(model: str, tag: str) -> Preprocessing:
+    """The preprocessing timm gives an OpenCLIP tower: the shorter side, then the centre (all of it,
+    but timm's ViT-B/32 on LAION-2B keeps 0.9 of it); OpenAI's mean and std, except the ViT-L/14 on
+    LAION-2B (0.5)."""
+    half = model == "l14" and tag == "laion2b"
+    mean, std = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)) if half else (OPENAI_MEAN, OPENAI_STD)
+    crop = 0.9 if (model, tag) == ("b32", "laion2b") else 1.0
+    return Preprocessing(mean, std, (224, 224), "bicubic", crop, crop_mode="center")
+
+
 _WEBLI = "WebLI (SigLIP, image-text)"
 _WEBLI2 = "WebLI (SigLIP 2, image-text)"
 
@@ -270,6 +284,22 @@ _RELEASES = [
             ("l14", "vit_large_patch14_clip_224"),
         )
     ),
+    # OpenCLIP's image towers (exact GELU), as timm hosts them; each repository's pretrained_cfg
+    # gives the preprocessing, and these values are timm's (its ViT-L/14 on LAION-2B takes mean =
+    # std = 0.5, as OpenCLIP trained it)
+    *(
+        _release(f"vit_{m}_clip", tag, f"timm/{arch}.{tag}", 224, data, _openclip(m, tag), licence)
+        for m, arch in (
+            ("b32", "vit_base_patch32_clip_224"),
+            ("b16", "vit_base_patch16_clip_224"),
+            ("l14", "vit_large_patch14_clip_224"),
+        )
+        for tag, data, licence in (
+            ("laion2b", "LAION-2B (OpenCLIP, image-text)", MIT),
+            ("datacompxl", "DataComp-1B (OpenCLIP, image-text)", MIT),
+        )
+    ),
+    _release("vit_b16_clip", "dfn2b", "timm/vit_base_patch16_clip_224.dfn2b", 224, _DFN, _openclip("b16", ""), _ASCL),
     # SigLIP and SigLIP 2 image towers at a fixed 224 px (attention pooling; no head)
     _release("vit_b16_siglip", "webli", "google/siglip-base-patch16-224", 224, _WEBLI, _SIGLIP, APACHE),
     _release("vit_so400m14_siglip", "webli", "google/siglip-so400m-patch14-224", 224, _WEBLI, _SIGLIP, APACHE),
