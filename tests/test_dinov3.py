@@ -108,23 +108,9 @@ def test_rope_model_takes_any_size_and_set_img_size_agrees(kind):
 @pytest.mark.parametrize("kind", ["rope_axial", "rope_dinov3"])
 def test_rope_in_every_attention_path_and_the_recompute_path(kind):
     model = tiny(pos_embed=kind, mlp_type="swiglu").train()
-    x = torch.randn(2, 3, 32, 32)
-    outs, grads = {}, {}
-    for impl in ("sdpa", "math", "recompute"):
-        model.set_attention_impl(impl)
-        model.zero_grad()
-        out = model(x)
-        out.square().sum().backward()
-        outs[impl] = out.detach()
-        grads[impl] = torch.cat([p.grad.flatten() for p in model.parameters()])
-    for impl in ("sdpa", "recompute"):
-        torch.testing.assert_close(outs[impl], outs["math"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(grads[impl], grads["math"], atol=1e-4, rtol=1e-4)
-    model.zero_grad()
-    model.set_attention_impl("auto")
-    model.set_grad_checkpointing(True)
-    model(x).square().sum().backward()
-    torch.testing.assert_close(torch.cat([p.grad.flatten() for p in model.parameters()]), grads["math"])
+    from test_foundation import assert_attention_paths_agree
+
+    assert_attention_paths_agree(model, torch.randn(2, 3, 32, 32))
 
 
 def test_rope_model_serves_saves_and_analyses(tmp_path):

@@ -169,10 +169,9 @@ def test_swiglu_and_quick_gelu_compute_their_formulas():
     assert model_flops(model) - model_flops(plain) == depth * 2 * tokens * 32 * 64  # one more D x M matrix
 
 
-@pytest.mark.parametrize("pieces", [dict(qk_norm=True), ALL_PIECES], ids=["qk_norm", "all"])
-def test_attention_paths_agree_with_the_pieces(pieces):
-    model = tiny(**pieces).train()
-    x = torch.randn(2, 3, 28, 28)
+def assert_attention_paths_agree(model, x) -> None:
+    """The sdpa, math and recompute attention paths, and gradient checkpointing, give ``model`` the
+    same outputs and gradients on ``x``."""
     outs, grads = {}, {}
     for impl in ("sdpa", "math", "recompute"):
         model.set_attention_impl(impl)
@@ -189,6 +188,13 @@ def test_attention_paths_agree_with_the_pieces(pieces):
     model.set_grad_checkpointing(True)
     model(x).square().sum().backward()
     torch.testing.assert_close(torch.cat([p.grad.flatten() for p in model.parameters()]), grads["math"])
+
+
+@pytest.mark.parametrize("pieces", [dict(qk_norm=True), ALL_PIECES], ids=["qk_norm", "all"])
+def test_attention_paths_agree_with_the_pieces(pieces):
+    model = tiny(**pieces).train()
+    x = torch.randn(2, 3, 28, 28)
+    assert_attention_paths_agree(model, x)
     weights = model.eval().forward_intermediates(x, return_attention=True)["attention"]
     assert weights[0].shape == (
         2,
