@@ -24,6 +24,8 @@ POOLINGS: tuple[str, ...] = ("token", "gap", "map")
 PosEmbed = Literal["learned", "learned2d", "sincos2d", "relative", "rope_axial", "rope_dinov3", "none"]
 POS_EMBEDS: tuple[str, ...] = ("learned", "learned2d", "sincos2d", "relative", "rope_axial", "rope_dinov3", "none")
 ROPE_POS_EMBEDS: tuple[str, ...] = ("rope_axial", "rope_dinov3")
+# the kinds whose positions act in attention, not on the tokens: patch dropout would lose them
+ATTENTION_POS_EMBEDS: tuple[str, ...] = ("relative", *ROPE_POS_EMBEDS)
 # gelu_tanh: GELU's tanh approximation (the official JAX code, SigLIP); gelu: the exact GELU (timm,
 # Hugging Face, DINOv2); quick_gelu: x * sigmoid(1.702 x) (OpenAI's CLIP).
 Activation = Literal["gelu_tanh", "gelu", "quick_gelu"]

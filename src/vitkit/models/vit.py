@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import ATTENTION_IMPLS, attend
-from .config import ROPE_POS_EMBEDS, ViTConfig, check_divisible
+from .config import ATTENTION_POS_EMBEDS, ROPE_POS_EMBEDS, ViTConfig, check_divisible
 from .heads import MAPHead, ReplaceableHead
 from .posembed import (
     learned_2d_pos_table,
@@ -731,7 +731,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             raise ValueError(f"patch drop rate must be in [0, 1), got {rate}")
         if not 0.0 < flat_weight <= 1.0:
             raise ValueError(f"patch drop flat weight must be in (0, 1], got {flat_weight}")
-        if rate and self.cfg.pos_embed in ("relative", *ROPE_POS_EMBEDS):
+        if rate and self.cfg.pos_embed in ATTENTION_POS_EMBEDS:
             raise ValueError(
                 f"patch dropout needs absolute position embeddings: with pos_embed={self.cfg.pos_embed!r} the kept "
                 "patches would lose their places in the grid"

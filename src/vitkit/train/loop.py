@@ -33,7 +33,7 @@ from ..eval.classify import NonFiniteOutputs
 from ..eval.multilabel import evaluate_multilabel
 from ..files import write_text
 from ..models.attention import choose_training_path
-from ..models.config import ROPE_POS_EMBEDS, ViTConfig
+from ..models.config import ATTENTION_POS_EMBEDS, ViTConfig
 from ..models.flops import check_memory
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
@@ -199,7 +199,7 @@ def _check_patch_drop(r: Recipe, model: nn.Module) -> None:
     if r.train.patch_drop and not hasattr(model, "set_patch_drop"):
         raise RecipeError(f"train.patch_drop needs a ViT; {r.model.name} has no patch tokens to drop")
     kind = getattr(getattr(model, "cfg", None), "pos_embed", None)
-    if r.train.patch_drop and kind in ("relative", *ROPE_POS_EMBEDS):
+    if r.train.patch_drop and kind in ATTENTION_POS_EMBEDS:
         raise RecipeError(
             f"train.patch_drop needs absolute position embeddings; with pos_embed={kind!r} the positions act "
             "in attention and the kept patches would lose their places (set train.patch_drop to 0)"
