@@ -257,3 +257,6 @@ def bench_model(
         compile_s=compile_s,
         peak_memory_mb=_peak_memory_mb(dev, baseline_kb),
     )
+
+
+__all__ = ["BenchResult", "bench_model", "make_step", "matmul_ceiling", "peak_rss_kb", "time_steps"]

@@ -71,9 +71,6 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, untimed: int = 2) -
     return best
 
 
-__all__ = ["CPU_FLAGS", "best_seconds", "cpu_info"]
-
-
 def available_memory() -> int | None:
     """Bytes of host memory a new allocation can still get: the kernel's ``MemAvailable``, capped by
     the control group's limit when the process runs in a container. None where neither is known."""
@@ -102,3 +99,6 @@ def available_memory() -> int | None:
         except (OSError, ValueError):
             continue
     return free
+
+
+__all__ = ["CPU_FLAGS", "available_memory", "best_seconds", "cpu_info"]

@@ -687,3 +687,20 @@ def _write_hf(
             with contextlib.suppress(OSError):
                 dst.rmdir()
         raise
+
+
+__all__ = [
+    "FORMATS",
+    "ONNX_ATOL",
+    "ONNX_OPSET",
+    "PT2_ATOL",
+    "SUFFIXES",
+    "aoti_available",
+    "check_destination",
+    "check_exportable",
+    "describe_model",
+    "export_onnx",
+    "export_program",
+    "export_weights",
+    "format_for",
+]

@@ -109,3 +109,6 @@ def write_json(path: str | Path, payload: Any) -> None:
 def slug(text: str, default: str = "data") -> str:
     """``text`` as a safe file-name part: runs of other characters become one underscore."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or default
+
+
+__all__ = ["atomic_write", "temporary_target", "write_json", "write_text"]
