@@ -85,7 +85,7 @@ def build_dataset(
     subset_seed: int = 0,
     val: str | None = None,
     multilabel: bool | None = None,
-    **options,
+    **options: Any,
 ) -> Dataset:
     """Resolve a ``--data`` value to a dataset split ("train", "test" or "val").
 
