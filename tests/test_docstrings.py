@@ -251,7 +251,16 @@ def test_the_reference_shows_every_public_name():
         if any(line.startswith(("members:", "filters:")) for line in options):
             problems.append(f"{name}: '::: {name}' leaves out some of its members")
         module = package if name == "vitkit" else package[name.removeprefix("vitkit.")]
-        for member in importlib.import_module(name).__all__:
-            if not module[member].docstring:  # mkdocstrings shows no object without one
+        for member in (runtime := importlib.import_module(name)).__all__:
+            shown = module[member]
+            obj = getattr(runtime, member)
+            if shown.is_module and not inspect.ismodule(obj):
+                # a function named as a submodule of its package: the page reads the name as the
+                # submodule, so the function needs a directive of its own, by its full path
+                full = f"{obj.__module__}.{obj.__qualname__}"
+                if full not in directives:
+                    problems.append(f"{name}.{member}: the page shows the submodule; add '::: {full}'")
+                shown = package[full.removeprefix("vitkit.")]
+            if not shown.docstring:  # mkdocstrings shows no object without one
                 problems.append(f"{name}.{member}: no docstring the reference can show")
     assert not problems, "\n".join(problems)
