@@ -38,8 +38,8 @@ OTHER_STYLES = re.compile(
     re.MULTILINE,
 )
 
-# Documented separately while their code changes; the test fails once one of them is complete, so
-# that it leaves this list.
+# Objects whose docstrings are not complete yet; the test fails once one of them is, so that it
+# leaves this list.
 PENDING = {
     "vitkit.data.folder.FileImages",
     "vitkit.data.folder.ImageFolder",
