@@ -105,6 +105,9 @@ def test_no_function_longer_than_the_limit():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
+                if ast.get_docstring(node, clean=False) is not None:  # the limit is on code, not on its docs
+                    doc = node.body[0]
+                    n -= doc.end_lineno - doc.lineno + 1
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{m}.{node.name}: {n} lines")
     assert not long, long

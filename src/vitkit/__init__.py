@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import CheckpointError, DataError, RecipeError, TrainingError, UsageError, VitkitError
 
 __version__ = "0.1.0"
+"""vitkit's version."""
 
 _LAZY = {
     "Preprocessing": "vitkit.preprocessing",

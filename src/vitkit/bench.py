@@ -48,7 +48,16 @@ def matmul_ceiling(
     ``torch.mm`` and, on a CPU with oneDNN, of oneDNN's packed linear kernel. Both count: on AMD
     processors ``torch.mm`` in fp32 goes through MKL's AVX2 path and reaches about half of what
     oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would understate the machine. Sizes
-    default to 2048 and 4096 on a CPU, 4096 and 8192 on a GPU (smaller ones do not fill it)."""
+    default to 2048 and 4096 on a CPU, 4096 and 8192 on a GPU (smaller ones do not fill it).
+
+    Args:
+        precision: "fp32", "bf16" or "int8".
+        device: where to measure.
+        sizes: the sides of the square matrices; None: the defaults above.
+
+    Returns:
+        The best GFLOP/s (GOP/s for int8) measured, counting a multiply-add as two.
+    """
     device = torch.device(device)
     sizes = sizes or ((2048, 4096) if device.type == "cpu" else (4096, 8192))
     int8 = precision == "int8" and device.type == "cpu" and onednn_int8_available()
@@ -89,6 +98,30 @@ def _int8_kernel(a: torch.Tensor) -> Callable[[], torch.Tensor]:
 
 @dataclass
 class BenchResult:
+    """What :func:`bench_model` measured.
+
+    Attributes:
+        model: the model's name.
+        mode: "infer" or "train".
+        precision: the precision that ran.
+        batch: images per step.
+        img_size: the input (height, width) in pixels.
+        device: the device it ran on.
+        threads: torch's intra-op threads.
+        compiled: whether the step was compiled with ``torch.compile``.
+        params: the model's parameters.
+        gflops_per_image: the forward's GFLOPs per image (a training step does about 3x this).
+        images_per_s: images per second, from the median step time.
+        achieved_gflops: the GFLOP/s achieved (training counting 3x the forward).
+        ceiling_gflops: the machine's matrix-multiply GFLOP/s (:func:`matmul_ceiling`); None if
+            not measured.
+        fraction_of_ceiling: ``achieved_gflops / ceiling_gflops``; None without a ceiling.
+        step_ms_median: the median step time, in milliseconds.
+        compile_s: the seconds the first (compiling) step took; None without compilation.
+        peak_memory_mb: the peak memory of the run in MiB: CUDA's allocated peak, or on a CPU
+            the rise of the process's peak resident memory.
+    """
+
     model: str
     mode: str
     precision: str
@@ -110,7 +143,11 @@ class BenchResult:
 
 def peak_rss_kb() -> int:
     """This process's peak resident memory (KB). ``VmHWM`` belongs to the process's own address
-    space; ``ru_maxrss``, the fallback, also counts the parent's peak from before ``exec``."""
+    space; ``ru_maxrss``, the fallback, also counts the parent's peak from before ``exec``.
+
+    Returns:
+        The peak, in KiB.
+    """
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -133,7 +170,25 @@ def make_step(
     :func:`prepare_inference`; int8 with static scales calibrated on ``x``), or a training step
     (forward, backward, AdamW) with bf16 autocast and fp32 weights when ``precision`` is bf16
     ("auto": what :mod:`vitkit.precision` resolves on ``x``'s device). Shared with
-    ``benchmarks/peers.py``."""
+    ``benchmarks/peers.py``.
+
+    Args:
+        model: the model; for "infer" it is prepared in place (:func:`prepare_inference`).
+        x: the batch of images (B, C, H, W) every step computes, on the device.
+        y: its labels (B,), for the training loss.
+        mode: "infer" or "train".
+        precision: "auto", "fp32", "bf16" or (inference only) "int8".
+        compile: ``torch.compile`` the model.
+        pack: whether inference packs the linear layers for oneDNN; None: where it is faster
+            (:func:`prepare_inference`).
+
+    Returns:
+        The step, a function of no arguments.
+
+    Raises:
+        ValueError: an unknown mode, a training precision other than fp32 or bf16, or what
+            :func:`prepare_inference` refuses.
+    """
     if precision == "auto":
         precision = resolve_precision("auto", x.device).name
     if mode == "infer":
@@ -176,6 +231,17 @@ def _peak_memory_mb(device: torch.device, baseline_kb: int) -> float:
 
 
 def time_steps(step: Callable[[], None], device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Time ``step``: ``warmup`` untimed calls, then ``iters`` timed ones, each waited for on a GPU.
+
+    Args:
+        step: the unit of work (:func:`make_step`).
+        device: where it runs (a CUDA device is synchronised around each call).
+        warmup: untimed calls first.
+        iters: timed calls.
+
+    Returns:
+        The seconds of each timed call.
+    """
     for _ in range(warmup):
         step()
     _sync(device)
@@ -204,7 +270,30 @@ def bench_model(
 ) -> BenchResult:
     """Benchmark a named vitkit model (or ``model``) in inference or training. ``precision``:
     "auto" (what :mod:`vitkit.precision` resolves on ``device``), "fp32", "bf16" or "int8"; the
-    result names the precision that ran."""
+    result names the precision that ran.
+
+    Args:
+        name: the model's name (built with random weights unless ``model`` is given).
+        batch: images per step.
+        mode: "infer" or "train".
+        precision: "auto", "fp32", "bf16" or (inference only) "int8".
+        img_size: the input size; None: the model's.
+        compile: ``torch.compile`` the step (its first call is timed apart, ``compile_s``).
+        device: where to run.
+        warmup: untimed steps first.
+        iters: timed steps.
+        ceiling: the machine's matrix-multiply GFLOP/s, measured already; None: measured here
+            unless ``measure_ceiling`` is False.
+        measure_ceiling: measure the ceiling when none is given.
+        model: the model to time instead of building ``name`` (``name`` then only labels it).
+
+    Returns:
+        What was measured.
+
+    Raises:
+        ValueError: an unknown model, mode or precision.
+        UsageError: a model and batch that would not fit the memory left.
+    """
     dev = torch.device(device)
     if precision == "auto":
         precision = resolve_precision("auto", dev).name
@@ -257,3 +346,6 @@ def bench_model(
         compile_s=compile_s,
         peak_memory_mb=_peak_memory_mb(dev, baseline_kb),
     )
+
+
+__all__ = ["BenchResult", "bench_model", "make_step", "matmul_ceiling", "peak_rss_kb", "time_steps"]

@@ -16,6 +16,7 @@ import torch
 # /proc/cpuinfo flags that decide which CPU kernels are fast: AMX tiles (bf16, int8), AVX-512 with
 # bf16 and VNNI (int8 dot products), AVX2/FMA (where MKL's fp32 path lands otherwise).
 CPU_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2", "fma")
+"""The ``/proc/cpuinfo`` flags that decide which CPU kernels are fast, as :func:`cpu_info` reports them."""
 
 
 def cpu_info() -> dict[str, object]:
@@ -71,12 +72,13 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, untimed: int = 2) -
     return best
 
 
-__all__ = ["CPU_FLAGS", "best_seconds", "cpu_info"]
-
-
 def available_memory() -> int | None:
     """Bytes of host memory a new allocation can still get: the kernel's ``MemAvailable``, capped by
-    the control group's limit when the process runs in a container. None where neither is known."""
+    the control group's limit when the process runs in a container. None where neither is known.
+
+    Returns:
+        The bytes available, or None.
+    """
     free: int | None = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -102,3 +104,6 @@ def available_memory() -> int | None:
         except (OSError, ValueError):
             continue
     return free
+
+
+__all__ = ["CPU_FLAGS", "available_memory", "best_seconds", "cpu_info"]

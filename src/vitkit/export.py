@@ -29,16 +29,21 @@ from .errors import CheckpointError, ExportError, UsageError, writing
 from .files import atomic_write, write_text
 
 FORMATS = ("vitkit", "official", "timm", "hf", "onnx", "pt2")
+"""The formats :func:`export_weights` writes."""
 
 # The ONNX opset written: the dynamo exporter's own (onnxscript's torchlib is written for 18;
 # a later one is reached by converting the graph, an earlier one not at all). onnxruntime reads it
 # from 1.14 on.
 ONNX_OPSET = 18
+"""The ONNX opset written (the dynamo exporter's own; onnxruntime reads it from 1.14 on)."""
 # Outputs of a .pt2 program run the same kernels as the model; onnxruntime's kernels (MatMul,
 # LayerNormalization, Softmax) sum in other orders, measured at a few 1e-6 on small ViTs. Both
 # tolerances are absolute for outputs within [-1, 1] and scale with the largest output beyond.
 PT2_ATOL = 1e-5
+"""The tolerance of the check of a ``.pt2`` program against the model (absolute, for outputs in
+[-1, 1]; scaled by the largest output beyond)."""
 ONNX_ATOL = 1e-4
+"""The tolerance of the check of an ONNX file in onnxruntime against the model, likewise."""
 # One ONNX file holds at most 2 GB (a protobuf message); larger models need external data.
 ONNX_MAX_BYTES = 2**31 - 1
 
@@ -187,7 +192,11 @@ def _prepare(model: nn.Module) -> nn.Module:
 
 def aoti_available() -> str | None:
     """Why AOTInductor packaging cannot run here (no ``torch._inductor.aoti_compile_and_package``
-    in this torch, or no C++ compiler on the PATH), or None when it can."""
+    in this torch, or no C++ compiler on the PATH), or None when it can.
+
+    Returns:
+        The reason, in one line; None when AOTInductor can package a model.
+    """
     import os
 
     try:
@@ -266,6 +275,11 @@ def export_program(
         ``{"format": "pt2", "exporter": "torch.export" or "aoti", "torch": version,
         "max_abs_diff": float or None, "tolerance": float, "batch_sizes": the sizes checked,
         "dynamic_batch": True}``.
+
+    Raises:
+        ExportError: AOTInductor asked for where it cannot run, a model that cannot be traced
+            or compiled, or a program whose outputs differ from the model's.
+        UsageError: a model without weights (built on the meta device).
     """
     path = Path(path)
     model = _prepare(model)
@@ -422,6 +436,11 @@ def export_onnx(
         exporter did not write it (None when it did), "opset": the file's ai.onnx opset,
         "max_abs_diff": float or None (not checked), "tolerance": float, "batch_sizes": the sizes
         checked, "onnxruntime": its version or None}``.
+
+    Raises:
+        UsageError: an opset below :data:`ONNX_OPSET`, or a model without weights.
+        ExportError: the onnx package missing, a model over 2 GB of weights or that neither
+            exporter can export, or a file whose outputs differ from the model's.
     """
     path = Path(path)
     if opset < ONNX_OPSET:
@@ -462,6 +481,7 @@ def export_onnx(
 
 # What each format writes: one file of this suffix, or a folder ("hf").
 SUFFIXES = {"vitkit": ".safetensors", "official": ".npz", "timm": ".safetensors", "onnx": ".onnx", "pt2": ".pt2"}
+"""The file suffix of each format that writes one file ("hf" writes a folder)."""
 _FILE_SUFFIXES = (".safetensors", ".npz", ".onnx", ".pt2", ".bin", ".pth", ".pt", ".json")
 
 
@@ -475,6 +495,9 @@ def format_for(dst: str | Path) -> str:
 
     Returns:
         One of :data:`FORMATS`.
+
+    Raises:
+        UsageError: a name of another suffix.
     """
     dst = Path(dst)
     suffix = dst.suffix.lower()
@@ -494,7 +517,16 @@ def format_for(dst: str | Path) -> str:
 
 def check_destination(dst: str | Path, to: str) -> None:
     """Refuse a destination whose name does not fit format ``to`` (a file vitkit could not read
-    back, such as an .npz named .safetensors), naming the one expected."""
+    back, such as an .npz named .safetensors), naming the one expected.
+
+    Args:
+        dst: the destination: a file, or a folder for "hf".
+        to: one of :data:`FORMATS`.
+
+    Raises:
+        UsageError: an unknown format, a suffix other than the format's, a file where "hf"
+            needs a folder, or a folder where the format writes a file.
+    """
     dst = Path(dst)
     if to not in FORMATS:
         raise UsageError(f"unknown export format {to!r}: one of {', '.join(FORMATS)}")
@@ -518,7 +550,15 @@ def check_destination(dst: str | Path, to: str) -> None:
 
 def check_exportable(model: nn.Module, to: str) -> None:
     """Refuse, in one line and before anything is written, a model that format ``to`` cannot hold
-    (one that would load back as another model); see :func:`export_weights`."""
+    (one that would load back as another model); see :func:`export_weights`.
+
+    Args:
+        model: the model to write.
+        to: one of :data:`FORMATS`.
+
+    Raises:
+        CheckpointError: a model, or a preprocessing, the format cannot record.
+    """
     from .checkpoint.official import check_official
     from .checkpoint.peers import check_hf, check_timm
     from .preprocessing import Preprocessing
@@ -569,6 +609,12 @@ def export_weights(
         For "onnx" and "pt2" the check of the file written (:func:`export_onnx`,
         :func:`export_program`); for the others ``{"format": to, "max_abs_diff": None,
         "onnxruntime": None}``.
+
+    Raises:
+        UsageError: an unknown format or layout, ``aoti`` for another format than "pt2", or a
+            destination whose name does not fit the format.
+        CheckpointError: a model the format cannot hold.
+        ExportError: an ONNX or ``.pt2`` export that failed or does not match the model.
     """
     from .checkpoint import hf_config_for, save_checkpoint, to_hf, to_official, to_timm
     from .checkpoint.io import write_safetensors
@@ -687,3 +733,20 @@ def _write_hf(
             with contextlib.suppress(OSError):
                 dst.rmdir()
         raise
+
+
+__all__ = [
+    "FORMATS",
+    "ONNX_ATOL",
+    "ONNX_OPSET",
+    "PT2_ATOL",
+    "SUFFIXES",
+    "aoti_available",
+    "check_destination",
+    "check_exportable",
+    "describe_model",
+    "export_onnx",
+    "export_program",
+    "export_weights",
+    "format_for",
+]

@@ -89,7 +89,14 @@ def current_umask() -> int:
 
 def temporary_target(name: str) -> str | None:
     """The file name an :func:`atomic_write` temporary called ``name`` was for, or None if
-    ``name`` is not one (``.metrics.jsonl.k3j_x9a2.tmp`` -> ``metrics.jsonl``)."""
+    ``name`` is not one (``.metrics.jsonl.k3j_x9a2.tmp`` -> ``metrics.jsonl``).
+
+    Args:
+        name: a file name, without its folder.
+
+    Returns:
+        The name of the file it was to replace, or None.
+    """
     if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
         return None
     parts = name[1 : -len(_TMP_SUFFIX)].rsplit(".", 1)  # mkstemp's random part has no dot
@@ -97,15 +104,28 @@ def temporary_target(name: str) -> str | None:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Atomically write ``text`` to ``path``."""
+    """Atomically write ``text`` to ``path``.
+
+    Args:
+        path: the file to write.
+        text: its content, encoded as ``open(path, "w")`` would encode it.
+    """
     atomic_write(path, lambda f: f.write(text), mode="w")
 
 
 def write_json(path: str | Path, payload: Any) -> None:
-    """Atomically write ``payload`` as indented JSON."""
+    """Atomically write ``payload`` as indented JSON.
+
+    Args:
+        path: the file to write.
+        payload: any value ``json.dumps`` takes.
+    """
     write_text(path, json.dumps(payload, indent=2))
 
 
 def slug(text: str, default: str = "data") -> str:
     """``text`` as a safe file-name part: runs of other characters become one underscore."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or default
+
+
+__all__ = ["atomic_write", "temporary_target", "write_json", "write_text"]

@@ -124,6 +124,15 @@ class PackedLinear(nn.Module):
     ``act`` ("gelu" or "gelu_tanh") fuses that activation into the kernel's epilogue. The packed
     weight is an opaque oneDNN tensor: it is not part of ``state_dict`` (save the original
     model), has no gradient, and lives on the CPU only.
+
+    Args:
+        weight: the weight (out_features, in_features), in the dtype the layer computes in.
+        bias: the bias (out_features,), cast to that dtype; None: none.
+        act: the activation fused after the product: "gelu", "gelu_tanh" or None.
+        rows_hint: the number of input rows oneDNN chooses the packed layout for; None: no hint.
+
+    Raises:
+        ValueError: an unknown ``act``.
     """
 
     def __init__(
@@ -143,6 +152,20 @@ class PackedLinear(nn.Module):
     def from_linear(
         cls, linear: nn.Linear, dtype: torch.dtype, act: str | None = None, rows_hint: int | None = None
     ) -> PackedLinear:
+        """The packed counterpart of ``linear``.
+
+        Args:
+            linear: the layer whose weight and bias to pack (left as it is).
+            dtype: the dtype the packed layer computes in (``torch.float32`` or ``torch.bfloat16``).
+            act: the activation fused after the product: "gelu", "gelu_tanh" or None.
+            rows_hint: the number of input rows oneDNN chooses the packed layout for; None: no hint.
+
+        Returns:
+            The new layer.
+
+        Raises:
+            ValueError: an unknown ``act``.
+        """
         return cls(linear.weight.to(dtype), linear.bias, act, rows_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -282,6 +305,14 @@ class Int8Linear(nn.Module):
     The output is dequantised to the input's dtype with ``act`` ("gelu", "gelu_tanh") fused into
     the kernel, or, where the next layer's input scale is known (``output_qparams``), written
     directly as that layer's uint8 codes; such an input (dtype uint8) is taken as it is.
+
+    Args:
+        linear: the layer to quantise (left as it is).
+        act: the activation fused after the product: "gelu", "gelu_tanh" or None.
+        out_dtype: the dtype of the dequantised output; None: the input's.
+
+    Raises:
+        ValueError: an unknown ``act``.
     """
 
     def __init__(self, linear: nn.Linear, act: str | None = None, out_dtype: torch.dtype | None = None) -> None:
@@ -308,6 +339,8 @@ class Int8Linear(nn.Module):
 
     @property
     def input_qparams(self) -> tuple[float, int] | None:
+        """The static input (scale, zero point) :func:`calibrate_int8` set; None: each batch's own
+        range (dynamic quantisation)."""
         return self._input_qparams
 
     @input_qparams.setter
@@ -317,6 +350,8 @@ class Int8Linear(nn.Module):
 
     @property
     def output_qparams(self) -> tuple[float, int] | None:
+        """The (scale, zero point) of the uint8 codes the layer writes for the next layer; None:
+        the output is dequantised."""
         return self._output_qparams
 
     @output_qparams.setter

@@ -32,13 +32,20 @@ from .cpu import best_seconds, cpu_info
 from .errors import UsageError
 
 PRECISIONS = ("auto", "fp32", "bf16")
+"""The precisions a run, an evaluation or a benchmark may ask for."""
 OVERRIDE_ENV = "VITKIT_BF16"
+"""The environment variable that overrides what the CPU reports: "native" or "emulated"."""
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class Bf16Support:
-    """Whether a device computes bf16 natively and fast, and why the policy thinks so."""
+    """Whether a device computes bf16 natively and fast, and why the policy thinks so.
+
+    Attributes:
+        native: whether it does.
+        reason: why, in a few words (e.g. "AVX-512 bf16 on this CPU").
+    """
 
     native: bool
     reason: str  # e.g. "AVX-512 bf16 on this CPU", "no native bf16 on this CPU (AVX2)"

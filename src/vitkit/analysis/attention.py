@@ -29,7 +29,18 @@ def _check_vit(model: nn.Module) -> None:
 
 
 def grid_of(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
-    """Token grid (rows, cols) ``model`` makes of ``images`` (B, C, H, W)."""
+    """Token grid (rows, cols) ``model`` makes of ``images`` (B, C, H, W).
+
+    Args:
+        model: a vitkit ViT or hybrid.
+        images: model inputs (B, C, H, W); only their height and width are read.
+
+    Returns:
+        The grid (rows, cols).
+
+    Raises:
+        TypeError: ``model`` is not a vitkit ViT.
+    """
     _check_vit(model)
     return model.cfg.grid_for(tuple(images.shape[-2:]))
 
@@ -39,6 +50,16 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tens
     weights of every block: a list of ``depth`` tensors (B, heads, N, N), on the CPU in float32.
 
     The model is put in eval mode for the call (so attention dropout is off) and restored after.
+
+    Args:
+        model: a vitkit ViT or hybrid.
+        images: model inputs (B, C, H, W), already normalised.
+
+    Returns:
+        One (B, heads, N, N) tensor per block, first block first.
+
+    Raises:
+        TypeError: ``model`` is not a vitkit ViT.
     """
     _check_vit(model)
     was_training = model.training
@@ -88,6 +109,19 @@ def attention_rollout(
     identity for the residual connection and renormalise the rows to sum to one. The blocks are
     then chained, ``rollout = A_L @ ... @ A_2 @ A_1``, so that ``rollout[b, i, j]`` is how much of
     input token ``j`` flows into output token ``i``. Identity attention gives an identity rollout.
+
+    Args:
+        attentions: the softmax weights of each block, (B, heads, N, N) each
+            (:func:`collect_attention`).
+        head_fusion: how the heads are fused: "mean", "max" or "min".
+        discard_ratio: the fraction of each query row's smallest weights zeroed, in [0, 1).
+
+    Returns:
+        The rollout (B, N, N), float32 (float64 for float64 weights); each row sums to one.
+
+    Raises:
+        ValueError: an empty list, or weights that are not (B, heads, N, N) alike, an unknown
+            ``head_fusion``, or a ``discard_ratio`` outside [0, 1).
     """
     _check_attentions(attentions)
     if head_fusion not in ("mean", "max", "min"):
@@ -144,7 +178,21 @@ def rollout_map(
     query: int | tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """One query's row of a rollout (B, N, N) over the patch tokens, as maps (B, gh, gw) scaled
-    to [0, 1] per image (a constant map becomes all zeros). ``query`` as in :func:`cls_rollout_map`."""
+    to [0, 1] per image (a constant map becomes all zeros). ``query`` as in :func:`cls_rollout_map`.
+
+    Args:
+        rollout: the rollout (B, N, N) of :func:`attention_rollout`.
+        grid: the token grid (rows, cols).
+        num_prefix_tokens: the tokens before the patches (class, distillation, registers).
+        query: the query token: None for the class token (without one, the mean over the patch
+            queries); a patch by its raster index or (row, col).
+
+    Returns:
+        The maps (B, gh, gw), in [0, 1].
+
+    Raises:
+        ValueError: N does not fit the grid and prefix tokens, or a query outside the grid.
+    """
     row = _query_rows(rollout, grid, num_prefix_tokens, query)  # (B, P)
     lo = row.amin(dim=-1, keepdim=True)
     hi = row.amax(dim=-1, keepdim=True)
@@ -165,6 +213,21 @@ def cls_rollout_map(
     ``images`` are model inputs (B, C, H, W), already normalised. For models without a class
     token (GAP) the default is the mean of the patch-token rows; ``query`` (a raster index or a
     (row, col) pair) picks one patch's row instead, for any model.
+
+    Args:
+        model: a vitkit ViT or hybrid.
+        images: model inputs (B, C, H, W), already normalised.
+        query: the query token: None for the class token (without one, the mean over the patch
+            queries); a patch by its raster index or (row, col).
+        head_fusion: how the heads are fused: "mean", "max" or "min".
+        discard_ratio: the fraction of each query row's smallest weights zeroed, in [0, 1).
+
+    Returns:
+        The maps (B, gh, gw), in [0, 1].
+
+    Raises:
+        TypeError: ``model`` is not a vitkit ViT.
+        ValueError: a bad ``head_fusion``, ``discard_ratio`` or ``query``.
     """
     attentions = collect_attention(model, images)
     rollout = attention_rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio)
@@ -182,6 +245,21 @@ def token_attention_maps(
     ``query=None`` is the class token (or, without one, the mean over patch queries); see
     :func:`cls_rollout_map`. The weights are shown as they are: the share a query puts on prefix
     tokens is not redistributed, so a map sums to at most one.
+
+    Args:
+        attentions: the softmax weights of each block, (B, heads, N, N) each
+            (:func:`collect_attention`).
+        grid: the token grid (rows, cols).
+        num_prefix_tokens: the tokens before the patches (class, distillation, registers).
+        query: the query token: None for the class token (without one, the mean over the patch
+            queries); a patch by its raster index or (row, col).
+
+    Returns:
+        The maps (B, layers, heads, gh, gw).
+
+    Raises:
+        ValueError: an empty list, or weights that are not (B, heads, N, N) alike, N that does
+            not fit the grid and prefix tokens, or a query outside the grid.
     """
     _check_attentions(attentions)
     rows = torch.stack([_query_rows(w, grid, num_prefix_tokens, query) for w in attentions], dim=1)  # (B, L, H, P)
@@ -198,6 +276,13 @@ def patch_distances(grid: tuple[int, int], stride: int | tuple[int, int]) -> tor
 
     ``stride`` is the number of input pixels per token along (h, w): the patch size, times the
     stem's downsampling for hybrids (``cfg.total_stride``).
+
+    Args:
+        grid: the token grid (rows, cols).
+        stride: input pixels per token along (h, w); an int for both.
+
+    Returns:
+        The distances (P, P), P = rows * cols, patches in raster order.
     """
     gh, gw = grid
     sh, sw = (stride, stride) if isinstance(stride, int) else stride
@@ -227,6 +312,20 @@ def mean_attention_distance(
     one: the result is the expected distance of the patches a query attends to. (Counting the
     class token's share as distance zero would instead make a head look more local the more it
     attends to the class token.)
+
+    Args:
+        attentions: the softmax weights of each block, (B, heads, N, N) each
+            (:func:`collect_attention`).
+        grid: the token grid (rows, cols).
+        stride: input pixels per token along (h, w) (``cfg.total_stride``); an int for both.
+        num_prefix_tokens: the tokens before the patches (class, distillation, registers).
+
+    Returns:
+        The distances in pixels (layers, heads), float64, on the CPU.
+
+    Raises:
+        ValueError: an empty list, or weights that are not (B, heads, N, N) alike, or N that
+            does not fit the grid and prefix tokens.
     """
     _check_attentions(attentions)
     _check_tokens(attentions[0].shape[-1], grid, num_prefix_tokens)

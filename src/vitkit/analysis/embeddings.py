@@ -46,6 +46,18 @@ def pos_embed_similarity(
     sin-cos embeddings; its grid and prefix rows are read from the config) or a tensor (1, N, D) or
     (N, D). For a tensor, ``grid`` defaults to the square one and ``num_prefix_tokens`` to
     whatever ``grid`` leaves over (0 without ``grid``). Prefix rows (the class token's) are left out.
+
+    Args:
+        source: a vitkit ViT, or a position table (1, N, D) or (N, D).
+        grid: the patches' grid (rows, cols); None: the model's, or the square one.
+        num_prefix_tokens: the table's rows before the patches'; None: as above.
+
+    Returns:
+        The similarities (gh, gw, gh, gw), float32, in [-1, 1].
+
+    Raises:
+        ValueError: a model without a position table, a table not of those shapes, or one
+            whose rows do not fit the grid and prefix rows.
     """
     if isinstance(source, nn.Module):
         pos, model_grid, model_prefix = _pos_embed_of(source)
@@ -82,6 +94,15 @@ def pos_embed_similarity_summary(similarity: torch.Tensor) -> dict[str, float | 
     longer grid side apart, euclidean in patches) and ``self`` (the diagonal, 1 unless an
     embedding is zero). A learned 2-D structure shows as neighbours and same row/column well above
     other and far. A group with no pairs (e.g. ``far`` on a 2x2 grid) is ``None``.
+
+    Args:
+        similarity: the similarities (gh, gw, gh, gw) of :func:`pos_embed_similarity`.
+
+    Returns:
+        The mean similarity of each group above, by its key.
+
+    Raises:
+        ValueError: a tensor not of shape (gh, gw, gh, gw).
     """
     if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
         raise ValueError(f"expected a (gh, gw, gh, gw) similarity, got {tuple(similarity.shape)}")
@@ -109,7 +130,12 @@ def pos_embed_similarity_summary(similarity: torch.Tensor) -> dict[str, float | 
 
 
 class FilterPCA(NamedTuple):
-    """Leading principal components of the patch-embedding filters."""
+    """Leading principal components of the patch-embedding filters.
+
+    Attributes:
+        components: the components (k, C, ph, pw), each of unit norm.
+        explained_variance_ratio: the share of the filters' total variance each explains (k,).
+    """
 
     components: torch.Tensor  # (k, C, ph, pw), unit norm
     explained_variance_ratio: torch.Tensor  # (k,), share of the total variance of the filters
@@ -124,6 +150,18 @@ def embedding_filter_components(source: nn.Module | torch.Tensor, k: int = 28) -
     dimensions), each of unit norm and with the sign that makes its largest-magnitude entry
     positive, and the fraction of the total variance each explains. For hybrids the filters act
     on the ResNet feature map, so C is its channel count, not RGB.
+
+    Args:
+        source: a vitkit ViT, or its patch-embedding kernel (D, C, ph, pw).
+        k: the most components to return, at least 1.
+
+    Returns:
+        The components and the share of variance each explains, float32.
+
+    Raises:
+        TypeError: a module without a ``patch_embed.proj`` convolution.
+        ValueError: a kernel not of 4 dimensions, ``k`` below 1, fewer than two filters, or
+            filters that are all equal.
     """
     if isinstance(source, nn.Module):
         proj = getattr(getattr(source, "patch_embed", None), "proj", None)

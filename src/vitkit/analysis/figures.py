@@ -95,6 +95,22 @@ def plot_rollout_overlay(
     ``images`` are what the model saw, for display: (B, H, W, 3) or (B, H, W), uint8 or floats
     in [0, 1]. ``maps`` should be scaled to [0, 1] (as :func:`~vitkit.analysis.cls_rollout_map`
     returns them).
+
+    Args:
+        images: the images for display, (B, H, W, 3) or (B, H, W).
+        maps: the rollout maps (B, gh, gw), in [0, 1].
+        path: the picture to write (its suffix picks the format; PNG without one).
+        titles: one title per image; None: "image 1", "image 2"...
+        alpha: the map's opacity over the image.
+        cmap: the matplotlib colour map of the maps.
+        per_row: the images (each with its map) in a row.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: images or maps of other shapes, maps or titles not one per image.
+        ImportError: matplotlib is not installed.
     """
     imgs = _as_display_images(images)
     heat = _numpy(maps)
@@ -147,6 +163,21 @@ def plot_attention_maps(
     :func:`~vitkit.analysis.token_attention_maps`); ``layers`` picks rows by index (negative
     indices count from the end; default: all). With ``image`` ((H, W, 3) or (H, W)) the input is
     shown at the start of each row. Each row shares one colour scale, from 0 to its largest weight.
+
+    Args:
+        maps: one image's attention maps (layers, heads, gh, gw).
+        path: the picture to write.
+        layers: the layers shown, by index; None: all.
+        image: the input to show at the start of each row; None: none.
+        title: the picture's title; None: one saying what the maps are.
+        cmap: the matplotlib colour map.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: maps not of 4 dimensions, or a layer out of range.
+        ImportError: matplotlib is not installed.
     """
     m = _numpy(maps)
     if m.ndim != 4:
@@ -202,7 +233,22 @@ def plot_mean_attention_distance(
 ) -> Path:
     """Mean attention distance (layers, heads) as in Figure 7 right: one dot per head, network
     depth on x, distance in input pixels on y. ``max_distance`` (e.g. the image diagonal) fixes
-    the top of the y axis."""
+    the top of the y axis.
+
+    Args:
+        distances: the distances in pixels (layers, heads) of
+            :func:`~vitkit.analysis.mean_attention_distance`.
+        path: the picture to write.
+        title: the picture's title; None: "Mean attention distance per head".
+        max_distance: the top of the y axis, in pixels; None: a tenth above the largest distance.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: distances not of 2 dimensions.
+        ImportError: matplotlib is not installed.
+    """
     d = _numpy(distances)
     if d.ndim != 2:
         raise ValueError(f"distances must be (layers, heads), got shape {d.shape}")
@@ -243,7 +289,20 @@ def pos_embed_mosaic(similarity: ArrayLike) -> np.ndarray:
 def plot_pos_embed_similarity(similarity: ArrayLike, path: str | Path, title: str | None = None) -> Path:
     """Position-embedding similarity as in Figure 7 centre: a gh x gw grid of small gh x gw maps,
     the tile at (row i, column j) showing the cosine similarity of patch (i, j)'s embedding to
-    every patch's, on one colour scale from -1 to 1."""
+    every patch's, on one colour scale from -1 to 1.
+
+    Args:
+        similarity: the similarities (gh, gw, gh, gw) of :func:`~vitkit.analysis.pos_embed_similarity`.
+        path: the picture to write.
+        title: the picture's title; None: "Position embedding similarity".
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: a similarity not of shape (gh, gw, gh, gw).
+        ImportError: matplotlib is not installed.
+    """
     mosaic = pos_embed_mosaic(similarity)
     gh, gw = _numpy(similarity).shape[:2]
     side = float(np.clip(0.45 * max(gh, gw), 3.5, 9.0))
@@ -279,7 +338,24 @@ def plot_filter_components(
     title: str | None = None,
 ) -> Path:
     """Principal components of the patch-embedding filters (k, C, ph, pw) as images, as in
-    Figure 7 left: RGB for C = 3, grey for C = 1, each scaled to [0, 1] on its own."""
+    Figure 7 left: RGB for C = 3, grey for C = 1, each scaled to [0, 1] on its own.
+
+    Args:
+        components: the components (k, C, ph, pw) of
+            :func:`~vitkit.analysis.embedding_filter_components`.
+        path: the picture to write.
+        explained_variance_ratio: the share of variance of each (k,), printed under it; None: not
+            printed.
+        ncols: the components in a row.
+        title: the picture's title; None: one saying what the components are.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: components not of 4 dimensions, or with other than 1 or 3 channels.
+        ImportError: matplotlib is not installed.
+    """
     c = _numpy(components)
     if c.ndim != 4:
         raise ValueError(f"components must be (k, C, ph, pw), got shape {c.shape}")

@@ -31,7 +31,14 @@ SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee")
 
 
 def sample_images() -> list[tuple[str, Any]]:
-    """scikit-image's sample photographs as named Pillow images (for :func:`vitkit.preprocessing.prepare_images`)."""
+    """scikit-image's sample photographs as named Pillow images (for :func:`vitkit.preprocessing.prepare_images`).
+
+    Returns:
+        (name, image) pairs: the astronaut, the cat Chelsea and a coffee cup.
+
+    Raises:
+        UsageError: scikit-image is not installed.
+    """
     from PIL import Image
 
     try:
@@ -45,7 +52,14 @@ def sample_images() -> list[tuple[str, Any]]:
 
 
 def model_name(cfg: Any) -> str:
-    """A paper-style name: "ViT-B/16", "R50+ViT-B/16" (the number is input pixels per token)."""
+    """A paper-style name: "ViT-B/16", "R50+ViT-B/16" (the number is input pixels per token).
+
+    Args:
+        cfg: a ViT or hybrid config.
+
+    Returns:
+        The name; a size that is not a standard one is written out (``ViT-custom/16 (D=...)``).
+    """
     from ..models.config import VIT_SIZES
 
     sizes = {v: k for k, v in VIT_SIZES.items()}
@@ -64,7 +78,27 @@ def model_name(cfg: Any) -> str:
 
 @dataclass
 class Report:
-    """What :func:`analyze` measured. Tensors are float32 on the CPU."""
+    """What :func:`analyze` measured. Tensors are float32 on the CPU.
+
+    Attributes:
+        name: the paper-style model name (:func:`model_name`).
+        config: the model's config, as a dict.
+        images: the images analysed.
+        layers: the layers of the per-head maps.
+        rollout: the head-mean rollout over all layers (B, gh, gw), scaled to [0, 1] per image.
+        head_maps: the attention of the class token (or the mean patch) per layer and head
+            (B, L, H, gh, gw).
+        distances: the mean attention distance in input pixels (L, H), averaged over the images.
+        pos_similarity: the position embeddings' cosine similarity (gh, gw, gh, gw); None for a
+            model without an absolute position embedding.
+        pos_summary: :func:`pos_embed_similarity_summary` with the grid and kind, or why it was
+            skipped.
+        filters: the principal components of the patch-embedding filters.
+        grid: the token grid (rows, cols).
+        stride: input pixels per token (h, w).
+        query: what the maps are of: "class token" or "mean over patch tokens".
+        figures: the pictures :meth:`write` drew.
+    """
 
     name: str  # paper-style model name
     config: dict[str, Any]
@@ -82,7 +116,15 @@ class Report:
     figures: list[Path] = field(default_factory=list)
 
     def to_dict(self, sources: list[str] | None = None) -> dict[str, Any]:
-        """The numbers as JSON-ready values (6 decimals); ``sources`` names where each image came from."""
+        """The numbers as JSON-ready values (6 decimals); ``sources`` names where each image came from.
+
+        Args:
+            sources: where each image came from (a path), in order; None: the images' names.
+
+        Returns:
+            The model, the images, the grid and stride, and each measurement with its unit and
+            a note, and the figures' file names.
+        """
         C = self.filters.components.shape[1]
         filter_info: dict[str, Any] = {
             "filter_shape": list(self.filters.components.shape[1:]),
@@ -113,7 +155,19 @@ class Report:
 
     def write(self, out: str | Path, extra: dict[str, Any] | None = None, sources: list[str] | None = None) -> Path:
         """Draw every figure into ``out`` and write ``analysis.json`` (``extra`` keys first);
-        returns the JSON path. The figures are listed in :attr:`figures`."""
+        returns the JSON path. The figures are listed in :attr:`figures`.
+
+        Args:
+            out: the folder to write in (made if missing).
+            extra: more keys for the JSON, put first.
+            sources: where each image came from, for the JSON (:meth:`to_dict`).
+
+        Returns:
+            The path of ``analysis.json``.
+
+        Raises:
+            ImportError: matplotlib is not installed.
+        """
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.figures = _draw(self, out)
@@ -144,7 +198,22 @@ def analyze(
 ) -> Report:
     """Every analysis of ``model`` (a vitkit ViT or hybrid) on ``images``
     (:func:`vitkit.load_images`), in batches of ``batch_size``; ``layers``: those of the per-head
-    maps (default: first, middle, last); ``components``: principal components of the filters."""
+    maps (default: first, middle, last); ``components``: principal components of the filters.
+
+    Args:
+        model: a vitkit ViT or hybrid.
+        images: the images, as :func:`vitkit.load_images` prepares them for the model.
+        layers: the layers of the per-head maps (negative ones count from the last); None:
+            the first, middle and last.
+        components: the most principal components of the filters to keep.
+        batch_size: images run at once.
+
+    Returns:
+        The measurements; :meth:`Report.write` draws and writes them.
+
+    Raises:
+        UsageError: a model that is not a Vision Transformer, or a layer it does not have.
+    """
     _check_model(model)
     cfg = model.cfg
     chosen = _layers(cfg.depth, layers)

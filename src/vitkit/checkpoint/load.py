@@ -52,7 +52,19 @@ _RELEASE_FIELDS = ("act", "ln_eps", "pos_embed", "rope_theta")
 
 @dataclass
 class LoadReport:
-    """What :func:`load_pretrained` read and what it changed, for callers that want to say so."""
+    """What :func:`load_pretrained` read and what it changed, for callers that want to say so.
+
+    Attributes:
+        path: the file read.
+        source: its format: "vitkit", "official", "timm" or "hf".
+        notes: what loading changed (a resized position table, a replaced head...), one line each.
+        name: the pretrained name or address the file was fetched for (:mod:`vitkit.hub`); None
+            for a file given by its path.
+        assumed: config values the file does not record and nothing given said, with the value
+            assumed (announced in a warning when the model is loaded).
+        metadata: the file's metadata beyond the model's config and preprocessing (class names,
+            the training step...): what :func:`vitkit.save_checkpoint` writes again with the model.
+    """
 
     path: str
     source: str  # vitkit | official | timm | hf
@@ -80,7 +92,19 @@ class _Loaded:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run folder stands for its best checkpoint (else its last); other paths as they are."""
+    """A run folder stands for its best checkpoint (else its last); other paths as they are.
+
+    Args:
+        path: a weight file, or a folder: a run folder, or a Hugging Face folder.
+
+    Returns:
+        The file: a folder's ``best.safetensors``, ``model.safetensors`` or ``last.safetensors``
+        (the first there is), else its latest ``checkpoints/step_*.safetensors``, else its
+        ``pytorch_model.bin``; any other path unchanged.
+
+    Raises:
+        CheckpointError: nothing at ``path``, or a folder holding none of those files.
+    """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or folder")
@@ -115,7 +139,22 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # those
 def read_any(path: str | Path, num_heads: int | None = None) -> _Loaded:
     """Read a weight file of any supported format into vitkit names and an inferred config.
 
-    Whatever is wrong with the file is a :class:`CheckpointError` naming it."""
+    Whatever is wrong with the file is a :class:`CheckpointError` naming it.
+
+    Args:
+        path: a weight file or a folder (:func:`resolve_checkpoint`).
+        num_heads: the attention heads, for a file that does not record them (timm tensors);
+            None: assumed from the width.
+
+    Returns:
+        What was read: the state dict in vitkit's names (``state``), the config (``cfg``), the
+        format (``source``), the preprocessing the file records (or None), notes, the values
+        assumed and the metadata to keep.
+
+    Raises:
+        CheckpointError: a file that cannot be read or mapped, or that records another number
+            of heads than ``num_heads``.
+    """
     p = resolve_checkpoint(Path(path))
     try:
         loaded = _read(p, num_heads)
@@ -450,6 +489,26 @@ def load_pretrained(
     ``features_only`` (with ``out_indices``) returns it wrapped as
     ``create_model(..., features_only=True)`` does: a list of NCHW feature maps and ``feature_info``.
     Whatever is wrong with the file is a :class:`CheckpointError` naming it.
+
+    Args:
+        path: a weight file (vitkit, official ``.npz``, timm or Hugging Face) or a run folder.
+        name: the model the file is expected to hold (a vitkit name); None: whatever it holds.
+        pos_embed_mode: how position tables are resized for another ``img_size``: "bilinear"
+            or "bicubic".
+        num_heads: the attention heads, for a file that does not record them.
+        allow_nonfinite: load weights holding NaN or inf instead of refusing them.
+        features_only: return the features-only wrapper.
+        out_indices: with ``features_only``, the blocks or maps to return.
+        **overrides: config fields to change (``img_size``, ``num_classes``, dropout rates...).
+
+    Returns:
+        The model in eval mode, with ``.load_report`` and ``.preprocessing``.
+
+    Raises:
+        CheckpointError: a file that cannot be read, does not fit ``name``, holds non-finite
+            weights, or cannot take the ``overrides``.
+        UsageError: ``out_indices`` without ``features_only``, or a model that would not fit
+            the memory left.
     """
     if out_indices is not None and not features_only:
         raise UsageError("out_indices picks the maps of a features_only=True model; pass features_only=True too")

@@ -94,6 +94,9 @@ def save_checkpoint(
 
     Returns:
         ``path``.
+
+    Raises:
+        TypeError: ``model`` is not a vitkit model (it has no ``.cfg`` ViTConfig or ResNetConfig).
     """
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, (ViTConfig, ResNetConfig)):

@@ -239,7 +239,18 @@ def _posemb_key(a: dict[str, np.ndarray]) -> str | None:
 
 
 def convert_official(arrays: dict[str, np.ndarray], path: str | Path = "<npz>") -> tuple[dict, ViTConfig]:
-    """Official arrays -> (vitkit state dict, inferred config). Every array must be used."""
+    """Official arrays -> (vitkit state dict, inferred config). Every array must be used.
+
+    Args:
+        arrays: the arrays of an official ``.npz`` by key, in any of the layouts above.
+        path: the file's name, for the messages.
+
+    Returns:
+        The state dict in vitkit's names (torch tensors) and the config the arrays imply.
+
+    Raises:
+        CheckpointError: an array missing, one vitkit cannot map, or arrays that form no config.
+    """
     a = _unscan(_strip(arrays))
     cfg = infer_config(a, path)
     used: set[str] = set()
@@ -358,7 +369,20 @@ def check_official(cfg: ViTConfig) -> None:
 def to_official(sd: dict[str, torch.Tensor], cfg: ViTConfig, layout: str = "prelinen") -> dict[str, np.ndarray]:
     """vitkit state dict -> official flat arrays (``layout`` "prelinen" or "linen"); the inverse
     of :func:`convert_official` for plain ViTs and hybrids. The file holds no config: what
-    :func:`infer_config` would not read back from the arrays is refused (:func:`check_official`)."""
+    :func:`infer_config` would not read back from the arrays is refused (:func:`check_official`).
+
+    Args:
+        sd: the model's state dict.
+        cfg: the model's config.
+        layout: "prelinen" (the released files' numbering inside a block) or "linen" (Linen
+            and big_vision's).
+
+    Returns:
+        The arrays by official key, float32, ready for ``np.savez``.
+
+    Raises:
+        CheckpointError: an unknown ``layout``, or a model the format would read back as another.
+    """
     check_official(cfg)
     if layout not in ("prelinen", "linen"):
         raise CheckpointError(f"official layout must be 'prelinen' or 'linen', got {layout!r}")

@@ -263,7 +263,22 @@ def convert_timm(
 ) -> tuple[dict[str, torch.Tensor], ViTConfig]:
     """timm ``VisionTransformer`` state dict (or DINOv2's own) -> (vitkit state dict, config read
     off the tensors). What was changed on the way is said in ``notes``: a position row of a
-    register token folded into it, a token left out."""
+    register token folded into it, a token left out.
+
+    Args:
+        sd: the timm (or DINOv2) state dict.
+        path: the file's name, for the messages.
+        num_heads: the attention heads, which the tensors do not show; None: assumed from the
+            width (:func:`heads_for`).
+        notes: a list the notes are appended to; None: they are dropped.
+
+    Returns:
+        The state dict in vitkit's names (float32) and the config read off the tensors.
+
+    Raises:
+        CheckpointError: a piece vitkit does not have (more than one attention-pooling latent,
+            a class token together with attention pooling, a position layout it cannot map...).
+    """
     out = timm_to_vitkit(sd, path, notes)
     latents = out["attn_pool.latent"].shape[1] if "attn_pool.latent" in out else 1
     if latents != 1:
@@ -427,7 +442,19 @@ def to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig | None = None) -> dict[s
     (``pos_embed_row``..., ``blocks.{i}.attn.rel_embed``) are refused, and with ``cfg`` the fixed
     "sincos2d" table (not in the state dict) and BiT ResNets too (:func:`check_timm`). What
     timm's tensors do not show (heads, activation, image size...) :func:`vitkit.export.export_weights`
-    keeps in the file's metadata, for vitkit to read back."""
+    keeps in the file's metadata, for vitkit to read back.
+
+    Args:
+        sd: the vitkit model's state dict.
+        cfg: the model's config, to check against what timm can hold; None: the state dict alone
+            is checked.
+
+    Returns:
+        The state dict in timm's names.
+
+    Raises:
+        CheckpointError: a model timm's ``VisionTransformer`` cannot hold.
+    """
     if cfg is not None:
         check_timm(cfg)
     hybrid = any(k.startswith("patch_embed.backbone.") for k in sd)
@@ -543,7 +570,21 @@ def convert_hf(
 
     The number of heads is not in the tensors: it comes from ``config.json`` (where a key
     Hugging Face left out has its default, 12 heads) or from ``num_heads``; without either
-    the weights are refused. The values read from ``config.json`` are checked."""
+    the weights are refused. The values read from ``config.json`` are checked.
+
+    Args:
+        sd: the Hugging Face state dict.
+        hf_config: its ``config.json``, parsed; None: none beside the weights.
+        path: the weight file's name (its folder's ``config.json`` is named in the messages).
+        num_heads: the attention heads, where there is no ``config.json``.
+
+    Returns:
+        The state dict in vitkit's names, the config, and notes on what was left out.
+
+    Raises:
+        CheckpointError: a model family or piece vitkit does not read, no number of heads, or a
+            ``config.json`` value that is not valid.
+    """
     where = str(Path(path).parent / "config.json")
     family = hf_family(set(sd), hf_config, where)
     vision = hf_config
@@ -934,7 +975,18 @@ def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None
 def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """vitkit plain-ViT (token classifier) -> ``ViTForImageClassification`` state dict
     (or ``ViTModel`` with its pooler when the model has a pre-logits layer and no head);
-    what Hugging Face cannot hold is refused (:func:`check_hf`)."""
+    what Hugging Face cannot hold is refused (:func:`check_hf`).
+
+    Args:
+        sd: the vitkit model's state dict.
+        cfg: the model's config.
+
+    Returns:
+        The state dict in Hugging Face's names, contiguous tensors.
+
+    Raises:
+        CheckpointError: a model Hugging Face's ``ViTForImageClassification`` cannot hold.
+    """
     has_head = "head.weight" in sd
     check_hf(cfg, has_head, "pre_logits.weight" in sd)
     p = "vit." if has_head else ""
@@ -968,7 +1020,14 @@ def to_hf(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor
 
 
 def hf_config_for(cfg: ViTConfig) -> dict[str, Any]:
-    """The ``config.json`` a Hugging Face ``ViTConfig`` needs for :func:`to_hf`'s output."""
+    """The ``config.json`` a Hugging Face ``ViTConfig`` needs for :func:`to_hf`'s output.
+
+    Args:
+        cfg: the model's config.
+
+    Returns:
+        The config's keys and values (without class names: :func:`vitkit.export.hf_labels`).
+    """
     return {
         "model_type": "vit",
         "hidden_size": cfg.width,

@@ -67,6 +67,7 @@ SOURCES: dict[str, Callable[..., Dataset]] = {
     "cifar100": lambda split, **kw: load_cifar("cifar100", split, **_pick(kw, "root", "allow_download", "label_kind")),
     "digits": lambda split, **kw: load_digits_dataset(split),
 }
+"""The named data sources: name -> ``loader(split, **options)`` returning the split's dataset."""
 
 ALIASES = {
     "fmnist": "fashion-mnist",
@@ -74,6 +75,7 @@ ALIASES = {
     "cifar-10": "cifar10",
     "cifar-100": "cifar100",
 }
+"""Other spellings of the names of :data:`SOURCES`."""
 
 
 def build_dataset(
@@ -85,7 +87,7 @@ def build_dataset(
     subset_seed: int = 0,
     val: str | None = None,
     multilabel: bool | None = None,
-    **options,
+    **options: Any,
 ) -> Dataset:
     """Resolve a ``--data`` value to a dataset split ("train", "test" or "val").
 
@@ -244,6 +246,8 @@ PATTERN_SOURCES: list[tuple[Callable[[str], bool], Callable[..., Dataset]]] = [
         ),
     ),
 ]
+"""The sources a ``--data`` value names by its form, tried in order: (does the value name one?,
+``loader(spec, split, **options)``): an image folder, then WebDataset shards."""
 
 __all__ = [
     "ALIASES",

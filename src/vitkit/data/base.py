@@ -22,7 +22,12 @@ from .plan import BatchPlan
 
 @dataclass
 class SkipCounter:
-    """Images that could not be decoded, counted per epoch and reported at its end."""
+    """Images that could not be decoded, counted per epoch and reported at its end.
+
+    Attributes:
+        skipped: the images skipped since the last :meth:`reset`.
+        examples: up to five of them, each with why it failed.
+    """
 
     skipped: int = 0
     examples: list[str] = field(default_factory=list)
@@ -133,7 +138,17 @@ class Dataset:
 
 
 class ArrayDataset(Dataset):
-    """A split held in memory: ``images`` uint8 (N, C, H, W), ``labels`` int64 (N,)."""
+    """A split held in memory: ``images`` uint8 (N, C, H, W), ``labels`` int64 (N,).
+
+    Args:
+        images: the images, uint8 (N, C, H, W); kept (made contiguous), not copied.
+        labels: one class index per image (N,); stored as int64.
+        classes: the class names, by index.
+        name: the split's name in messages and reports.
+
+    Raises:
+        DataError: images that are not uint8 (N, C, H, W), or a label count that differs.
+    """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, classes: list[str], name: str = "arrays") -> None:
         if images.dtype != torch.uint8 or images.ndim != 4:

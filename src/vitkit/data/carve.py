@@ -22,6 +22,7 @@ from ..errors import DataError
 from .base import Dataset
 
 MINIVAL = "minival"
+"""The name of the split held out of "train" for validation (:func:`carve`)."""
 
 
 def image_count(value: float, total: int, what: str) -> int:

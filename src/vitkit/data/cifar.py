@@ -114,6 +114,10 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
 
     ``where`` names the file in the error. Python-2 strings are decoded as latin-1, which is
     how numpy expects the raw bytes of arrays pickled by Python 2 (the CIFAR release).
+
+    Args:
+        file: the open pickle, read in binary.
+        where: the file's name, for the error.
     """
 
     def __init__(self, file: io.BufferedIOBase, where: str) -> None:

@@ -35,7 +35,21 @@ MIX_MODES = ("batch", "pair", "elem")
 class MixConfig:
     """Mixup and CutMix settings (timm's ``Mixup``): alphas of the Beta distributions (0: off),
     the probability of mixing, of choosing CutMix when both are on, the mode, and the label
-    smoothing folded into the targets."""
+    smoothing folded into the targets.
+
+    Attributes:
+        mixup_alpha: the Beta distribution's alpha of Mixup's lam; 0: no Mixup.
+        cutmix_alpha: the Beta distribution's alpha of CutMix's lam; 0: no CutMix.
+        prob: the probability that a batch (image, pair) is mixed at all, in [0, 1].
+        switch_prob: with both alphas above 0, the probability of CutMix rather than Mixup.
+        mode: "batch" (one lam for the batch), "pair" (one per mirrored pair) or "elem" (one
+            per image).
+        correct_lam: correct CutMix's lam to the share of the image its clipped box leaves.
+        label_smoothing: the smoothing folded into the soft targets, in [0, 1).
+
+    Raises:
+        ValueError: on creation, a value out of its range or an unknown mode.
+    """
 
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
@@ -63,6 +77,15 @@ class MixConfig:
 
 
 class Mixed(NamedTuple):
+    """A mixed batch: what :func:`mix_batch` returns.
+
+    Attributes:
+        images: the mixed images (B, C, H, W).
+        targets: the soft targets (B, K), float: each row sums to 1 (softmax), or is a soft
+            label (sigmoid).
+        lam: the weight of each image's own label (B,).
+    """
+
     images: torch.Tensor  # (B, C, H, W)
     targets: torch.Tensor  # (B, K) float, each row sums to 1 (softmax) or is a soft label (sigmoid)
     lam: torch.Tensor  # (B,) the weight of each image's own label

@@ -49,6 +49,17 @@ class BatchPlan:
     epoch (resuming mid-epoch). ``drop_last`` leaves out a short last batch. ``repeats`` takes
     each item that many times in a row (repeated augmentation), the epoch keeping its length.
 
+    Attributes:
+        batch_size: the global batch's images.
+        shuffle: shuffle the epoch's order (:func:`epoch_order`).
+        seed: the run's seed of the shuffle.
+        epoch: the epoch, from 0; with ``seed`` it seeds the shuffle.
+        start_batch: the epoch's batches to skip (resuming mid-epoch).
+        rank: this process's rank, from 0.
+        world_size: the processes sharing each batch.
+        drop_last: leave out a short last batch.
+        repeats: how many times in a row each item is taken.
+
     Raises:
         ValueError: on creation, a ``batch_size`` or ``repeats`` below 1, a negative
             ``start_batch``, or a ``rank`` outside ``0..world_size - 1``.

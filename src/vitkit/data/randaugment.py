@@ -82,6 +82,18 @@ class RandAugmentConfig:
     ``magnitude_std``: noise on the magnitude per application (``mstd``; ``inf``: uniform in
     [0, magnitude]); ``prob``: chance that a chosen op is applied (timm's 0.5; ``p``);
     ``increasing``: the variants whose strength grows with the magnitude (``inc1``, as DeiT).
+
+    Attributes:
+        num_ops: ops applied in turn to each image, at least 1 (timm's ``n``).
+        magnitude: the ops' strength on timm's 0-10 scale (``m``).
+        magnitude_std: the standard deviation of the noise on the magnitude per application
+            (``mstd``); ``inf``: uniform in [0, magnitude].
+        prob: the chance that a chosen op is applied, in [0, 1] (``p``).
+        increasing: use the variants whose strength grows with the magnitude (``inc1``).
+        ops: the ops drawn from, by name (all of them by default).
+
+    Raises:
+        ValueError: on creation, a value out of its range or an unknown op.
     """
 
     num_ops: int = 2

@@ -445,6 +445,23 @@ class ShardDataset(StreamingDataset):
     ``shuffle_buffer``: samples held for shuffling within the stream (0 or 1: none).
     ``classes`` / ``num_classes``: class names, or their number, when no ``classes.txt``.
     ``reader``: "auto" (webdataset if installed), "webdataset" or "tarfile".
+
+    Args:
+        pattern: a shard pattern (:func:`shard_paths`), or several.
+        split: "train", "val" or "test".
+        load_size: the (height, width) images are decoded to, in pixels; an int means a square.
+        resize: "shorter" (scale the shorter side to fit, crop the centre) or "plain" (stretch).
+        mode: "RGB" or "L" (grey).
+        num_samples: the epoch's length in samples, at least 1; None: counted from the shards.
+        shuffle_buffer: samples held for shuffling within the stream (0 or 1: none).
+        classes: the class names, when there is no ``classes.txt``.
+        num_classes: the number of classes, when there is neither ``classes.txt`` nor ``classes``.
+        reader: "auto", "webdataset" or "tarfile".
+
+    Raises:
+        DataError: no shards for the split, fewer than 2 classes, no labels to count them from,
+            or the "webdataset" reader asked for but not installed.
+        ValueError: an unknown ``mode``, ``resize`` or ``reader``, or ``num_samples`` below 1.
     """
 
     def __init__(

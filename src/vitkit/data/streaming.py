@@ -147,6 +147,15 @@ class StreamingDataset(Dataset):
     (:class:`~vitkit.data.plan.BatchPlan`) into the items of each batch on this rank, cheap to
     make (paths or encoded bytes), and hand them to :meth:`decode_batches`, which decodes them in
     ``num_workers`` processes, keeping order.
+
+    Args:
+        load_size: the (height, width) images are decoded to, in pixels; an int means a square.
+        mode: "RGB" or "L" (grey).
+        resize: "shorter" (scale the shorter side to fit, crop the centre) or "plain" (stretch).
+        name: the source's name in messages and reports.
+
+    Raises:
+        ValueError: an unknown ``mode`` or ``resize``.
     """
 
     def __init__(self, load_size: int | tuple[int, int], mode: str, resize: str, name: str) -> None:

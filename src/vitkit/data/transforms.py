@@ -197,7 +197,18 @@ class EraseConfig:
     image in ``area`` divided by that count and a log-uniform aspect ratio (height / width) in
     ``aspect``, at a random place; up to 10 tries a box to fit inside the image, else that box is
     left out. ``mode``: "pixel" fills with per-pixel N(0, 1) noise, "rand" with one N(0, 1)
-    colour a box, "const" with zeros; in normalised units, since it runs after normalisation."""
+    colour a box, "const" with zeros; in normalised units, since it runs after normalisation.
+
+    Attributes:
+        prob: the probability that an image is erased at all.
+        area: the (low, high) fraction of the image the boxes cover, 0 < low <= high <= 1.
+        aspect: the (low, high) aspect ratio (height / width) of a box.
+        max_count: the most boxes an image gets, at least 1.
+        mode: "pixel", "rand" or "const": what fills a box.
+
+    Raises:
+        ValueError: on creation, a value out of its range or an unknown mode.
+    """
 
     prob: float = 0.25
     area: tuple[float, float] = (0.02, 1 / 3)
@@ -269,7 +280,24 @@ class TransformConfig:
     """Augmentation of a recipe. ``crop``: "inception" (area 0.05-1, aspect 3/4-4/3), "pad"
     (random crop after padding by ``pad``), or "none"; ``flip``: random horizontal flips;
     ``randaugment``: RandAugment after the crop and flip (timm's order); ``erase``: random
-    erasing after normalisation. Mixup and CutMix need the labels: ``vitkit.data.mix``."""
+    erasing after normalisation. Mixup and CutMix need the labels: ``vitkit.data.mix``.
+
+    Attributes:
+        img_size: the (height, width) the model takes, in pixels; an int means a square.
+        crop: the training crop: "inception", "pad" or "none" (a resize to ``img_size``).
+        pad: the padding (pixels) of the "pad" crop.
+        flip: random horizontal flips in training.
+        area_min: the smallest fraction of the image the "inception" crop keeps.
+        eval_crop: the centre-crop fraction at evaluation (1.0: resize only).
+        eval_interpolation: resizing at evaluation: "bilinear" or "bicubic" (the weights' own).
+        mean: the per-channel mean the pixels (in [0, 1]) are normalised by.
+        std: the per-channel standard deviation the pixels are normalised by.
+        randaugment: RandAugment's settings; None: none.
+        erase: random erasing's settings; None: none.
+
+    Raises:
+        ValueError: on creation, an unknown ``crop`` or ``eval_interpolation``.
+    """
 
     img_size: tuple[int, int] = (224, 224)
     crop: str = "inception"

@@ -34,6 +34,14 @@ def topk_hits(scores: torch.Tensor, labels: torch.Tensor, k: int) -> int:
     Ties are broken towards the lower class index, as ``argmax`` does, so top-1 always agrees
     with the confusion matrix (an all-zero head predicts class 0, not an arbitrary class). A row
     whose label score is NaN counts as wrong.
+
+    Args:
+        scores: the scores (N, K) of each class.
+        labels: the true class of each row (N,).
+        k: how many of the highest scores count.
+
+    Returns:
+        The number of rows whose label is among their ``k`` highest scores.
     """
     labels = labels.long().to(scores.device)
     target = scores.gather(1, labels[:, None])  # (N, 1)
@@ -45,14 +53,35 @@ def topk_hits(scores: torch.Tensor, labels: torch.Tensor, k: int) -> int:
 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, k: int) -> float:
     """Fraction of rows (scores (N, K), labels (N,)) whose label is among the ``k`` highest
-    scores, ties broken as in :func:`topk_hits`."""
+    scores, ties broken as in :func:`topk_hits`.
+
+    Args:
+        scores: the scores (N, K) of each class.
+        labels: the true class of each row (N,).
+        k: how many of the highest scores count.
+
+    Returns:
+        The fraction, in [0, 1].
+
+    Raises:
+        ValueError: no rows.
+    """
     if scores.shape[0] == 0:
         raise ValueError("no predictions to score")
     return topk_hits(scores, labels, k) / scores.shape[0]
 
 
 def confusion_matrix(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """(K, K) int64 counts: row = true class, column = predicted class."""
+    """(K, K) int64 counts: row = true class, column = predicted class.
+
+    Args:
+        predictions: the predicted class of each image (N,).
+        labels: the true class of each image (N,).
+        num_classes: K; both inputs lie in 0..K-1.
+
+    Returns:
+        The counts (K, K), int64.
+    """
     flat = labels.long() * num_classes + predictions.long()
     return torch.bincount(flat, minlength=num_classes * num_classes).view(num_classes, num_classes)
 
@@ -62,10 +91,21 @@ def classification_metrics(
 ) -> dict[str, Any]:
     """Metrics of logits (N, K) against labels (N,).
 
-    Returns ``num_images``, ``num_classes``, ``classes``, ``top1``, ``top5`` (None with fewer than
-    5 classes), ``mean_per_class`` (the mean over classes that have images), ``per_class`` (a list
-    of ``{"class", "count", "accuracy"}``; accuracy None for a class without images) and
-    ``confusion`` (K x K nested lists of counts, rows true, columns predicted).
+    Args:
+        logits: the model's outputs (N, K).
+        labels: the true class of each image (N,), in 0..K-1.
+        classes: the K class names; None: "0", "1"...
+
+    Returns:
+        ``num_images``, ``num_classes``, ``classes``, ``top1``, ``top5`` (None with fewer than
+        5 classes), ``mean_per_class`` (the mean over classes that have images), ``per_class`` (a
+        list of ``{"class", "count", "accuracy"}``; accuracy None for a class without images) and
+        ``confusion`` (K x K nested lists of counts, rows true, columns predicted). Accuracies
+        are fractions in [0, 1].
+
+    Raises:
+        ValueError: shapes that do not match, no images, labels outside 0..K-1, or a number of
+            class names other than K.
     """
     return metrics_from_counts(classification_counts(logits, labels), classes)
 
@@ -258,6 +298,29 @@ def evaluate(
 
     ``logit_order``: the output that scores each of the dataset's classes, as :func:`class_order`
     matches them by name (None: output i scores class i). The metrics are in the dataset's order.
+
+    Args:
+        model: a vitkit classifier whose head predicts the dataset's classes.
+        dataset: the split to score.
+        batch_size: images per forward pass.
+        device: where the model runs; it is moved there and left there.
+        precision: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
+        img_size: the input size; None: the model's.
+        max_images: score a seeded random subset of this many images; None: all of them.
+        progress: called with the number of images of each finished batch.
+        reduce: sums a tensor over the processes (an all-reduce); None: one process.
+        logit_order: the output that scores each of the dataset's classes; None: the identity.
+        loss_of: the summed loss of (logits, labels); None: softmax cross-entropy.
+        **options: passed on to :func:`model_outputs` (``rank``, ``world_size``,
+            ``num_workers``, ``forward``...).
+
+    Returns:
+        The metrics described above.
+
+    Raises:
+        UsageError: a model without a head or whose classes differ from the dataset's, a
+            ``logit_order`` that is not an order of the outputs, no images on any process, or
+            logits that are not finite (:class:`NonFiniteOutputs`).
     """
     if getattr(model, "num_classes", None) == 0:
         raise UsageError("the model has no classification head (num_classes=0); use few-shot or a linear probe")
@@ -321,7 +384,20 @@ def write_confusion_matrix(
     each row by its fractions (so rare classes show as clearly as common ones), prints the counts
     when there are at most 20 classes, and names the classes on the axes when there are at most
     60. Needs matplotlib (``pip install 'vitkit[plot]'``); the JSON is written first either way.
-    Returns (json path, png path).
+
+    Args:
+        confusion: the counts (K, K), rows true, columns predicted.
+        classes: the K class names.
+        out_dir: the folder to write in (made if missing).
+        stem: the files' name without suffix.
+        title: the picture's title; None: "confusion matrix".
+
+    Returns:
+        (json path, png path).
+
+    Raises:
+        ValueError: a matrix that is not square, or does not fit the class names.
+        ImportError: matplotlib is not installed (after the JSON is written).
     """
     conf = torch.as_tensor(confusion, dtype=torch.int64)
     k = conf.shape[0]

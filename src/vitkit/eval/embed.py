@@ -71,7 +71,17 @@ _JSON_KEYS = ("config", "preprocessing", "paths", "skipped", "shape")  # metadat
 
 @dataclass
 class Embeddings:
-    """Embeddings of the images of a folder: what :func:`read_embeddings` returns."""
+    """Embeddings of the images of a folder: what :func:`read_embeddings` returns.
+
+    Attributes:
+        vectors: the embeddings, float32: (N, D), or (N, tokens, D) for the "patch" pool; None
+            when they were only written to a file.
+        paths: the image of each row, relative to the folder, "/"-separated.
+        skipped: (path, why) of each file that could not be read.
+        metadata: what made them: the model, its weights' SHA-256, the pool, the preprocessing,
+            the precision, the folder...
+        file: where they were read from or written to, if anywhere.
+    """
 
     vectors: torch.Tensor | None  # (N, D) or (N, tokens, D) float32; None when only written to a file
     paths: list[str]  # one per row, relative to the folder, "/"-separated
@@ -81,17 +91,31 @@ class Embeddings:
 
     @property
     def pool(self) -> str:
+        """Which vectors they are: "cls", "pooled" or "patch" ("" when the metadata does not say)."""
         return str(self.metadata.get("pool", ""))
 
     @property
     def model(self) -> str:
+        """The name of the model that made them ("" when the metadata does not say)."""
         return str(self.metadata.get("model", ""))
 
 
 @dataclass
 class EmbeddingResult(Embeddings):
     """What :func:`embed_folder` returns: the embeddings, and how many batches were computed and
-    how many read back from the parts of an earlier, interrupted call."""
+    how many read back from the parts of an earlier, interrupted call.
+
+    Attributes:
+        vectors: the embeddings, float32: (N, D), or (N, tokens, D) for the "patch" pool; None
+            when they were only written to a file.
+        paths: the image of each row, relative to the folder, "/"-separated.
+        skipped: (path, why) of each file that could not be read.
+        metadata: what made them: the model, its weights' SHA-256, the pool, the preprocessing,
+            the precision, the folder...
+        file: where they were read from or written to, if anywhere.
+        computed_batches: the batches computed by this call.
+        reused_batches: the batches read back from an earlier, interrupted call's parts.
+    """
 
     computed_batches: int = 0
     reused_batches: int = 0
@@ -704,7 +728,17 @@ def _read_parquet(path: Path) -> tuple[torch.Tensor, dict[str, Any], list[str]]:
 @dataclass
 class LabelledEmbeddings:
     """Train and test features with labels from the class folder of each path: what
-    :func:`labelled_embeddings` returns."""
+    :func:`labelled_embeddings` returns.
+
+    Attributes:
+        train_x: the training features (N_train, D).
+        train_y: their labels (N_train,), int64 indices into ``classes``.
+        test_x: the test features (N_test, D).
+        test_y: their labels (N_test,), int64 indices into ``classes``.
+        classes: the class folders of the training file, sorted.
+        train: the training file's embeddings, as read.
+        test: the test file's embeddings, as read.
+    """
 
     train_x: torch.Tensor  # (N_train, D)
     train_y: torch.Tensor  # (N_train,) int64, indices into classes

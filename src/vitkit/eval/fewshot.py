@@ -37,9 +37,13 @@ from ..data.base import ArrayDataset, Dataset
 from .features import extract_features
 
 BIAS_CONSTANT = 100.0
+"""The value of the constant column appended to the whitened features, as big_vision's."""
 DEFAULT_L2 = 1024.0
+"""The default regulariser of the least squares (big_vision's ``fewshot`` default, 2**10)."""
 DEFAULT_L2_GRID = tuple(float(2**p) for p in range(0, 21, 2))  # 1 ... 2**20
+"""A grid of regularisers to search: 1, 4, 16 ... 2**20."""
 DEFAULT_SHOTS = (1, 5, 10, 25)
+"""The shot counts (training images per class) scored by default, as the paper's."""
 WHITEN_EPS = 1e-5
 
 ArrayLike = np.ndarray | torch.Tensor | Sequence
@@ -58,6 +62,11 @@ class RidgeEigen:
     ``fit(X, Y)`` decomposes ``X^T X`` (or ``X X^T`` when X has fewer rows than columns);
     ``solve(l2)`` is then ``(X^T X + l2 I)^{-1} X^T Y`` for any ``l2 > 0``, at the cost of one
     (D, r) x (r, C) product.
+
+    Attributes:
+        eigs: the eigenvalues (r,).
+        lhs: the factor left of the scaling (D, r).
+        rhs: the factor right of it (r, C).
     """
 
     eigs: np.ndarray  # (r,)
@@ -66,6 +75,18 @@ class RidgeEigen:
 
     @classmethod
     def fit(cls, X: ArrayLike, Y: ArrayLike) -> RidgeEigen:
+        """Decompose the problem of inputs ``X`` and targets ``Y``, once for every l2.
+
+        Args:
+            X: the inputs (N, D).
+            Y: the targets (N, C), or (N,) for one column.
+
+        Returns:
+            The decomposition, float64.
+
+        Raises:
+            ValueError: ``X`` not 2-D, or a number of rows of ``Y`` other than ``X``'s.
+        """
         X = _numpy(X, np.float64)
         Y = _numpy(Y, np.float64)
         if Y.ndim == 1:
@@ -80,7 +101,17 @@ class RidgeEigen:
         return cls(eigs, X.T @ q, q.T @ Y)
 
     def solve(self, l2: float) -> np.ndarray:
-        """Weights (D, C) for the regulariser ``l2`` (> 0)."""
+        """Weights (D, C) for the regulariser ``l2`` (> 0).
+
+        Args:
+            l2: the regulariser.
+
+        Returns:
+            The weights (D, C), float64.
+
+        Raises:
+            ValueError: ``l2`` is not positive.
+        """
         if not l2 > 0:
             raise ValueError(f"l2 must be positive, got {l2}")
         return (self.lhs / (self.eigs + l2)) @ self.rhs
@@ -91,6 +122,17 @@ def ridge_closed_form(X: ArrayLike, Y: ArrayLike, l2: float) -> np.ndarray:
 
     Every column of X is regularised alike (plain ridge; add a constant column yourself for a
     bias). Equal to ``numpy.linalg.lstsq`` on ``[X; sqrt(l2) I]`` and ``[Y; 0]``.
+
+    Args:
+        X: the inputs (N, D).
+        Y: the targets (N, C), or (N,) for one column.
+        l2: the regulariser, positive.
+
+    Returns:
+        W (D, C), float64.
+
+    Raises:
+        ValueError: shapes that do not match, or an ``l2`` that is not positive.
     """
     return RidgeEigen.fit(X, Y).solve(l2)
 
@@ -102,6 +144,15 @@ def fewshot_indices(
 
     big_vision's scheme: one seeded permutation per class, of which each shot count takes the
     first ``shots`` (nested samples; a class with fewer images gives all it has).
+
+    Args:
+        labels: the class of every training example (N,).
+        shots: the shot counts (examples per class).
+        seed: the sample's seed.
+        num_classes: the number of classes; None: the largest label plus one.
+
+    Returns:
+        For each shot count, the indices (int64) of its sample, class by class.
     """
     labels = _numpy(labels).astype(np.int64)
     k = int(labels.max()) + 1 if num_classes is None else num_classes
@@ -117,6 +168,15 @@ def fewshot_needed_indices(
 
     With labels known in advance, only these need embedding: pass their features to
     :func:`fewshot_eval` with ``train_rows`` set to this array.
+
+    Args:
+        labels: the class of every training example (N,).
+        shots: the shot counts; the largest decides (the samples are nested).
+        seeds: a count (seeds 0 .. n-1) or explicit seeds.
+        num_classes: the number of classes; None: the largest label plus one.
+
+    Returns:
+        The indices, sorted and unique, int64.
     """
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     top = [max(int(s) for s in shots)]
@@ -166,11 +226,30 @@ def fewshot_eval(
     training examples were embedded, their indices into ``train_labels`` (one per feature row);
     see :func:`fewshot_needed_indices`.
 
-    Returns ``{"shots", "seeds", "l2", "num_classes", "results", "best"}``: ``results`` is a list
-    of ``{"shots", "l2", "mean", "std", "per_seed", "train_examples"}`` (accuracies in [0, 1];
-    ``std`` over seeds with ``ddof=1``, 0 for one seed); ``best`` (only for a grid) holds, per shot
-    count, the row of the l2 with the highest mean, a choice made on the test features and so
-    optimistic.
+    Args:
+        train_features: the training examples' features (N, F), or those of ``train_rows``.
+        train_labels: the class of every training example (N,).
+        test_features: the test features (M, F).
+        test_labels: their classes (M,).
+        shots: the shot counts (examples per class).
+        seeds: a count (seeds 0 .. n-1) or explicit seeds.
+        l2: one regulariser or a grid of them, positive.
+        num_classes: the number of classes; None: the largest label plus one.
+        train_rows: the index into ``train_labels`` of each row of ``train_features``; None:
+            one row per training example.
+        bias_constant: the value of the constant column appended to the whitened features.
+
+    Returns:
+        ``{"shots", "seeds", "l2", "num_classes", "results", "best"}``: ``results`` is a list
+        of ``{"shots", "l2", "mean", "std", "per_seed", "train_examples"}`` (accuracies in [0, 1];
+        ``std`` over seeds with ``ddof=1``, 0 for one seed); ``best`` (only for a grid) holds, per
+        shot count, the row of the l2 with the highest mean, a choice made on the test features
+        and so optimistic.
+
+    Raises:
+        ValueError: features that are empty or not (N, F) alike, labels or ``train_rows`` that
+            do not fit them, a shot count or l2 that is not positive, no seed, or a sampled
+            example missing from ``train_rows``.
     """
     train_x = _numpy(train_features, np.float64)
     train_y = _numpy(train_labels).astype(np.int64)
@@ -285,8 +364,26 @@ def evaluate_fewshot(
 
     An in-memory ``train`` split (its labels known in advance) embeds only the examples some
     (shots, seed) sample uses. ``run``: ``batch_size``, ``device``, ``precision``, ``img_size``
-    of :func:`vitkit.eval.extract_features`. Returns :func:`fewshot_eval`'s dict plus
-    ``num_features`` and ``num_test``.
+    of :func:`vitkit.eval.extract_features`.
+
+    Args:
+        model: the model whose pre-logits are the features.
+        train: the split to sample the training examples from.
+        test: the split scored.
+        shots: the shot counts (examples per class).
+        seeds: a count (seeds 0 .. n-1) or explicit seeds.
+        l2: one regulariser or a grid of them.
+        max_train: embed a seeded random subset of this many training images to sample from;
+            None: all of them (of an in-memory split, only those the samples use).
+        max_test: score a seeded random subset of this many test images; None: all.
+        progress: called with the number of images of each finished batch.
+        **run: how the model runs, as above.
+
+    Returns:
+        :func:`fewshot_eval`'s dict plus ``num_features`` and ``num_test``.
+
+    Raises:
+        ValueError: settings :func:`fewshot_eval` refuses.
     """
     k = train.num_classes
     if isinstance(train, ArrayDataset) and max_train is None:

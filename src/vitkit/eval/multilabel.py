@@ -66,6 +66,9 @@ def multilabel_ap(scores: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]
     Returns:
         ``per_class_ap`` (K values, None for a class without a positive image), ``map_macro``
         (their mean over the classes that have one) and ``map_micro`` (one AP of all pairs).
+
+    Raises:
+        ValueError: scores and targets that are not both (N, K).
     """
     if scores.shape != targets.shape or scores.ndim != 2:
         raise ValueError(f"expected scores and targets (N, K), got {tuple(scores.shape)} and {tuple(targets.shape)}")
@@ -207,6 +210,10 @@ def evaluate_multilabel(
     Returns:
         :func:`multilabel_metrics` plus ``loss`` (mean per image), ``baseline_map_macro`` (the mAP of
         scoring each class by a constant: the classes' mean prevalence), ``seconds`` and ``skipped``.
+
+    Raises:
+        UsageError: labels that are not multi-hot rows (N, K), or logits that are not finite
+            (:class:`~vitkit.eval.classify.NonFiniteOutputs`).
     """
     options = {k: v for k, v in options.items() if k not in ("rank", "world_size", "reduce")}
     res = model_outputs(model, dataset, "logits", batch_size, device, precision, None, max_images, **options)

@@ -146,7 +146,26 @@ def predict(
     ``thresholds`` (a multi-label model: :func:`stored_thresholds`): each class is scored by its
     own sigmoid, and an image gets every class whose probability reaches the class's threshold
     (``top_k`` at most, most probable first; none may reach it), each row with its
-    ``threshold``."""
+    ``threshold``.
+
+    Args:
+        model: a classifier with a head.
+        images: the preprocessed batch (B, C, H, W).
+        top_k: the most classes given per image.
+        classes: one name per output of the head; None: :func:`class_names` of the model.
+        device: where the model runs; it is moved there and left there.
+        precision: "fp32", "bf16" or "auto".
+        thresholds: one probability threshold per class, for a multi-label model; None: the
+            softmax's top classes.
+
+    Returns:
+        Per image, its rows ``{"class", "index", "prob"}`` (and ``"threshold"``), most probable
+        first; probabilities in [0, 1].
+
+    Raises:
+        UsageError: a model without a head, ``top_k`` below 1, class names or thresholds that
+            do not match the head, or outputs that are not finite.
+    """
     k_model = int(getattr(model, "num_classes", 0) or 0)
     if not k_model:
         raise UsageError("the model has no classification head (num_classes=0); nothing to predict")

@@ -27,7 +27,9 @@ from .classify import topk_accuracy, topk_hits
 from .features import extract_features
 
 DEFAULT_WEIGHT_DECAY = 1e-4
+"""The linear probe's weight decay when none is given."""
 DEFAULT_WD_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+"""A grid of weight decays for the probe to choose from on held-out training features."""
 DEFAULT_K = 20
 DEFAULT_TEMPERATURE = 0.07
 
@@ -109,10 +111,29 @@ def linear_probe(
 
     ``weight_decay``: one value, or several: then each is fitted on a random ``1 - val_fraction``
     of the training features (seeded), scored on the rest, and the best is refitted on all of
-    them. Returns ``top1``, ``top5`` (None with fewer than 5 classes), ``train_accuracy``,
-    ``weight_decay`` (the one used), ``grid`` (``{"weight_decay", "val_accuracy"}`` rows, empty
-    for one value), ``iterations`` (L-BFGS iterations of the final fit), ``num_train``,
-    ``num_test``, ``num_classes``. Accuracies are fractions in [0, 1].
+    them.
+
+    Args:
+        train_features: the features to fit on (N_train, F).
+        train_labels: their labels (N_train,).
+        test_features: the features to score (N_test, F).
+        test_labels: their labels (N_test,).
+        weight_decay: one value, or several to choose from, each >= 0.
+        num_classes: the number of classes; None: the largest label plus one.
+        max_iter: the most L-BFGS iterations of a fit.
+        val_fraction: the share of the training features held out to choose the weight decay.
+        seed: the seed of that hold-out.
+        device: where the fits run (float64 on a CPU, float32 elsewhere).
+
+    Returns:
+        ``top1``, ``top5`` (None with fewer than 5 classes), ``train_accuracy``,
+        ``weight_decay`` (the one used), ``grid`` (``{"weight_decay", "val_accuracy"}`` rows,
+        empty for one value), ``iterations`` (L-BFGS iterations of the final fit),
+        ``num_train``, ``num_test``, ``num_classes``. Accuracies are fractions in [0, 1].
+
+    Raises:
+        ValueError: features or labels that do not fit one another, no features, a negative
+            weight decay, or a hold-out that leaves no feature on one side.
     """
     dev = torch.device(device)
     dtype = _default_dtype(dev)
@@ -174,9 +195,28 @@ def knn_eval(
 ) -> dict[str, Any]:
     """k-nearest-neighbour accuracy with cosine similarity (see the module doc for the votes).
 
-    ``k`` is capped at the number of training features. Returns ``top1``, ``top5`` (None with
-    fewer than 5 classes; the classes ranked by their votes), ``k``, ``weighting``,
-    ``temperature``, ``num_train``, ``num_test``, ``num_classes``.
+    ``k`` is capped at the number of training features.
+
+    Args:
+        train_features: the neighbours' features (N_train, F).
+        train_labels: their labels (N_train,).
+        test_features: the features to classify (N_test, F).
+        test_labels: their labels (N_test,).
+        k: the neighbours that vote.
+        weighting: "distance" (each votes ``exp(similarity / temperature)``) or "majority".
+        temperature: the vote temperature of "distance".
+        num_classes: the number of classes; None: the largest label plus one.
+        batch_size: test features compared at once.
+        device: where the comparisons run.
+
+    Returns:
+        ``top1``, ``top5`` (None with fewer than 5 classes; the classes ranked by their votes),
+        ``k`` (the one used), ``weighting``, ``temperature`` (None for "majority"),
+        ``num_train``, ``num_test``, ``num_classes``. Accuracies are fractions in [0, 1].
+
+    Raises:
+        ValueError: ``k`` below 1, an unknown weighting, a temperature that is not positive,
+            or features and labels that do not fit one another.
     """
     if k < 1:
         raise ValueError(f"k must be positive, got {k}")
@@ -232,8 +272,28 @@ def evaluate_probe(
     ``train`` (a seeded random ``max_train`` of it) fit both, ``test`` scores them.
 
     ``run``: ``batch_size``, ``device``, ``precision``, ``img_size`` of
-    :func:`vitkit.eval.extract_features`. Returns ``{"linear_probe": linear_probe(...), "knn":
-    knn_eval(...), "num_features"}``.
+    :func:`vitkit.eval.extract_features`.
+
+    Args:
+        model: the model whose pre-logits are the features.
+        train: the split that fits the probe and gives the neighbours.
+        test: the split scored.
+        weight_decay: the probe's weight decay, or several to choose from (:func:`linear_probe`).
+        max_iter: the most L-BFGS iterations of a fit.
+        knn_k: the neighbours that vote (:func:`knn_eval`).
+        knn_weighting: "distance" or "majority".
+        temperature: the vote temperature of "distance".
+        max_train: embed a seeded random subset of this many training images; None: all.
+        max_test: score a seeded random subset of this many test images; None: all.
+        progress: called with the number of images of each finished batch.
+        **run: how the model runs, as above.
+
+    Returns:
+        ``{"linear_probe": linear_probe(...), "knn": knn_eval(...), "num_features"}``.
+
+    Raises:
+        UsageError: ``knn_k`` below 1.
+        ValueError: settings :func:`linear_probe` or :func:`knn_eval` refuse.
     """
     if knn_k < 1:
         raise UsageError(f"knn_k must be positive, got {knn_k}")

@@ -29,7 +29,15 @@ ENDPOINT = "https://huggingface.co"
 
 @dataclass
 class HubFiles:
-    """What a hub repository holds for vitkit."""
+    """What a hub repository holds for vitkit.
+
+    Attributes:
+        weights: the weight file in the hub cache (``model.safetensors``, else
+            ``pytorch_model.bin``).
+        model: the vitkit model of a timm repository's architecture (timm files do not record
+            their heads); None for other repositories.
+        preprocessing: the preprocessing the repository documents, or None.
+    """
 
     weights: Path
     model: str | None  # the vitkit model of a timm architecture (timm files do not record their heads)

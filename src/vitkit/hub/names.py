@@ -40,6 +40,22 @@ class Pretrained:
     ``url``: ``https://``, ``gs://`` or ``hf-hub:org/name``. ``preprocessing``: None for hub
     repositories, which carry their own (timm's ``pretrained_cfg``, a ``preprocessor_config.json``).
     ``sha256`` and ``size`` are checked after a download where known.
+
+    Attributes:
+        name: the entry's name, ``model.tag`` (``vit_b16.augreg_in21k_ft_in1k``).
+        model: the vitkit model the weights fit (``vitkit.create_model(model)``); None: unchecked.
+        url: where the file is.
+        resolution: the image side (pixels) the weights were trained or fine-tuned at.
+        pretrain: the data set of pre-training.
+        finetune: the data set of fine-tuning; "" if none.
+        top1: the ImageNet-1k top-1 accuracy (%) the publisher reports, where it does.
+        top1_source: where that figure is published.
+        licence: the weights' licence.
+        source: "official" (the 2020 release), "augreg", "hf-hub" or "user".
+        aliases: other spellings of the entry (release file names).
+        preprocessing: the inputs the weights expect; None: the repository's own.
+        sha256: the file's SHA-256 (hex), where known.
+        size: the file's size in bytes, where known.
     """
 
     name: str

@@ -27,7 +27,16 @@ ADDRESS_PREFIXES = (HF_PREFIX, "gs://", "https://", "http://")
 
 @dataclass
 class Resolved:
-    """Where a name's weights are on disk, and what the name says about them."""
+    """Where a name's weights are on disk, and what the name says about them.
+
+    Attributes:
+        path: the weight file on disk.
+        name: the name asked for; None: a plain path.
+        address: where the file came from (None for a plain path).
+        entry: the known entry the name stands for, if any (:func:`vitkit.hub.find`).
+        model: the vitkit model the weights fit, where known.
+        preprocessing: the inputs the weights expect, where the entry or the repository says.
+    """
 
     path: Path
     name: str | None = None  # the name asked for; None: a plain path

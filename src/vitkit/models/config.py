@@ -106,6 +106,52 @@ class ViTConfig:
     ``resnet_units`` set makes a hybrid: the patches come from a BiT ResNet feature map of stride
     :attr:`stem_stride` and ``patch_size`` is taken over that map (usually 1; 8 for the stem-only
     ``resnet_units=()`` of R+ViT-Ti/16).
+
+    Attributes:
+        img_size: the input's (height, width) in pixels; an int means a square. A whole number of
+            tokens: divisible by :attr:`total_stride`.
+        patch_size: a patch's (height, width), in pixels (over the stem's feature map for a hybrid).
+        in_chans: the input's channels (3 for RGB).
+        num_classes: the classifier head's outputs; 0 (or None): no head, the model returns the
+            pooled features.
+        width: the hidden size D of every token.
+        depth: the number of Transformer blocks L.
+        num_heads: attention heads per block; divides ``width``.
+        mlp_dim: the hidden size of each block's MLP.
+        classifier: how the tokens are pooled for the head: "token" (the class token), "gap" (the
+            mean of the patch tokens) or "map" (a learned attention probe).
+        representation_size: a tanh pre-logits layer of this size before the head (the paper's
+            pre-training head); None: none.
+        pos_embed: the position embedding: "learned", "learned2d", "sincos2d", "relative",
+            "rope_axial", "rope_dinov3" or "none".
+        cls_pos_embed: whether the class (and distillation) token gets a position embedding row.
+        drop_rate: dropout on the embedded tokens, the attention's output and in the MLPs.
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: the stochastic-depth rate of the last block; the rate rises linearly
+            from 0 at the first block.
+        act: the MLP's activation: "gelu_tanh", "gelu" or "quick_gelu".
+        ln_eps: the epsilon of every LayerNorm.
+        resnet_units: bottleneck units per stage of a hybrid's BiT ResNet stem; None: a plain ViT;
+            ``()``: the stem's root alone.
+        resnet_width: the width of a hybrid's ResNet stem (64 times its width factor), a multiple
+            of 32.
+        dynamic_img_size: resize the position embeddings at run time for inputs of other sizes.
+        distill_token: DeiT's distillation token after the class token, with its own head.
+        num_registers: register tokens after the class (and distillation) token, without position
+            (0 to 1024).
+        layer_scale_init: LayerScale on both residual branches starting at this value; None: none.
+        pre_norm: a LayerNorm on the embedded tokens before the first block.
+        fc_norm: the final LayerNorm after pooling instead of on every token.
+        qk_norm: a LayerNorm over each head's queries and keys before their product.
+        mlp_type: "mlp" (two linear layers) or "swiglu" (the gated MLP; ``mlp_dim`` is the gated
+            width).
+        patch_bias: whether the patch embedding has a bias.
+        rope_theta: the RoPE base (above 1) of the rotary kinds of ``pos_embed``.
+
+    Raises:
+        ValueError: a field out of its range or choices, a combination vitkit cannot build (such
+            as ``distill_token`` with a classifier other than "token"), or an ``img_size`` that is
+            not a whole number of tokens.
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -219,7 +265,14 @@ class ViTConfig:
         return self.grid_for(self.img_size)
 
     def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
-        """Token grid (rows, cols) of an input of ``size`` (h, w) pixels: one token per total stride."""
+        """Token grid (rows, cols) of an input of ``size`` (h, w) pixels: one token per total stride.
+
+        Args:
+            size: the input's (height, width) in pixels.
+
+        Returns:
+            The token grid's (rows, columns); a remainder of pixels short of a token is dropped.
+        """
         sh, sw = self.total_stride
         return (size[0] // sh, size[1] // sw)
 
@@ -239,7 +292,11 @@ class ViTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields. The later pieces (:data:`OPTIONAL_FIELDS`) are written only when
-        used, so a model without them is written as before they existed."""
+        used, so a model without them is written as before they existed.
+
+        Returns:
+            The fields by name, tuples as lists.
+        """
         d = _to_json_dict(self)
         for name, default in OPTIONAL_FIELDS.items():
             if d[name] == default:
@@ -248,9 +305,31 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        """The config :meth:`to_dict` wrote.
+
+        Args:
+            d: fields by name (lists for the sizes); absent ones take their defaults.
+
+        Returns:
+            The config, checked.
+
+        Raises:
+            ValueError: an unknown field, or a value the config refuses.
+        """
         return _from_json_dict(cls, d)
 
     def replace(self, **overrides: Any) -> ViTConfig:
+        """A copy with some fields changed, checked as a new config.
+
+        Args:
+            **overrides: the fields to change, by name.
+
+        Returns:
+            The new config.
+
+        Raises:
+            ValueError: an unknown field, or a value the config refuses.
+        """
         return _replace_checked(self, overrides)
 
 
@@ -270,7 +349,20 @@ OPTIONAL_FIELDS: dict[str, Any] = {
 @dataclass(frozen=True)
 class ResNetConfig:
     """BiT ResNet v2 (pre-activation, weight-standardised convolutions, GroupNorm): the paper's CNN
-    baseline (Kolesnikov et al., 2020)."""
+    baseline (Kolesnikov et al., 2020).
+
+    Attributes:
+        units: bottleneck units per stage (ResNet-50: 3, 4, 6, 3).
+        width_factor: the multiplier of every stage's width (BiT's x1 to x4).
+        img_size: the input's (height, width) in pixels; an int means a square.
+        in_chans: the input's channels (3 for RGB).
+        num_classes: the classifier head's outputs; 0 (or None): no head, the model returns the
+            pooled features.
+
+    Raises:
+        ValueError: a unit count, ``width_factor``, ``in_chans`` or size below one, or a negative
+            ``num_classes``.
+    """
 
     units: tuple[int, ...] = (3, 4, 6, 3)
     width_factor: int = 1
@@ -292,13 +384,40 @@ class ResNetConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields.
+
+        Returns:
+            The fields by name, tuples as lists.
+        """
         return _to_json_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
+        """The config :meth:`to_dict` wrote.
+
+        Args:
+            d: fields by name (lists for the sizes); absent ones take their defaults.
+
+        Returns:
+            The config, checked.
+
+        Raises:
+            ValueError: an unknown field, or a value the config refuses.
+        """
         return _from_json_dict(cls, d)
 
     def replace(self, **overrides: Any) -> ResNetConfig:
+        """A copy with some fields changed, checked as a new config.
+
+        Args:
+            **overrides: the fields to change, by name.
+
+        Returns:
+            The new config.
+
+        Raises:
+            ValueError: an unknown field, or a value the config refuses.
+        """
         return _replace_checked(self, overrides)
 
 

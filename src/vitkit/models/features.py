@@ -27,9 +27,19 @@ class FeatureInfo(list):
     ``FeatureInfo`` does."""
 
     def channels(self) -> list[int]:
+        """The ``num_chs`` field of every map.
+
+        Returns:
+            The channels of each map, in order.
+        """
         return [f["num_chs"] for f in self]
 
     def reduction(self) -> list[Any]:
+        """The ``reduction`` field of every map.
+
+        Returns:
+            The reduction of each map (input pixels per map cell), in order.
+        """
         return [f["reduction"] for f in self]
 
 
@@ -58,7 +68,17 @@ class ViTFeatures(nn.Module):
     """A ViT or hybrid whose forward returns the patch tokens of some blocks as NCHW maps,
     [(B, D, H / s, W / s)], ``s`` the total stride (patch size times a hybrid's CNN stride).
     ``norm``: pass each through the encoder's final LayerNorm. The whole model is ``.model``
-    (its state dict under ``model.``), so weights load into it as into any vitkit model."""
+    (its state dict under ``model.``), so weights load into it as into any vitkit model.
+
+    Args:
+        model: the ViT or hybrid to wrap.
+        out_indices: the blocks whose patch tokens to return: an int n the last n, a sequence
+            their positions (negative ones counted from the last).
+        norm: pass each map through the encoder's final LayerNorm.
+
+    Raises:
+        ValueError: ``out_indices`` names no block, or one the model does not have.
+    """
 
     def __init__(self, model: VisionTransformer, out_indices: int | Sequence[int] = 3, norm: bool = False) -> None:
         super().__init__()
@@ -72,6 +92,14 @@ class ViTFeatures(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Images -> the chosen blocks' patch tokens on their grid.
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            One map (B, D, H / s, W / s) per block of ``out_indices``, in order.
+        """
         out = self.model.forward_intermediates(x, indices=self.out_indices, output_fmt="NCHW", norm=self.norm)
         return out["tokens"]
 
@@ -80,7 +108,16 @@ class ResNetFeatures(nn.Module):
     """A BiT ResNet whose forward returns its root and stage outputs as NCHW maps
     (:meth:`~vitkit.models.resnet.ResNetV2.forward_stages`): position 0 is the root convolution
     (reduction 2), position i >= 1 stage i (reduction 4, 8, 16, 32 for four stages), the last after
-    the final GroupNorm and ReLU."""
+    the final GroupNorm and ReLU.
+
+    Args:
+        model: the ResNet to wrap.
+        out_indices: the maps to return: an int n the last n, a sequence their positions
+            (negative ones counted from the last); None: all of them.
+
+    Raises:
+        ValueError: ``out_indices`` names no map, or one the model does not have.
+    """
 
     def __init__(self, model: ResNetV2, out_indices: int | Sequence[int] | None = None) -> None:
         super().__init__()
@@ -96,13 +133,34 @@ class ResNetFeatures(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Images -> the chosen maps.
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            One map (B, C_i, H / r_i, W / r_i) per position of ``out_indices``, in order.
+        """
         maps = self.model.forward_stages(x)
         return [maps[i] for i in self.out_indices]
 
 
 def features_model(model: nn.Module, out_indices: int | Sequence[int] | None = None) -> nn.Module:
     """Wrap a vitkit model as a features-only model (``create_model(..., features_only=True)``):
-    ``out_indices`` defaults to the last 3 blocks of a ViT (all of fewer), every map of a ResNet."""
+    ``out_indices`` defaults to the last 3 blocks of a ViT (all of fewer), every map of a ResNet.
+
+    Args:
+        model: a vitkit ViT, hybrid or BiT ResNet.
+        out_indices: the blocks (ViT) or maps (ResNet) to return: an int n the last n, a sequence
+            their positions; None: the default above.
+
+    Returns:
+        A :class:`ViTFeatures` or :class:`ResNetFeatures` around ``model``; its ``feature_info``
+        describes the maps.
+
+    Raises:
+        ValueError: a model of another kind, or ``out_indices`` the model cannot give.
+    """
     if isinstance(model, VisionTransformer):
         return ViTFeatures(model, min(3, len(model.blocks)) if out_indices is None else out_indices)
     if isinstance(model, ResNetV2):

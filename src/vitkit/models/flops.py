@@ -77,7 +77,15 @@ def resnet_flops(cfg: ResNetConfig, img_size: tuple[int, int] | None = None) -> 
 
 
 def model_flops(model: nn.Module, img_size: tuple[int, int] | None = None) -> int:
-    """Forward FLOPs per image of a vitkit model (``model.cfg`` decides the formula)."""
+    """Forward FLOPs per image of a vitkit model (``model.cfg`` decides the formula).
+
+    Args:
+        model: a vitkit ViT, hybrid or BiT ResNet.
+        img_size: the input's (height, width) in pixels; None: the model's own.
+
+    Returns:
+        The forward pass's floating-point operations for one image (a multiply-add counts two).
+    """
     cfg = model.cfg
     if isinstance(cfg, ResNetConfig):
         return resnet_flops(cfg, img_size)

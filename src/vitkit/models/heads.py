@@ -14,7 +14,12 @@ class ReplaceableHead:
 
     def reset_classifier(self, num_classes: int, bias_init: float = 0.0) -> None:
         """Replace the head by a zero-initialised one (the paper's fine-tuning); 0 removes it.
-        A DeiT distillation head (``head_dist``) is replaced (or removed) with it."""
+        A DeiT distillation head (``head_dist``) is replaced (or removed) with it.
+
+        Args:
+            num_classes: the new head's outputs; 0: no head (the model returns its features).
+            bias_init: the value every bias of the new head starts at.
+        """
         p = next(self.parameters())
         self.num_classes = num_classes
         self.cfg = self.cfg.replace(num_classes=num_classes)

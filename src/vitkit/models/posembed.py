@@ -15,7 +15,20 @@ import torch.nn.functional as F
 
 
 def sincos_2d_pos_embed(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) -> torch.Tensor:
-    """Fixed 2-D sine-cosine embedding (as in big_vision), shape (gh * gw, dim), raster order."""
+    """Fixed 2-D sine-cosine embedding (as in big_vision), shape (gh * gw, dim), raster order.
+
+    Args:
+        grid: the token grid (rows, cols).
+        dim: the embedding width, a multiple of 4: sines and cosines of the column, then of the
+            row, a quarter each.
+        temperature: the base of the frequencies.
+
+    Returns:
+        The table (gh * gw, dim), float32.
+
+    Raises:
+        ValueError: ``dim`` is not a multiple of 4.
+    """
     if dim % 4:
         raise ValueError(f"sincos2d position embedding needs a width divisible by 4, got {dim}")
     gh, gw = grid
@@ -63,6 +76,23 @@ def resample_pos_embed(
     2-D interpolation. The default, bilinear with ``align_corners=True``, is what the official
     code does (``scipy.ndimage.zoom(order=1)``); ``mode="bicubic"`` (with antialiasing when
     shrinking, as timm does) is the alternative. Rectangular grids work both ways.
+
+    Args:
+        pos_embed: the table (1, prefix + gh*gw, D).
+        new_grid: the grid to resize to (rows, cols).
+        old_grid: the table's grid; None: the square one its length implies.
+        num_prefix_tokens: the rows before the grid's, kept as they are.
+        mode: "bilinear" or "bicubic".
+        align_corners: as in :func:`torch.nn.functional.interpolate`; None: True for bilinear,
+            False for bicubic.
+
+    Returns:
+        The table (1, prefix + gh'*gw', D) in the input's dtype; ``pos_embed`` itself when the
+        grid is the same.
+
+    Raises:
+        ValueError: a table not of shape (1, N, D), or no ``old_grid`` for a grid that is not
+            square.
     """
     if pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
         raise ValueError(f"position embedding must have shape (1, N, D), got {tuple(pos_embed.shape)}")
@@ -89,6 +119,17 @@ def resample_1d(table: torch.Tensor, new_length: int, num_prefix_tokens: int = 0
     linearly with ``align_corners=True`` (the first and last entries stay where they are: the
     official bilinear convention, in one dimension). The same length returns ``table`` itself.
     Used for the row and column tables of "learned2d" and the offset table of "relative".
+
+    Args:
+        table: the embeddings (..., L, C).
+        new_length: the entries after the prefix once resized.
+        num_prefix_tokens: the leading entries kept as they are.
+
+    Returns:
+        The table (..., num_prefix_tokens + new_length, C) in the input's dtype.
+
+    Raises:
+        ValueError: a table of fewer than 2 dimensions, or a length below one before or after.
     """
     if table.ndim < 2:
         raise ValueError(f"embedding table must have shape (..., L, C), got {tuple(table.shape)}")
@@ -108,7 +149,16 @@ def resample_1d(table: torch.Tensor, new_length: int, num_prefix_tokens: int = 0
 def learned_2d_pos_table(row: torch.Tensor, col: torch.Tensor, prefix: torch.Tensor | None = None) -> torch.Tensor:
     """The "learned2d" E_pos (1, P + gh*gw, D) from a row table (1, gh, D/2) and a column table
     (1, gw, D/2): patch (i, j), raster order, gets ``cat(row[i], col[j])`` (row half first), after
-    the ``prefix`` rows (1, P, D) when given (the class token's position)."""
+    the ``prefix`` rows (1, P, D) when given (the class token's position).
+
+    Args:
+        row: the row table (1, gh, D/2).
+        col: the column table (1, gw, D/2).
+        prefix: the rows of the prefix tokens (1, P, D); None: none.
+
+    Returns:
+        E_pos (1, P + gh*gw, D).
+    """
     gh, gw = row.shape[1], col.shape[1]
     grid = torch.cat([row[:, :, None].expand(-1, gh, gw, -1), col[:, None].expand(-1, gh, gw, -1)], dim=-1)
     grid = grid.reshape(1, gh * gw, grid.shape[-1])  # (1, gh*gw, D)
@@ -132,7 +182,16 @@ def relative_num_offsets(num_patches: int, num_prefix_tokens: int = 0) -> int:
 def relative_offset_index(
     num_patches: int, num_prefix_tokens: int = 0, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """The (T, T) table entry of every (query, key) pair, T = prefix + N tokens (prefix first)."""
+    """The (T, T) table entry of every (query, key) pair, T = prefix + N tokens (prefix first).
+
+    Args:
+        num_patches: N, the patch tokens.
+        num_prefix_tokens: the tokens before the patches; every pair with one of them uses entry 0.
+        device: where to make the index.
+
+    Returns:
+        The entries (T, T), int64.
+    """
     P, N = num_prefix_tokens, num_patches
     extra = 1 if P else 0
     pos = torch.arange(N, device=device)
@@ -147,6 +206,14 @@ def resample_relative_embed(table: torch.Tensor, num_patches: int, num_prefix_to
 
     Offsets are in raster order, the paper's 1-D choice: across grid widths an offset means only
     approximately the same displacement (offset gw is "one row down" on one grid, not on another).
+
+    Args:
+        table: the relative table (2N-1, C), or (2N, C) with the prefix entry first.
+        num_patches: N', the patch tokens of the new grid.
+        num_prefix_tokens: the model's prefix tokens (any number: the table has one entry for them).
+
+    Returns:
+        The table (2N'-1, C), or (2N', C) with the prefix entry.
     """
     extra = 1 if num_prefix_tokens else 0
     return resample_1d(table, relative_num_offsets(num_patches), num_prefix_tokens=extra)

@@ -101,14 +101,26 @@ _SIZE_KEYS = {k.lower(): k for k in VIT_SIZES}
 
 def list_models() -> list[str]:
     """The registered model names: the paper's ViTs, hybrids and BiT ResNets, and the later
-    releases of :data:`RELEASES` (any ``vit_<size><patch>`` also works in :func:`create_model`)."""
+    releases of :data:`RELEASES` (any ``vit_<size><patch>`` also works in :func:`create_model`).
+
+    Returns:
+        The names (a new list), the releases last.
+    """
     return list(LISTED)
 
 
 def canonical_name(name: str) -> str:
     """Paper spellings to vitkit names: "ViT-B/16" -> "vit_b16", "R50+ViT-B/16" -> "r50_vit_b16",
     "R+ViT-Ti/16" -> "r_vit_ti16", "BiT-M-R50x1" -> "bit_r50x1"; and the official file names'
-    ("ViT-B_16", AugReg's "R26_S_32", "R_Ti_16")."""
+    ("ViT-B_16", AugReg's "R26_S_32", "R_Ti_16").
+
+    Args:
+        name: a model name in any of those spellings; case and spaces are ignored.
+
+    Returns:
+        The vitkit name; a name none of the patterns match comes back lower-cased, dashes as
+        underscores.
+    """
     s = name.strip().lower().replace(" ", "")
     m = re.fullmatch(r"(?:r(\d*)[+_])?(?:vit-?)?(ti|s|m|b|l|h)[/_](\d+)", s)
     if m:
@@ -121,7 +133,19 @@ def canonical_name(name: str) -> str:
 
 
 def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
-    """The config of a named model with ``overrides`` applied; unknown names suggest close ones."""
+    """The config of a named model with ``overrides`` applied; unknown names suggest close ones.
+
+    Args:
+        name: a name of :func:`list_models`, any ``vit_<size><patch>``, or a paper spelling
+            (:func:`canonical_name`).
+        **overrides: config fields to change (``img_size=384``, ``num_classes=10``...).
+
+    Returns:
+        A :class:`ViTConfig`, or a :class:`ResNetConfig` for a BiT ResNet.
+
+    Raises:
+        ValueError: an unknown name, or an override the config refuses.
+    """
     key = canonical_name(name)
     if key in HYBRIDS:
         units, size, patch = HYBRIDS[key]
@@ -164,6 +188,10 @@ def build_model(cfg: ViTConfig | ResNetConfig) -> nn.Module:
 
     Returns:
         The model, with random weights.
+
+    Raises:
+        UsageError: the weights would not fit the memory left.
+        ValueError: a token grid too large to build.
     """
     if torch.get_default_device().type != "meta":  # shapes only: nothing to fit
         check_memory(cfg, "model")
@@ -188,6 +216,21 @@ def create_model(
     ``feature_info`` (channels and reduction of each), for detection and segmentation necks:
     ``out_indices`` picks the ViT blocks (default: the last 3) or the ResNet's root and stages
     (default: all) (:mod:`.features`).
+
+    Args:
+        name: a name of :func:`list_models`, any ``vit_<size><patch>``, or a paper spelling.
+        features_only: return the features-only wrapper instead of the classifier.
+        out_indices: with ``features_only``, the blocks or maps to return (an int n: the last
+            n); None: the default above.
+        **overrides: config fields to change.
+
+    Returns:
+        The model, with random weights (:func:`vitkit.create_model` also loads pretrained ones).
+
+    Raises:
+        ValueError: an unknown name, an override the config refuses, or ``out_indices`` without
+            ``features_only``.
+        UsageError: the weights would not fit the memory left.
     """
     if not features_only:
         if out_indices is not None:

@@ -180,7 +180,12 @@ class PreActUnit(nn.Module):
 
 
 class ResNetV2(ReplaceableHead, nn.Module):
-    """BiT ResNet v2; ``forward_features`` gives the pooled representation (pre-logits)."""
+    """BiT ResNet v2; ``forward_head(forward_features(x), pre_logits=True)`` gives the pooled
+    representation (pre-logits).
+
+    Args:
+        cfg: the network's configuration; the convolutions start Kaiming-normal, the head zero.
+    """
 
     def __init__(self, cfg: ResNetConfig) -> None:
         super().__init__()
@@ -205,13 +210,33 @@ class ResNetV2(ReplaceableHead, nn.Module):
             raise ValueError(f"expected an NCHW batch with {self.cfg.in_chans} channels, got shape {tuple(x.shape)}")
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images -> the final feature map after GN-ReLU, (B, C, H/32, W/32)."""
+        """Images -> the final feature map after GN-ReLU, (B, C, H/32, W/32).
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            The last stage's map after GN-ReLU (B, C, H/32, W/32) for four stages.
+
+        Raises:
+            ValueError: ``x`` is not a batch of 4 dimensions with the model's channels.
+        """
         return self.forward_stages(x)[-1]
 
     def forward_stages(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Images -> the root convolution's map (B, 64w, H/2, W/2) and each stage's output, the
         resolution halved at every stage after the first (H/4 ... H/32 for four stages); the last
-        after the final GN-ReLU (pre-activation units leave their outputs un-normalised)."""
+        after the final GN-ReLU (pre-activation units leave their outputs un-normalised).
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            The root's map, then one map per stage.
+
+        Raises:
+            ValueError: ``x`` is not a batch of 4 dimensions with the model's channels.
+        """
         self._check_input(x)
         x = self.conv_root(x)  # (B, 64w, H/2, W/2)
         maps = [x]
@@ -223,10 +248,31 @@ class ResNetV2(ReplaceableHead, nn.Module):
         return maps
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Feature map -> logits: the spatial mean, then the linear head.
+
+        Args:
+            features: the final feature map (B, C, h, w) of :meth:`forward_features`.
+            pre_logits: return the pooled features instead of the logits.
+
+        Returns:
+            The logits (B, num_classes), or the pooled features (B, C) with ``pre_logits`` or for
+            a model without a head.
+        """
         x = features.mean(dim=(2, 3))  # (B, C)
         if pre_logits or self.head is None:
             return x
         return self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> logits: :meth:`forward_features`, then :meth:`forward_head`.
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            The logits (B, num_classes), or the pooled features (B, C) for a model without a head.
+
+        Raises:
+            ValueError: ``x`` is not a batch of 4 dimensions with the model's channels.
+        """
         return self.forward_head(self.forward_features(x))

@@ -343,7 +343,12 @@ _SIZED_POS_EMBEDS = ("learned", "learned2d", "relative")
 
 class VisionTransformer(ReplaceableHead, nn.Module):
     """ViT (and R+ViT hybrid when ``cfg.resnet_units`` is set). Inputs are NCHW floats, in the
-    value range the weights were trained with (vitkit and the official models: [-1, 1])."""
+    value range the weights were trained with (vitkit and the official models: [-1, 1]).
+
+    Args:
+        cfg: the model's configuration; the weights start initialised as the official code does
+            (:meth:`reset_parameters`).
+    """
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
@@ -399,6 +404,9 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     #    token truncated N(0, 0.02) as DeiT's, so that it starts apart from the class token;
     #    registers N(0, 1e-6) as DINOv2's, so that they start apart from one another) -----------
     def reset_parameters(self) -> None:
+        """Initialise every weight afresh as the official code does: xavier-uniform dense layers,
+        a lecun-normal patch kernel, N(0, 0.02) position embeddings, zero class token and head;
+        a distillation token and registers as DeiT and DINOv2 start theirs."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
@@ -463,7 +471,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     def pos_embed_table(self, grid: tuple[int, int] | None = None) -> torch.Tensor | None:
         """E_pos as it is added to the tokens of a ``grid`` (default: the model's), (1, prefix rows
         + gh*gw, D), resized (differentiably) for another grid; None where the model adds none
-        ("none", and "relative", whose positions live in the attention)."""
+        ("none", and "relative", whose positions live in the attention).
+
+        Args:
+            grid: the token grid (rows, columns); None: the model's own.
+
+        Returns:
+            The table (1, prefix rows + gh*gw, D), or None.
+        """
         cfg = self.cfg
         grid = cfg.grid_size if grid is None else (int(grid[0]), int(grid[1]))
         if cfg.pos_embed == "learned2d":
@@ -483,7 +498,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     def rope_for(self, x: torch.Tensor) -> torch.Tensor | None:
         """The rotary table (2, gh*gw, head_dim) of the token grid of images ``x`` (B, C, H, W): the
-        cached one at the model's grid, computed afresh at another; None for a model without 2-D RoPE."""
+        cached one at the model's grid, computed afresh at another; None for a model without 2-D RoPE.
+
+        Args:
+            x: the images (only their height and width are read).
+
+        Returns:
+            The cosines and sines (2, gh*gw, head_dim), or None.
+        """
         if self.cfg.pos_embed not in ROPE_POS_EMBEDS:
             return None
         grid = self.cfg.grid_for((x.shape[-2], x.shape[-1]))
@@ -494,7 +516,19 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> token sequence z0 (B, P+N, D), dropout applied, then ``norm_pre``
         where the model has one (CLIP); in training with a patch drop rate (:meth:`set_patch_drop`)
-        only the kept patch tokens: a random subset of the grid, in raster order."""
+        only the kept patch tokens: a random subset of the grid, in raster order.
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            z0 (B, P+N, D): the P prefix tokens, then the N patch tokens.
+
+        Raises:
+            ValueError: ``x`` is not a batch of 4 dimensions with the model's channels, its size
+                is not a whole number of patches, or it differs from ``img_size`` where the
+                position table is sized for one grid and ``dynamic_img_size`` is off.
+        """
         self._check_input(x)
         if self.training and self.patch_drop_rate > 0 and self.patch_embed.backbone is None:
             return self._pre_norm(self.pos_drop(self._embed_kept_patches(x)))
@@ -555,7 +589,11 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     def prefix_tokens(self) -> torch.Tensor | None:
         """The learned tokens put before the patches that may have a position, (1, P, D): the
         class token, then the distillation token; None for a GAP model. The register tokens
-        (``reg_token``, (1, R, D)) follow them, without a position (:func:`add_tokens_and_positions`)."""
+        (``reg_token``, (1, R, D)) follow them, without a position (:func:`add_tokens_and_positions`).
+
+        Returns:
+            The tokens (1, P, D), or None when the model has neither.
+        """
         tokens = [t for t in (self.cls_token, self.dist_token) if t is not None]
         if not tokens:
             return None
@@ -581,7 +619,17 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> the normed token sequence LN(z_L), (B, P+N, D). With gradient checkpointing on
         (:meth:`set_grad_checkpointing`) and gradients wanted, each block keeps only its input and
-        runs again in the backward pass."""
+        runs again in the backward pass.
+
+        Args:
+            x: the images (B, C, H, W).
+
+        Returns:
+            LN(z_L) (B, P+N, D); with ``fc_norm``, the tokens as the last block left them.
+
+        Raises:
+            ValueError: an input :meth:`embed` refuses.
+        """
         rope = self.rope_for(x)
         x = self.embed(x)
         recompute = self.grad_checkpointing and torch.is_grad_enabled()
@@ -613,6 +661,22 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         patches of each, (B, P, D): the class token, the distillation token and the registers, those
         the model has (none for "gap" and "map" without registers). ``norm`` applies the encoder's final LayerNorm to
         each kept block's tokens (timm's ``norm=True``).
+
+        Args:
+            x: the images (B, C, H, W).
+            indices: the blocks whose output to keep, from 0; negative ones count from the last;
+                None: every block.
+            return_attention: also keep those blocks' attention weights.
+            output_fmt: "NLC" (token sequences) or "NCHW" (the patch tokens as feature maps).
+            norm: apply the final LayerNorm to each kept block's tokens.
+
+        Returns:
+            ``{"tokens": [...], "attention": [...] or None, "embedded": z0, "normed": LN(z_L)}``,
+            with ``"prefix_tokens": [...]`` too for "NCHW"; the lists in block order.
+
+        Raises:
+            ValueError: an unknown ``output_fmt``, "NCHW" while patch dropout is on in training,
+                or an input :meth:`embed` refuses.
         """
         if output_fmt not in ("NLC", "NCHW"):
             raise ValueError(f"output_fmt must be 'NLC' or 'NCHW', got {output_fmt!r}")
@@ -644,7 +708,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
         """Tokens (B, P+N, D) -> one vector per image (B, D): the class token, the MAP head's
         output (attending over every token, registers included, as timm's ``attn_pool``) or the
-        mean of the patch tokens; then ``fc_norm`` where the model has one."""
+        mean of the patch tokens; then ``fc_norm`` where the model has one.
+
+        Args:
+            tokens: the encoder's output (B, P+N, D).
+
+        Returns:
+            The pooled vectors (B, D).
+        """
         if self.cfg.classifier == "token":
             x = tokens[:, 0]  # (B, D)
         elif self.attn_pool is not None:
@@ -661,7 +732,17 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         With a distillation token: the mean of the class head on the class token and ``head_dist``
         on the distillation token (DeiT's prediction), the mean of the two tokens as pre-logits,
         and in distilled training (:meth:`set_distilled_training`, training mode) the pair
-        (class logits, distillation logits) the two losses need."""
+        (class logits, distillation logits) the two losses need.
+
+        Args:
+            tokens: the normed tokens (B, P+N, D) of :meth:`forward_features`.
+            pre_logits: return the representation before the classifier instead of the logits.
+
+        Returns:
+            The logits (B, num_classes); the representation (B, F) (F: ``representation_size``
+            or the width) with ``pre_logits`` or for a model without a head; or the pair of
+            logits in distilled training.
+        """
         if self.dist_token is not None:
             return self._distilled_head(tokens, pre_logits)
         x = self.pool(tokens)
@@ -683,25 +764,55 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         return (cls + dist) / 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Images -> logits: :meth:`forward_features`, then :meth:`forward_head`.
+
+        Args:
+            x: the images (B, C, H, W), in the value range of the model's preprocessing.
+
+        Returns:
+            The logits (B, num_classes), the pooled features (B, F) for a model without a head,
+            or in distilled training the pair (class logits, distillation logits).
+
+        Raises:
+            ValueError: an input :meth:`embed` refuses.
+        """
         return self.forward_head(self.forward_features(x))
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each encoder block in the backward pass instead of keeping its activations
         (``torch.utils.checkpoint``): training memory falls to about one block's activations
         plus each block's input, for about one more forward pass of compute. The random masks of
-        dropout and drop-path are replayed, so the loss and the gradients are those of the plain path."""
+        dropout and drop-path are replayed, so the loss and the gradients are those of the plain path.
+
+        Args:
+            enable: turn it on (True) or off.
+        """
         self.grad_checkpointing = bool(enable)
 
     def set_distilled_training(self, enable: bool = True) -> None:
         """With a distillation token: in training mode, return (class logits, distillation logits)
-        instead of their mean, for a loss against labels and one against a teacher (DeiT)."""
+        instead of their mean, for a loss against labels and one against a teacher (DeiT).
+
+        Args:
+            enable: turn it on (True) or off.
+
+        Raises:
+            ValueError: turning it on for a model without a distillation token.
+        """
         if enable and self.dist_token is None:
             raise ValueError("distilled training needs a distillation token: create the model with distill_token=True")
         self.distilled_training = bool(enable)
 
     def set_attention_impl(self, impl: str) -> None:
         """Choose the attention path of every block: "auto" (default), "sdpa", "math" or
-        "recompute" (:class:`Attention` says which runs where)."""
+        "recompute" (:class:`Attention` says which runs where).
+
+        Args:
+            impl: the path's name.
+
+        Raises:
+            ValueError: an unknown name.
+        """
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
         for blk in self.blocks:
@@ -723,7 +834,17 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         ``rank`` of ``processes`` equal parts of the global batch; each process then draws the
         random numbers of the whole global batch (from the global RNG, which the processes hold
         alike) and keeps its part's rows, so that the processes together keep the patches one
-        process would keep of the global batch."""
+        process would keep of the global batch.
+
+        Args:
+            rate: the fraction of patch tokens dropped, in [0, 1).
+            flat_weight: how likely a flat patch is kept relative to one with content, in (0, 1].
+            share: (rank, processes) of this process's batch in the global one.
+
+        Raises:
+            ValueError: a value out of its range, or a nonzero ``rate`` for a model whose
+                positions act in attention ("relative" or RoPE).
+        """
         rank, world = share
         if not 0 <= rank < world:
             raise ValueError(f"patch drop share must be (rank, processes) with 0 <= rank < processes, got {share}")
@@ -743,7 +864,14 @@ class VisionTransformer(ReplaceableHead, nn.Module):
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Resize the position embeddings (in place) for another input resolution: the learned
         table(s), the fixed sin-cos one, every block's relative table, or the rotary table of 2-D
-        RoPE (:mod:`.posembed`)."""
+        RoPE (:mod:`.posembed`).
+
+        Args:
+            img_size: the new input (height, width) in pixels; an int means a square.
+
+        Raises:
+            ValueError: a size the config refuses (not a whole number of patches).
+        """
         cfg = self.cfg.replace(img_size=img_size)
         grid = cfg.grid_size
         if self.cfg.pos_embed == "learned":

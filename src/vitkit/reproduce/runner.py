@@ -40,7 +40,16 @@ TRAIN_IMAGES = 10000  # training images (a seeded sample) the best checkpoint is
 
 @dataclass(frozen=True)
 class ScoreSettings:
-    """How every run is scored (the same for all of a suite's runs)."""
+    """How every run is scored (the same for all of a suite's runs).
+
+    Attributes:
+        data: the suite's data source (a ``--data`` value).
+        test_images: the test images scored (a seeded sample); None: all of them.
+        fewshot_data: the data of the few-shot transfer task.
+        shots: the training images per class of the few-shot task.
+        fewshot_seeds: the seeds of the few-shot samples.
+        data_options: the data source's options, as (name, value) pairs.
+    """
 
     data: str
     test_images: int | None
@@ -51,6 +60,14 @@ class ScoreSettings:
 
     @classmethod
     def of(cls, suite: Suite) -> ScoreSettings:
+        """The scoring the suite's shared settings (``common.yaml`` at its budget) ask for.
+
+        Args:
+            suite: the suite.
+
+        Returns:
+            The settings; the few-shot task defaults to "digits", 10 shots, 5 seeds.
+        """
         fs = suite.common.get("fewshot") or {}
         return cls(
             data=suite.data,
@@ -461,6 +478,9 @@ class Interrupted(KeyboardInterrupt):
         finished: runs of the suite with a result when it stopped (None if it stopped before the
             runner looked).
         total: runs the suite asked for (None likewise).
+
+    Args:
+        signal_name: the signal that stopped the suite.
     """
 
     def __init__(self, signal_name: str = "SIGINT") -> None:
@@ -745,6 +765,14 @@ class Runner:
     SIGINT (Ctrl-C) or SIGTERM stops it within seconds (:class:`Interrupted`): no queued run
     starts, the running ones stop where they are (their checkpoints resume them bit for bit on the
     next call) and every finished run's ``result.json`` is kept.
+
+    Args:
+        suite: the shared settings of the call.
+        jobs: the runs trained at once, at least 1.
+        report: called with each line to say.
+
+    Raises:
+        ValueError: ``jobs`` below 1.
     """
 
     def __init__(self, suite: Suite, jobs: int = 1, report: Callable[[str], None] = print) -> None:

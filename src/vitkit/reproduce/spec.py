@@ -111,7 +111,17 @@ def load_experiment(name: str, budget: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class DataInfo:
-    """What the suite needs to know of the training data before it plans a run."""
+    """What the suite needs to know of the training data before it plans a run.
+
+    Attributes:
+        name: the data's name.
+        image_size: the images' (height, width) in pixels.
+        in_chans: the images' channels.
+        classes: the class names.
+        num_train: the images of the training split, before the minival is carved out.
+        streaming: whether the images are decoded from files while training (a folder, shards),
+            loaded at the models' size.
+    """
 
     name: str
     image_size: tuple[int, int]
@@ -122,12 +132,20 @@ class DataInfo:
 
     @property
     def num_classes(self) -> int:
+        """The number of classes."""
         return len(self.classes)
 
 
 @dataclass
 class RunSpec:
-    """One training run: its recipe tree (``model.init_from`` may name another run as ``run:KEY``)."""
+    """One training run: its recipe tree (``model.init_from`` may name another run as ``run:KEY``).
+
+    Attributes:
+        label: the run for people: "vit-tiny, 580 images, seed 0".
+        model: the model's role in ``common.yaml`` ("vit-tiny").
+        recipe: the recipe tree, as a YAML recipe holds it.
+        after: the key of the run whose weights this one starts from; None: none.
+    """
 
     label: str  # for people: "vit-tiny, 580 images, seed 0"
     model: str  # the model's role in common.yaml ("vit-tiny")
@@ -136,12 +154,27 @@ class RunSpec:
 
     @property
     def key(self) -> str:
+        """The run's name on disk: the model's role and a hash of the recipe, so that the same
+        recipe is one run however many experiments ask for it."""
         digest = hashlib.sha1(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.model}-{digest}"
 
 
 class Suite:
-    """The shared settings of one ``vitkit reproduce`` call."""
+    """The shared settings of one ``vitkit reproduce`` call.
+
+    Args:
+        out: the folder of the runs and the report.
+        data: the training data (a ``--data`` value).
+        budget: one of :data:`BUDGETS`.
+        seeds: how many seeds every experiment runs (``--seeds``), at least 1; None: each
+            experiment's own default.
+        info: what the data is (:class:`DataInfo`).
+
+    Raises:
+        UsageError: an unknown budget, or ``seeds`` below 1.
+        DataError: too few training images or classes for the budget's minival.
+    """
 
     def __init__(self, out: str | Path, data: str, budget: str, seeds: int | None, info: DataInfo) -> None:
         if budget not in BUDGETS:

@@ -29,7 +29,12 @@ LOAD_MARGIN = 8 / 7  # images decoded this much larger than the model's input (2
 
 @dataclass
 class FinetunePlan:
-    """The recipe keys chosen (``sets``, for :func:`vitkit.train.load_recipe`) and a line for each."""
+    """The recipe keys chosen (``sets``, for :func:`vitkit.train.load_recipe`) and a line for each.
+
+    Attributes:
+        sets: (recipe key, value) pairs, as ``--set`` takes them.
+        lines: one line of explanation for each choice.
+    """
 
     sets: list[tuple[str, Any]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
@@ -83,6 +88,10 @@ def plan_finetune(init_from: str, data: str, img_size: int | tuple[int, int] | N
 
     Returns:
         A :class:`FinetunePlan`.
+
+    Raises:
+        DataError: data of unknown size (a stream), or data that cannot be read.
+        CheckpointError: weights that cannot be read.
     """
     cfg = _weights_config(init_from)
     size = (

@@ -82,6 +82,12 @@ class StepCompute:
         net: the module that runs the forward and backward (``model`` or a copy of it); patch
             dropout and the train/eval mode are set on it.
         wrapped: ``net`` as the forward calls it (wrapped for data parallelism where it is).
+
+    Args:
+        model: the fp32 weights.
+        precision: the policy's choice.
+        net: the module that runs the forward and backward.
+        wrapped: ``net`` as the forward calls it.
     """
 
     def __init__(self, model: nn.Module, precision: PrecisionChoice, net: nn.Module, wrapped: nn.Module) -> None:
@@ -115,6 +121,9 @@ class StepCompute:
         Returns:
             The model's output: logits (B, num_classes), or a tuple of tensors where the model
             returns several (distillation's two heads).
+
+        Raises:
+            NotImplementedError: here, in the base class.
         """
         raise NotImplementedError
 
@@ -146,7 +155,16 @@ class StepCompute:
 
 
 class AutocastCompute(StepCompute):
-    """The fp32 weights compute, under autocast in the chosen precision (none for fp32)."""
+    """The fp32 weights compute, under autocast in the chosen precision (none for fp32).
+
+    Args:
+        model: the fp32 weights, which also compute.
+        precision: the policy's choice: autocast's dtype (none for fp32).
+        info: this process among the data-parallel ones.
+        device: the step's device.
+        fsdp: shard the model with FSDP rather than replicate it with DDP, when there are
+            several processes.
+    """
 
     def __init__(
         self, model: nn.Module, precision: PrecisionChoice, info: D.DistInfo, device: torch.device, fsdp: bool
@@ -169,7 +187,12 @@ class AutocastCompute(StepCompute):
 
 
 class Bf16CopyCompute(StepCompute):
-    """A bf16 copy of the weights computes (module docstring); the loss is taken in fp32."""
+    """A bf16 copy of the weights computes (module docstring); the loss is taken in fp32.
+
+    Args:
+        model: the fp32 weights, which the optimiser updates.
+        precision: the policy's choice (bf16).
+    """
 
     def __init__(self, model: nn.Module, precision: PrecisionChoice) -> None:
         net = bf16_copy(model)

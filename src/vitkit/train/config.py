@@ -208,7 +208,19 @@ class LogSection:
 
 @dataclass
 class Recipe:
-    """A whole training recipe."""
+    """A whole training recipe. The reference's "Recipe keys" page lists every key of each
+    section with its type, default, allowed values and meaning.
+
+    Attributes:
+        description: what the recipe trains and why, in words.
+        seed: the seed of initialisation, data order and augmentation draws.
+        model: the model: its name, overrides and the weights to start from.
+        data: the data: the source, its options, the splits and the loading.
+        augment: the augmentation.
+        optim: the optimiser and its schedule.
+        train: the length, batch, precision and device of training.
+        log: how often to log, evaluate and checkpoint.
+    """
 
     description: str = ""  # what the recipe trains and why, in words
     seed: int = checked(0, SEEDS)  # initialisation, data order and augmentation draws
@@ -220,6 +232,11 @@ class Recipe:
     log: LogSection = field(default_factory=LogSection)
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain data, as YAML writes it (tuples as lists).
+
+        Returns:
+            Each section as a dict of its keys.
+        """
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(self.optim.betas)
         d["augment"]["erase_area"] = list(self.augment.erase_area)
@@ -541,7 +558,17 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def parse_set(items: list[str]) -> list[tuple[str, Any]]:
     """``["train.steps=100", "model.overrides.depth=4"]`` -> [(key, YAML-parsed value)], each
-    value read by :func:`load_yaml` (its limits, and a bad value is one line naming the key)."""
+    value read by :func:`load_yaml` (its limits, and a bad value is one line naming the key).
+
+    Args:
+        items: ``key=value`` strings, as ``--set`` takes them; an empty value is "".
+
+    Returns:
+        (dotted key, value) pairs, in order, for :func:`load_recipe`'s ``sets``.
+
+    Raises:
+        RecipeError: an item without ``=``, or a value that is not valid YAML.
+    """
     out = []
     for item in items:
         if "=" not in item:
@@ -630,7 +657,17 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 def find_recipe(name: str | Path) -> Path:
     """A recipe path, or the name of one shipped with vitkit (``fmnist_vit`` or ``fmnist_vit.yaml``).
     ``configs/reproduce/`` holds the experiments of ``vitkit reproduce``, which are not training
-    recipes: they are not listed."""
+    recipes: they are not listed.
+
+    Args:
+        name: a path to a YAML file, or the name of a shipped recipe (with or without ``.yaml``).
+
+    Returns:
+        The recipe's path.
+
+    Raises:
+        RecipeError: neither a file nor a shipped recipe (the message lists those).
+    """
     p = Path(name)
     if p.is_file():
         return p
@@ -660,7 +697,19 @@ def read_yaml_mapping(path: str | Path, what: str, error: type[Exception] = Reci
 
 
 def load_recipe(path: str | Path | None = None, sets: list[tuple[str, Any]] | None = None) -> Recipe:
-    """Read a YAML recipe (or the defaults) and apply ``sets`` (dotted keys)."""
+    """Read a YAML recipe (or the defaults) and apply ``sets`` (dotted keys).
+
+    Args:
+        path: the recipe's YAML file; None: the defaults.
+        sets: (dotted key, value) pairs applied over the file, in order (:func:`parse_set`).
+
+    Returns:
+        The recipe, every key checked.
+
+    Raises:
+        RecipeError: a file that cannot be read, an unknown key, or a value of the wrong type
+            or out of its range (the message names the key).
+    """
     tree: dict[str, Any] = read_yaml_mapping(path, "recipe") if path is not None else {}
     for key, value in sets or []:
         _set_path(tree, key, value)

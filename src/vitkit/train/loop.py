@@ -64,20 +64,52 @@ from .timing import Stopwatch, Window, due
 class Progress:
     """What the loop reports to; the CLI passes a progress bar, the library default is silent."""
 
-    def start(self, total: int, initial: int) -> None: ...
+    def start(self, total: int, initial: int) -> None:
+        """The run starts.
 
-    def update(self, steps: int, **postfix: Any) -> None: ...
+        Args:
+            total: the run's steps in all.
+            initial: the step it starts from (above 0 when it resumes).
+        """
 
-    def message(self, text: str) -> None: ...
+    def update(self, steps: int, **postfix: Any) -> None:
+        """Steps were done, or new numbers are to be shown.
 
-    def close(self) -> None: ...
+        Args:
+            steps: steps done since the last update (0: only new numbers).
+            **postfix: numbers to show by name (``loss``, ``lr``, ``ips``: images per second).
+        """
+
+    def message(self, text: str) -> None:
+        """Say one line (a warning, an evaluation's result).
+
+        Args:
+            text: the line.
+        """
+
+    def close(self) -> None:
+        """The run ended, however it ended."""
 
 
 @dataclass
 class RunResult:
     """What a run ended with. ``final_top1`` and ``best_top1`` are the evaluation's score: top-1,
     or for a multi-label model the mAP (macro); ``report`` holds the per-epoch table, the per-class
-    scores, the warnings and the files written (:mod:`vitkit.train.summary`)."""
+    scores, the warnings and the files written (:mod:`vitkit.train.summary`).
+
+    Attributes:
+        out_dir: the run folder.
+        step: the last step trained.
+        final_top1: the last evaluation's score (a fraction in [0, 1]); None without an
+            evaluation split.
+        best_top1: the best evaluation's score.
+        best_step: the step of the best evaluation.
+        train_seconds: the time spent training, evaluations left out.
+        images_per_second: the training throughput, all processes together.
+        resumed_from: the step the run resumed from; None for a fresh start.
+        report: the run's report; None where it was not written (not the main process).
+        multilabel: whether the scores are mAPs (a multi-label run).
+    """
 
     out_dir: Path
     step: int
@@ -279,6 +311,18 @@ class Trainer:
 
     The process-wide settings of CPU training (:func:`vitkit.train.process.configure_process`)
     are :func:`train`'s to make, before a Trainer is built.
+
+    Args:
+        recipe: the recipe, checked as one read from YAML.
+        out_dir: the run folder: made if missing, resumed if it holds the run's checkpoints.
+        progress: what the loop reports to; None: nothing.
+
+    Raises:
+        RecipeError: a recipe value that cannot be used with this data, model or device, or a
+            resume whose recipe differs.
+        DataError: data that cannot be read.
+        UsageError: a run folder that is a file or holds other files.
+        TrainingError: another run holds the folder, or a checkpoint cannot be resumed.
     """
 
     def __init__(self, recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> None:
@@ -347,7 +391,11 @@ class Trainer:
         self._tb: Any = None
 
     def warn(self, text: str) -> None:
-        """Say a warning (one line, through the progress messages) and keep it for the summary."""
+        """Say a warning (one line, through the progress messages) and keep it for the summary.
+
+        Args:
+            text: the warning, without the ``warning:`` the message puts before it.
+        """
         self.warnings.append(text)
         self.progress.message(f"warning: {text}")
 
@@ -363,7 +411,11 @@ class Trainer:
         return self.info.is_main and not self.recipe.train.fsdp
 
     def train_label_rows(self) -> torch.Tensor:
-        """The training images' multi-hot rows (N, K) (a multi-label source)."""
+        """The training images' multi-hot rows (N, K) (a multi-label source).
+
+        Returns:
+            The rows (N, K), one per training image.
+        """
         return self.train_ds.label_rows
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -523,6 +575,16 @@ class Trainer:
             )
 
     def save(self) -> Path | None:
+        """Write a resumable checkpoint of this step into ``checkpoints/``, and remove those
+        beyond the recipe's ``log.keep_last``. Every process calls it (FSDP gathers the shards).
+
+        Returns:
+            The checkpoint written; None on the processes other than the main one.
+
+        Raises:
+            TrainingError: the weights are not finite (nothing is written), or the file cannot
+                be written.
+        """
         step = self.state.step
         self._stop_if_nonfinite(f"checkpoint step_{step:07d} was not written")
         model_sd, optim_sd = self._full_state()  # collective under FSDP: every rank calls it
@@ -587,7 +649,14 @@ class Trainer:
 
     def evaluate(self) -> float | None:
         """Top-1 on the evaluation split (of the EMA weights when kept), over all processes; for a
-        multi-label run the mAP (macro). All the metrics are kept in ``last_eval``."""
+        multi-label run the mAP (macro). All the metrics are kept in ``last_eval``.
+
+        Returns:
+            The score, a fraction in [0, 1]; None without an evaluation split.
+
+        Raises:
+            TrainingError: the model's outputs are not finite.
+        """
         if self.eval_ds is None:
             return None
         r, t = self.recipe, self.recipe.train
@@ -616,7 +685,20 @@ class Trainer:
         return list(zip(images.chunk(n), labels.chunk(n)))
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> float | None:
-        """One optimiser step on a local batch; returns the loss, or None if it was skipped."""
+        """One optimiser step on a local batch; returns the loss, or None if it was skipped.
+
+        Args:
+            images: this process's share of the global batch, uint8 (B, C, H, W), as the data
+                gives it (the step augments it).
+            labels: their class indices (B,), or multi-hot rows (B, K).
+
+        Returns:
+            The loss of the global batch (the mean over the processes); None when a non-finite
+            loss was skipped (``train.on_nonfinite: skip``).
+
+        Raises:
+            TrainingError: a non-finite loss (unless skipped), or weights no longer finite.
+        """
         r = self.recipe
         step = self.state.step
         set_lr(self.optimizer, lr_at(step, r.train.steps, r.optim))
@@ -691,7 +773,11 @@ class Trainer:
         return distillation_loss(label_loss, dist, teacher, t.distill, t.distill_alpha, t.distill_temperature, hard)
 
     def run(self) -> RunResult:
-        """Train to the last step; the run folder is let go when it ends, however it ends."""
+        """Train to the last step; the run folder is let go when it ends, however it ends.
+
+        Returns:
+            What the run ended with.
+        """
         try:
             return self._run()
         finally:
@@ -893,7 +979,16 @@ def _tensorboard(out: Path):
 
 
 def train(recipe: Recipe, out_dir: str | Path, progress: Progress | None = None) -> RunResult:
-    """Run (or resume) ``recipe`` into ``out_dir``."""
+    """Run (or resume) ``recipe`` into ``out_dir``.
+
+    Args:
+        recipe: the recipe (:func:`vitkit.train.load_recipe`).
+        out_dir: the run folder: made if missing, resumed if it holds the run's checkpoints.
+        progress: what the loop reports to; None: nothing.
+
+    Returns:
+        What the run ended with.
+    """
     configure_process(D.resolve_device(recipe.train.device))
     trainer = Trainer(recipe, out_dir, progress)
     try:

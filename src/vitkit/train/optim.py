@@ -132,6 +132,9 @@ def build_optimizer(
 
     Returns:
         A torch optimiser.
+
+    Raises:
+        ValueError: an unknown optimiser name.
     """
     name = cfg.name.lower()
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, muon=name == "muon", split_qkv=cfg.muon_split_qkv)
@@ -157,7 +160,20 @@ def build_optimizer(
 
 
 def lr_at(step: int, total: int, cfg: OptimSection) -> float:
-    """Learning rate at ``step`` (0-based) of ``total``: linear warm-up, then the decay."""
+    """Learning rate at ``step`` (0-based) of ``total``: linear warm-up, then the decay.
+
+    Args:
+        step: the step, from 0.
+        total: the run's steps in all.
+        cfg: the recipe's ``optim`` section: the peak rate, warm-up, schedule and final rate.
+
+    Returns:
+        The rate: rising linearly to ``cfg.lr`` over the warm-up, then constant, or falling to
+        ``cfg.min_lr`` by a cosine or linearly at the last step.
+
+    Raises:
+        ValueError: an unknown schedule.
+    """
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.schedule == "constant":

@@ -18,7 +18,14 @@ from .allocator import keep_freed_memory
 
 
 def configure_process(device: torch.device) -> dict[str, bool]:
-    """Make the settings for training on ``device`` (nothing on accelerators); returns which took effect."""
+    """Make the settings for training on ``device`` (nothing on accelerators); returns which took effect.
+
+    Args:
+        device: the device the run trains on; only a CPU gets the settings.
+
+    Returns:
+        ``{"flush_denormal": ..., "keep_freed_memory": ...}``: whether each setting took effect.
+    """
     if device.type != "cpu":
         return {"flush_denormal": False, "keep_freed_memory": False}
     return {"flush_denormal": torch.set_flush_denormal(True), "keep_freed_memory": keep_freed_memory()}

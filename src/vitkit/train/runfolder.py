@@ -49,7 +49,14 @@ _STEP = re.compile(r"step_\d+\.safetensors")
 
 
 class RunFolder:
-    """``out`` and what lives in it; :meth:`acquire` before anything reads or writes there."""
+    """``out`` and what lives in it; :meth:`acquire` before anything reads or writes there.
+
+    Args:
+        out: the run folder (it need not exist yet).
+
+    Raises:
+        UsageError: an empty name.
+    """
 
     def __init__(self, out: str | Path) -> None:
         if not str(out).strip():

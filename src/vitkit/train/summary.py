@@ -47,7 +47,18 @@ WORST_IMAGES = 16
 
 @dataclass
 class RunReport:
-    """What :func:`write_run_report` measured and wrote."""
+    """What :func:`write_run_report` measured and wrote.
+
+    Attributes:
+        epochs: one row an epoch (:func:`epoch_table`).
+        best_epoch: the epoch of the best evaluation, from 1; None without one.
+        per_class: precision, recall and F1 (and AP for a multi-label run) of each class.
+        confusion: a single-label run's confusion matrix, rows true, columns predicted.
+        multilabel: a multi-label run's mAP macro and micro, the frequency baseline's, and the
+            thresholds.
+        warnings: every warning of the run, in order.
+        files: what was written.
+    """
 
     epochs: list[dict[str, Any]] = field(default_factory=list)  # one row an epoch (epoch_table)
     best_epoch: int | None = None  # 1-based, the epoch of the best evaluation
