@@ -421,3 +421,46 @@ def test_mimetic_init_of_a_resnet_is_a_clear_error():
 
     with pytest.raises(ValueError, match="needs a ViT's attention blocks; ResNetV2 has none"):
         mimetic_init_(vitkit.create_model("bit_r50x1", num_classes=2))
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vit_ti16", {"pos_embed": "sincos2d", "img_size": 32}),
+        ("vit_ti16", {"pos_embed": "relative", "img_size": 32}),
+        ("vit_ti16", {"pos_embed": "rope_dinov3", "img_size": 32, "num_registers": 2}),
+        ("vit_ti16", {"classifier": "map", "img_size": 32}),
+        ("r26_vit_s32", {"img_size": 64}),
+        ("bit_r50x1", {"num_classes": 5, "img_size": 64}),
+    ],
+)
+def test_a_model_built_from_tensors_equals_one_given_them_after_random_init(name, overrides):
+    from vitkit.models import build_model, model_config
+
+    cfg = model_config(name, **overrides)
+    torch.manual_seed(0)
+    reference = build_model(cfg).eval()
+    state = reference.state_dict()
+    rng = torch.random.get_rng_state()
+    built = build_model(cfg, state=state).eval()
+    assert torch.equal(torch.random.get_rng_state(), rng), "building from tensors drew random numbers"
+    assert not any(t.is_meta for t in [*built.parameters(), *built.buffers()])
+    assert all(t.data_ptr() != state[k].data_ptr() for k, t in built.state_dict().items()), "tensors are copies"
+    assert {k for k, _ in built.named_buffers()} == {k for k, _ in reference.named_buffers()}
+    for (k, a), b in zip(reference.named_buffers(), built.buffers()):
+        assert torch.equal(a, b), k
+    x = torch.randn(2, cfg.in_chans, *cfg.img_size)
+    with torch.no_grad():
+        assert torch.equal(reference(x), built(x))
+
+
+def test_a_model_built_from_tensors_zeroes_a_missing_head_and_refuses_other_gaps():
+    from vitkit.models import build_model, model_config
+
+    cfg = model_config("vit_ti16", img_size=32, num_classes=7)
+    state = {k: v for k, v in build_model(cfg).state_dict().items() if not k.startswith("head.")}
+    built = build_model(cfg, state=state)
+    assert not built.head.weight.any() and not built.head.bias.any()
+    state.pop("norm.weight")
+    with pytest.raises(KeyError, match="norm.weight"):
+        build_model(cfg, state=state)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -436,19 +437,23 @@ def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite
             raise CheckpointError(f"{path}: tensor {k!r} is complex ({v.dtype}); model weights are real")
         if allow_nonfinite or (replace_head and k.startswith(_HEADS)) or not v.is_floating_point():
             continue
-        finite = torch.isfinite(v if v.dtype in _FLOATS else v.float())  # float8 has no isfinite
-        if not bool(finite.all()):
-            count = int((~finite).sum())
+        v = v if v.dtype in _FLOATS else v.float()  # float8 has no isfinite
+        if v.numel() and not all(math.isfinite(float(e)) for e in torch.aminmax(v)):  # one pass; NaN propagates
+            count = int((~torch.isfinite(v)).sum())
             raise CheckpointError(
                 f"{path}: tensor {k!r} holds {count} non-finite value(s) (NaN or inf) of {v.numel()}: "
                 "the weights are damaged (pass allow_nonfinite=True to load them anyway)"
             )
 
 
-def _load_matching(model: nn.Module, sd: dict[str, torch.Tensor], p: Path, source: str, new_head: bool) -> None:
-    """Load ``sd`` into ``model`` when names and shapes match (a replaced head's keys may be
-    missing); otherwise one :class:`CheckpointError` naming the file and the first differences."""
-    own = model.state_dict()
+def _build_loaded(
+    cfg: ViTConfig | ResNetConfig, sd: dict[str, torch.Tensor], p: Path, source: str, new_head: bool
+) -> nn.Module:
+    """The model of ``cfg`` holding ``sd`` when names and shapes match (a replaced head's keys may
+    be missing: that head is zero); otherwise one :class:`CheckpointError` naming the file and the
+    first differences. No random weights are drawn first (:func:`.build_model`'s ``state``)."""
+    with torch.device("meta"):
+        own = build_model(cfg).state_dict()
     missing = sorted(k for k in own if k not in sd and not (k.startswith(_HEADS) and new_head))
     unexpected = sorted(k for k in sd if k not in own)
     if missing or unexpected:
@@ -458,7 +463,7 @@ def _load_matching(model: nn.Module, sd: dict[str, torch.Tensor], p: Path, sourc
     bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in sd.items() if v.shape != own[k].shape]
     if bad:
         raise CheckpointError(f"{p}: tensor shapes do not match the model: {bad[:6]}")
-    model.load_state_dict(sd, strict=False)
+    return build_model(cfg, state=sd)
 
 
 def load_pretrained(
@@ -535,8 +540,7 @@ def load_pretrained(
         notes += _adapt_distill_token(sd, cfg, target)
     notes += _drop_replaced_heads(sd, cfg.num_classes, new_classes)
     cfg = target
-    model = build_model(cfg)
-    _load_matching(model, sd, p, loaded.source, new_head=new_classes != loaded.cfg.num_classes)
+    model = _build_loaded(cfg, sd, p, loaded.source, new_head=new_classes != loaded.cfg.num_classes)
     pre = loaded.preprocessing or Preprocessing.for_config(cfg)
     if isinstance(cfg, (ViTConfig, ResNetConfig)):
         pre = dataclasses.replace(pre, img_size=tuple(cfg.img_size))

@@ -66,7 +66,8 @@ class MAPHead(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = mlp
-        self.reset_parameters()
+        if not self.latent.is_meta:  # a model on the meta device draws nothing
+            self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Probe N(0, 1/D) (timm's scale), xavier-uniform dense layers, zero biases."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -179,27 +179,52 @@ def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
     raise ValueError(f"unknown model {name!r}{hint} (vitkit.list_models() lists them all)")
 
 
-def build_model(cfg: ViTConfig | ResNetConfig) -> nn.Module:
+def build_model(cfg: ViTConfig | ResNetConfig, state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
     """Instantiate a config, after checking that its weights fit the memory left
     (:func:`.flops.check_memory`: one line instead of the allocator's traceback).
 
     Args:
         cfg: the model's config.
+        state: tensors for the model to hold instead of random weights, named and shaped as its
+            ``state_dict()`` (a copy of each is taken, in the model's dtype). Then no random
+            weights are drawn: the model is built on the ``meta`` device and given these; a
+            classifier head absent from ``state`` is zero, as the heads are initialised.
 
     Returns:
-        The model, with random weights.
+        The model: with random weights, or holding ``state``.
 
     Raises:
         UsageError: the weights would not fit the memory left.
-        ValueError: a token grid too large to build.
+        ValueError: a token grid too large to build, or a tensor of ``state`` without the
+            model's shape.
+        KeyError: ``state`` lacks a tensor other than a head's.
     """
     if torch.get_default_device().type != "meta":  # shapes only: nothing to fit
         check_memory(cfg, "model")
-    if isinstance(cfg, ResNetConfig):
-        return ResNetV2(cfg)
-    if problem := token_grid_problem(cfg):
+    if isinstance(cfg, ViTConfig) and (problem := token_grid_problem(cfg)):
         raise ValueError(problem)
-    return VisionTransformer(cfg)
+    if state is None:
+        return ResNetV2(cfg) if isinstance(cfg, ResNetConfig) else VisionTransformer(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    model.load_state_dict(_materialised(model.state_dict(), state), assign=True)
+    return model  # its buffers, which follow from the config, were computed on the CPU
+
+
+def _materialised(own: dict[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of every tensor of ``state`` in the dtype of the (meta) model's own; zeros for a head
+    that ``state`` lacks."""
+    out = {}
+    for key, mine in own.items():
+        given = state.get(key)
+        if given is None:
+            if not key.startswith(("head.", "head_dist.")):
+                raise KeyError(f"no tensor for {key!r}")
+            given = torch.zeros(mine.shape)
+        if given.shape != mine.shape:
+            raise ValueError(f"{key}: shape {tuple(given.shape)}, the model's is {tuple(mine.shape)}")
+        out[key] = given.to(device="cpu", dtype=mine.dtype, copy=True, memory_format=torch.contiguous_format)
+    return out
 
 
 def create_model(

@@ -198,6 +198,8 @@ class ResNetV2(ReplaceableHead, nn.Module):
         self.norm = group_norm(chans, eps=1e-5)
         self.num_features = chans
         self.head = nn.Linear(chans, cfg.num_classes) if cfg.num_classes else None
+        if self.conv_root.weight.is_meta:  # a model on the meta device draws nothing
+            return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -28,6 +28,7 @@ weights load and compute what their authors' code computes:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -177,9 +178,19 @@ class Attention(nn.Module):
         if relative is not None:
             self.rel_patches, self.rel_prefix = relative
             self.rel_embed = nn.Parameter(torch.empty(relative_num_offsets(*relative), self.head_dim))
-            nn.init.normal_(self.rel_embed, std=0.02)
-            index = relative_offset_index(*relative)  # (T, T), T = prefix + patches
-            self.register_buffer("rel_index", index, persistent=False)
+            if not self.rel_embed.is_meta:  # a model on the meta device draws nothing
+                nn.init.normal_(self.rel_embed, std=0.02)
+            self._derive_buffers()
+
+    def _derive_buffers(self) -> None:
+        """(Re)compute the pair index of the relative table, (T, T) with T = prefix + patches: it
+        follows from the sizes alone and is never saved, so a model built on the ``meta`` device
+        gets it on the device of its (loaded) table. No relative table: nothing to do."""
+        if self.rel_embed is None:
+            return
+        dev = "cpu" if self.rel_embed.is_meta else self.rel_embed.device
+        index = relative_offset_index(self.rel_patches, self.rel_prefix, device=dev)
+        self.register_buffer("rel_index", index, persistent=False)
 
     def set_num_patches(self, num_patches: int) -> None:
         """Resize the relative table (in place) for a grid of ``num_patches`` patches and rebuild
@@ -189,8 +200,7 @@ class Attention(nn.Module):
         table = resample_relative_embed(self.rel_embed.detach(), num_patches, self.rel_prefix)
         self.rel_embed = nn.Parameter(table.clone())
         self.rel_patches = num_patches
-        index = relative_offset_index(num_patches, self.rel_prefix, device=self.rel_index.device)
-        self.register_buffer("rel_index", index, persistent=False)
+        self._derive_buffers()
 
     def relative_bias(self, q: torch.Tensor) -> torch.Tensor:
         """The relative term (B, H, T, T) for queries (B, H, T, hd): ``(q * scale) @ rel_embed^T``,
@@ -366,12 +376,9 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         self.pos_embed_row = self.pos_embed_col = self.pos_embed_prefix = None
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.empty(1, prefix_rows + gh * gw, D))
-        elif cfg.pos_embed == "sincos2d":
-            self.register_buffer("pos_embed", sincos_pos_table(cfg.grid_size, D, prefix_rows), persistent=False)
-        else:  # learned2d: no 1-D table (below); relative, RoPE: no E_pos, the positions act in attention
+        elif cfg.pos_embed != "sincos2d":  # learned2d: no 1-D table (below); relative, RoPE: no E_pos
             self.pos_embed = None
-        if cfg.pos_embed in ROPE_POS_EMBEDS:  # cosines and sines of the grid's rotations (rope_for)
-            self.register_buffer("rope", self._rope_table(cfg.grid_size), persistent=False)
+        self._derive_buffers(cfg.grid_size)  # the fixed sin-cos table, the RoPE's cosines and sines
         if cfg.pos_embed == "learned2d":  # E_pos of patch (i, j): cat(row[i], col[j]) (pos_embed_table)
             self.pos_embed_row = nn.Parameter(torch.empty(1, gh, D // 2))
             self.pos_embed_col = nn.Parameter(torch.empty(1, gw, D // 2))
@@ -397,7 +404,22 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else None
         self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes and cfg.distill_token else None
-        self.reset_parameters()
+        if not self.blocks[0].attn.qkv.weight.is_meta:  # a model on the meta device draws nothing
+            self.reset_parameters()
+
+    def _derive_buffers(self, grid: tuple[int, int]) -> None:
+        """(Re)compute the tensors that follow from the config alone and are never saved: the fixed
+        sin-cos table (``pos_embed="sincos2d"``) and the cosines and sines of 2-D RoPE (``rope``,
+        read by :meth:`rope_for`), for ``grid``. On the meta device they are computed on the CPU,
+        so that a model built there and given loaded tensors (:func:`.registry.build_model`'s
+        ``state``) is whole."""
+        cfg = self.cfg
+        with torch.device("cpu") if torch.get_default_device().type == "meta" else contextlib.nullcontext():
+            if cfg.pos_embed == "sincos2d":
+                table = sincos_pos_table(grid, cfg.width, cfg.pos_prefix_rows)
+                self.register_buffer("pos_embed", table, persistent=False)
+            if cfg.pos_embed in ROPE_POS_EMBEDS:  # cosines and sines of the grid's rotations (rope_for)
+                self.register_buffer("rope", self._rope_table(grid), persistent=False)
 
     # -- initialisation (as the official code: xavier-uniform dense layers, lecun-normal patch
     #    kernel, N(0, 0.02) position embeddings, zero class token and head; DeiT's distillation
