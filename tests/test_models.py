@@ -265,7 +265,7 @@ def test_cpu_training_attention_takes_the_path_measured_faster_for_its_shape(mon
         attention._TRAINING_PATHS[(torch.float32, 2, 4, 65, 8)] = "math"
         assert attention_path(q, "auto", False, 0.0) == "math"
         assert attention_path(q, "recompute", False, 0.0) == "recompute"  # asked for: as asked
-    assert attention_path(q.detach(), "auto", False, 0.0) == "math"  # no gradients: nothing to measure
+    assert attention_path(q.detach()[..., :8, :], "auto", False, 0.0) == "math"  # no gradients: nothing to measure
     choice = choose_training_path(2, 4, 17, 8)
     assert choice in ("math", "recompute") and attention._TRAINING_PATHS[(torch.float32, 2, 4, 17, 8)] == choice
 
@@ -464,3 +464,15 @@ def test_a_model_built_from_tensors_zeroes_a_missing_head_and_refuses_other_gaps
     state.pop("norm.weight")
     with pytest.raises(KeyError, match="norm.weight"):
         build_model(cfg, state=state)
+
+
+def test_cpu_inference_attention_takes_the_fused_kernel_for_long_sequences():
+    """Without gradients on the CPU: fp32 always fused; bf16 explicit up to N = 8 head_dim (the
+    N x N weights stay in cache), fused beyond; weights asked for are always explicit."""
+    from vitkit.models.attention import attention_path
+
+    with torch.no_grad():
+        for n, path in ((197, "math"), (512, "math"), (577, "sdpa"), (1370, "sdpa")):
+            assert attention_path(torch.zeros(1, 12, n, 64, dtype=torch.bfloat16), "auto", False, 0.0) == path, n
+            assert attention_path(torch.zeros(1, 12, n, 64), "auto", False, 0.0) == "sdpa"
+            assert attention_path(torch.zeros(1, 12, n, 64, dtype=torch.bfloat16), "auto", True, 0.0) == "math"

@@ -15,8 +15,10 @@ kernel, a float mask being added), except that "recompute" gives way to "math" (
   instead of kept (:class:`_RecomputedAttention`): what the explicit path saves for its backward
   grows as N^2, the fused kernel's as N.
 
-``impl="auto"`` picks per call (:func:`attention_path`): the fused kernel on accelerators and for
-fp32 CPU inference; the explicit path for bf16 CPU inference and CPU training, recomputing once
+``impl="auto"`` picks per call (:func:`attention_path`): the fused kernel on accelerators, for
+fp32 CPU inference, and for bf16 CPU inference of long sequences (N > 8 head_dim, where the
+explicit path's N x N weights outgrow the caches: 1.2-1.3x faster fused from N = 577 on an AVX-512
+CPU); the explicit path for shorter bf16 CPU inference and for CPU training, recomputing once
 keeping the weights would cost more than q, k and v together (N > 3 head_dim), or, for a shape
 :func:`choose_training_path` has timed on this CPU (the trainer times its own), whichever of the
 two was faster. The measurements behind these choices are in ``benchmarks/RESULTS.md``.
@@ -102,14 +104,18 @@ def attention_path(q: torch.Tensor, impl: str, need_weights: bool, dropout_p: fl
     if need_weights:
         return "math"
     if impl == "auto":
-        # On the CPU the fused kernel wins only for fp32 inference.
+        # On the CPU the fused kernel wins for fp32 inference, and for inference in lower precision
+        # once the sequence is long (N > 8 head_dim: ViT-B/16 at 384 px, DINOv2 at 518 px), where
+        # the explicit path's N x N weights no longer stay in cache.
+        training = torch.is_grad_enabled() and q.requires_grad
         if q.device.type != "cpu" or not (torch.is_grad_enabled() or q.dtype != torch.float32):
+            return "sdpa"
+        if not training and q.shape[-2] > 8 * q.shape[-1]:
             return "sdpa"
         # Recompute the weights when keeping them would cost more than q, k and v together
         # (N > 3 head_dim: ViT-B/16 at 224 px and longer); below that keeping them is cheaper.
         # Where this shape was measured on this CPU (choose_training_path), the measurement decides.
         long = q.shape[-2] > 3 * q.shape[-1]
-        training = torch.is_grad_enabled() and q.requires_grad
         measured = _TRAINING_PATHS.get((q.dtype, *q.shape)) if training else None
         impl = measured or ("recompute" if long and training else "math")
     if impl == "recompute" and (dropout_p > 0.0 or not torch.is_grad_enabled() or bias):
