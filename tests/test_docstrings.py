@@ -38,22 +38,6 @@ OTHER_STYLES = re.compile(
     re.MULTILINE,
 )
 
-# Objects whose docstrings are not complete yet; the test fails once one of them is, so that it
-# leaves this list.
-PENDING = {
-    "vitkit.data.folder.FileImages",
-    "vitkit.data.folder.ImageFolder",
-    "vitkit.eval.features.ModelOutputs",
-    "vitkit.eval.features.ModelOutputs.images_per_s",
-    "vitkit.eval.features.extract_features",
-    "vitkit.eval.features.model_inputs",
-    "vitkit.eval.features.model_outputs",
-    "vitkit.eval.features.model_preprocessing",
-    "vitkit.eval.features.served_model",
-    "vitkit.preprocessing.LoadedImages",
-    "vitkit.preprocessing.Preprocessing",
-}
-
 
 def _modules():
     """vitkit and every module under it, but the command line."""
@@ -200,17 +184,11 @@ def missing(obj) -> list[str]:
 
 
 def test_the_public_api_documents_its_arguments_and_results():
-    problems, done = [], []
+    problems = []
     for name, obj in sorted(public_objects().items()):
-        why = missing(obj)
-        if name in PENDING:
-            if not why:
-                done.append(name)
-            continue
-        if why:
+        if why := missing(obj):
             problems.append(f"{name}: {'; '.join(why)}")
     assert not problems, "\n".join(problems)
-    assert not done, f"documented now, take them off PENDING: {', '.join(done)}"
 
 
 def _reference_modules() -> list[str]:

@@ -31,6 +31,16 @@ class Preprocessing:
     resizes the whole image to ``img_size``. ``crop_mode`` "center" keeps the aspect ratio at 1.0
     too: the shorter side to ``img_size``, then the centre (CLIP's, SigLIP's and timm's eval
     transform at crop fraction 1); "squash" (the default) resizes the whole image.
+
+    Attributes:
+        mean: one value a channel, in [0, 1] units.
+        std: one value a channel, in [0, 1] units.
+        img_size: the model's input size (height, width), in pixels.
+        interpolation: how images are resized: "bilinear" or "bicubic".
+        crop_pct: the fraction of the resized image (its shorter side) that the centre crop
+            keeps, as above; 1.0: as ``crop_mode`` says.
+        crop_mode: at ``crop_pct`` 1: "squash" the whole image, or "center" (shorter side, then
+            crop).
     """
 
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -38,7 +48,7 @@ class Preprocessing:
     img_size: tuple[int, int] = (224, 224)
     interpolation: str = "bilinear"
     crop_pct: float = 1.0
-    crop_mode: str = "squash"  # at crop_pct 1: "squash" the whole image, or "center" (shorter side, then crop)
+    crop_mode: str = "squash"
 
     @classmethod
     def for_config(cls, cfg: Any) -> Preprocessing:
@@ -118,11 +128,18 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
 
 @dataclass
 class LoadedImages:
-    """Images ready for a model: what :func:`load_images` returns."""
+    """Images ready for a model: what :func:`load_images` returns.
 
-    names: list[str]  # one per image: the file's stem, or the name it was given
-    pixels: np.ndarray  # (B, H, W) or (B, H, W, 3) uint8, resized: for pictures
-    inputs: torch.Tensor  # (B, C, H, W) float32, normalised: for the model
+    Attributes:
+        names: one per image: the file's stem, or the name it was given.
+        pixels: the resized images, uint8 (B, H, W) for grey or (B, H, W, 3) for RGB: for
+            pictures.
+        inputs: the normalised images (B, C, H, W), float32: for the model.
+    """
+
+    names: list[str]
+    pixels: np.ndarray
+    inputs: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.names)

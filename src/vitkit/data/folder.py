@@ -67,7 +67,17 @@ class FileImages(StreamingDataset):
     """Images named by file path, each with a label, decoded while the epoch runs: what the image
     folder and the labels files (``labels.py``) share. ``samples`` holds (path, label) pairs;
     sources whose labels are not one class an image (multi-hot rows) keep an index there and map
-    it in :meth:`targets_of`."""
+    it in :meth:`targets_of`. A subclass fills :attr:`samples` in its constructor.
+
+    Args:
+        load_size: the (height, width) images are decoded to, in pixels; an int means a square.
+        mode: "RGB" or "L" (grey).
+        resize: "shorter" (scale the shorter side to fit, crop the centre) or "plain" (stretch).
+        name: the source's name in messages and reports.
+
+    Raises:
+        ValueError: an unknown ``mode`` or ``resize``.
+    """
 
     samples: list[tuple[str, int]]
 
@@ -145,6 +155,26 @@ class ImageFolder(FileImages):
     :class:`DataError` naming it and the class found; 1 allows a single folder (for features).
     Every class folder of the training tree must hold an image (a class without one could never
     be learnt); a class missing from ``val/`` or ``test/`` only has no score there.
+
+    Args:
+        root: the tree's folder.
+        split: "train", "val" or "test", as above.
+        load_size: the (height, width) images are decoded to, in pixels; an int means a square.
+        resize: "shorter" (scale the shorter side to fit, crop the centre) or "plain" (stretch).
+        mode: "RGB" or "L" (grey).
+        val_fraction: the share of each class held out as "val" in a tree without ``train/``,
+            in [0, 1), rounded up but never a whole class; not used with ``train/``.
+        split_seed: the seed of the hash that picks the held-out images.
+        extensions: the file suffixes read as images, in any case; hidden files and folders (a
+            leading ".") are left out.
+        min_classes: the fewest class folders the training tree may have.
+
+    Raises:
+        DataError: an unknown ``split``; a ``root`` that is not a folder; a ``val``/``test``
+            split of a tree with ``train/`` but neither ``val/`` nor ``test/``, or with class
+            folders not in ``train/``; too few class folders; a training class folder without
+            images; a tree whose class folders cannot be listed; or no images for ``split``.
+        ValueError: ``val_fraction`` outside [0, 1), or an unknown ``mode`` or ``resize``.
     """
 
     def __init__(

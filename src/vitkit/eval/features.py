@@ -28,14 +28,23 @@ Head = Literal["logits", "pre_logits"]
 
 @dataclass
 class ModelOutputs:
-    """What :func:`model_outputs` returns: one row per image, in the order they were read."""
+    """What :func:`model_outputs` returns: one row per image, in the order they were read.
 
-    outputs: torch.Tensor  # (N, K) logits or (N, F) pre-logits, float32, on the CPU
-    labels: torch.Tensor  # (N,) int64
-    seconds: float  # wall time of the loop: data, transforms and the model
+    Attributes:
+        outputs: (N, K) logits or (N, F) pre-logits, float32, on the CPU.
+        labels: the dataset's labels, int64, on the CPU: class indices (N,), or multi-hot rows
+            (N, K) for a multi-label source.
+        seconds: wall time of the loop, in seconds: reading, transforms and the model.
+    """
+
+    outputs: torch.Tensor
+    labels: torch.Tensor
+    seconds: float
 
     @property
     def images_per_s(self) -> float:
+        """Throughput of the loop, ``labels.numel() / seconds`` (images per second for class-index
+        labels); NaN when ``seconds`` is 0."""
         return self.labels.numel() / self.seconds if self.seconds > 0 else float("nan")
 
 
@@ -44,6 +53,18 @@ def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None
 
     Loaded models carry ``model.preprocessing``; a freshly created vitkit model gets the paper's
     [-1, 1] range at its configured resolution.
+
+    Args:
+        model: a model with ``preprocessing``, a vitkit ``cfg``, or both.
+        img_size: the input size in pixels, (H, W) or N for a square; None: the model's
+            configured ``cfg.img_size``, or its preprocessing's size for a model without a config.
+
+    Returns:
+        A new :class:`~vitkit.preprocessing.Preprocessing`: the model's mean, std, interpolation
+        and crop at that size (``model.preprocessing`` is left as it is).
+
+    Raises:
+        ValueError: a model with neither ``preprocessing`` nor a vitkit ``cfg``.
     """
     pre = getattr(model, "preprocessing", None)
     cfg = getattr(model, "cfg", None)
@@ -117,9 +138,28 @@ def model_inputs(
     another size gets its position embeddings resized in place now). Also the calibration input
     of :func:`vitkit.inference.calibrate_int8`.
 
-    ``transform`` replaces the model's preprocessing (training evaluates with its recipe's,
-    centre crop included); ``rank`` and ``world_size`` give this process its share of each batch;
-    ``num_workers`` decode streamed sources in that many loader processes.
+    Args:
+        model: the model the inputs are for; its preprocessing as :func:`model_preprocessing`
+            gives it, its input channels from its ``cfg`` (else the channels of the mean).
+        dataset: the source to read.
+        batch_size: images a batch, summed over the processes.
+        device: where the images are moved before they are transformed; labels stay on the CPU.
+        img_size: the input size in pixels, (H, W) or N for a square; None: the model's.
+        max_images: read a random subset of this many images (rounded up to whole batches with
+            ``world_size > 1``); None: every image, in the dataset's order.
+        sample_seed: the seed of that subset.
+        transform: replaces the model's preprocessing (training evaluates with its recipe's,
+            centre crop included); ``img_size`` is then not used and the model not resized.
+        rank: this process's rank, ``0..world_size - 1``.
+        world_size: the processes each batch is shared among; this one reads its share.
+        num_workers: decode streamed sources in that many loader processes (0: this process).
+
+    Returns:
+        An iterator of (images (B, C, H, W) float32 on ``device``, labels as the dataset gives
+        them). A batch whose images all failed to decode is left out.
+
+    Raises:
+        ValueError: a model without preprocessing or config (:func:`model_preprocessing`).
     """
     dev = torch.device(device)
     cfg = getattr(model, "cfg", None)
@@ -162,15 +202,39 @@ def model_outputs(
 ) -> ModelOutputs:
     """Run ``model`` (in eval mode, under ``torch.inference_mode``) over ``dataset``.
 
-    ``head``: "logits" (``model(x)``) or "pre_logits" (``forward_head(forward_features(x),
-    pre_logits=True)``: the representation few-shot and probes use). Images are resized to
-    ``img_size`` (default: the model's) and normalised with the model's mean/std; a ViT whose
-    size differs gets its position embeddings resized in place (``set_img_size``). With
-    ``max_images`` smaller than the dataset, a random subset (seeded by ``sample_seed``) is read
-    so that class-sorted sources still give every class. ``progress`` is called with the number
-    of images of each finished batch. The model is moved to ``device`` and left there.
-    ``options``: ``forward``, the module to call for logits (a compiled or DDP-wrapped ``model``),
-    and ``transform``, ``rank``, ``world_size``, ``num_workers`` of :func:`model_inputs`.
+    Images are resized to ``img_size`` (default: the model's) and normalised with the model's
+    mean/std; a ViT whose size differs gets its position embeddings resized in place
+    (``set_img_size``). With ``max_images`` smaller than the dataset, a random subset (seeded by
+    ``sample_seed``) is read so that class-sorted sources still give every class. The model is
+    moved to ``device`` and left there, in the training mode it had.
+
+    Args:
+        model: the model to run.
+        dataset: the source to read.
+        head: "logits" (``model(x)``) or "pre_logits" (``forward_head(forward_features(x),
+            pre_logits=True)``: the representation few-shot and probes use).
+        batch_size: images a forward pass, summed over the processes.
+        device: where the model runs.
+        precision: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`); a model
+            from :func:`~vitkit.inference.prepare_inference` runs in the precision it was
+            prepared for instead.
+        img_size: the input size in pixels, (H, W) or N for a square; None: the model's.
+        max_images: read a random subset of this many images; None: all of them.
+        sample_seed: the seed of that subset.
+        progress: called with the number of images of each finished batch.
+        **options: ``forward``, the module to call for logits (a compiled or DDP-wrapped
+            ``model``), and ``transform``, ``rank``, ``world_size``, ``num_workers`` of
+            :func:`model_inputs`.
+
+    Returns:
+        The outputs and labels of this process's images, and the time the loop took. With
+        ``world_size > 1`` a process that read no image gets empty tensors.
+
+    Raises:
+        UsageError: a ``batch_size`` or ``max_images`` below 1, an unknown ``head`` or
+            ``precision``, or no images to evaluate (none in the dataset, or none that could be
+            read; the message gives examples of why).
+        ValueError: a model without preprocessing or config (:func:`model_preprocessing`).
     """
     if batch_size < 1:
         raise UsageError(f"batch_size must be positive, got {batch_size}")
@@ -234,6 +298,24 @@ def extract_features(
     The representation is ``forward_head(forward_features(x), pre_logits=True)`` (ViT: the
     pooled, normed token after the optional tanh pre-logits layer; BiT ResNet: the globally
     pooled feature map). See :func:`model_outputs` for preprocessing, sizes and subsampling.
+
+    Args:
+        model: a model with ``forward_features`` and ``forward_head``.
+        dataset: the source to read.
+        batch_size: images a forward pass.
+        device: where the model runs; it is moved there and left there.
+        precision: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
+        img_size: the input size in pixels, (H, W) or N for a square; None: the model's.
+        max_images: read a random subset of this many images; None: all of them.
+        progress: called with the number of images of each finished batch.
+        sample_seed: the seed of that subset.
+
+    Returns:
+        (features (N, F) float32, labels (N,) int64), one row per image read.
+
+    Raises:
+        UsageError: bad arguments, or no images to evaluate, as :func:`model_outputs` raises.
+        ValueError: a model without preprocessing or config (:func:`model_preprocessing`).
     """
     res = model_outputs(
         model,
@@ -262,7 +344,27 @@ def served_model(
     """``model`` as :func:`vitkit.inference.prepare_inference` serves it in ``precision``, and
     the number of calibration images used. int8 with ``calib_images > 0`` calibrates static
     activation scales on that many images of ``data`` (a dataset, or a name for
-    :func:`vitkit.data.build_dataset` with ``split``); 0 quantises dynamically, per batch."""
+    :func:`vitkit.data.build_dataset` with ``split``); 0 quantises dynamically, per batch.
+
+    Args:
+        model: the model to serve; it is moved to ``device``, and otherwise left unchanged.
+        precision: "auto", "fp32", "bf16" or "int8", as :func:`~vitkit.inference.prepare_inference`
+            takes it.
+        data: the calibration images for static int8; not read otherwise.
+        split: the split of ``data`` when it is a name.
+        calib_images: how many images static int8 is calibrated on; 0: dynamic int8.
+        batch_size: images a batch while the calibration images are read.
+        device: where the served model runs; int8 runs on the CPU only.
+
+    Returns:
+        (the served model, the number of calibration images used: 0 unless int8 was calibrated).
+
+    Raises:
+        UsageError: int8 on a device other than the CPU, or static int8 without ``data``.
+        ValueError: as :func:`~vitkit.inference.prepare_inference` refuses, e.g. static int8
+            where this torch build has no oneDNN int8 kernels (use ``calib_images=0`` there).
+        DataError: a ``data`` name :func:`~vitkit.data.build_dataset` cannot read.
+    """
     from ..data import build_dataset
     from ..inference import prepare_inference
 
