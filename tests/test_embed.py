@@ -331,3 +331,34 @@ def test_files_are_walked_in_the_image_folder_order(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"")
     assert image_files(tmp_path) == ["a.png", "b.png", "c.JPG", "a/z.png", "a/b/c.png"]
+
+
+@pytest.mark.parametrize("name", ["vit", "bit_r50x1"])
+def test_bf16_on_the_cpu_computes_with_the_serving_copy_and_leaves_the_model_alone(data, name):
+    from vitkit.inference import prepare_inference
+
+    torch.manual_seed(0)
+    model = _tiny() if name == "vit" else vitkit.create_model(name, img_size=32, num_classes=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = embed_folder(model, data / "val", pool="pooled", batch_size=4, precision="bf16")
+    assert res.metadata["precision"] == "bf16" and res.metadata.get("computed_by", "bf16 weights") == "bf16 weights"
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the model was changed"
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    if name != "vit":  # a random BiT in bf16 amplifies an input's last bit to whole units: shapes only
+        assert res.vectors.shape == (15, model.num_features) and res.vectors.isfinite().all()
+        return
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the model was changed"
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    if name != "vit":  # a random BiT in bf16 amplifies an input's last bit to whole units: shapes only
+        assert res.vectors.shape == (15, model.num_features) and res.vectors.isfinite().all()
+        return
+    x = vitkit.load_images([data / "val" / p for p in res.paths], model_preprocessing(model), 3).inputs
+    served = prepare_inference(model.eval(), "bf16")  # as embed_folder prepares it: from the eval-mode model
+    model.train()
+    with torch.inference_mode():
+        own = torch.cat(
+            [served.forward_head(served.forward_features(b.bfloat16()), pre_logits=True) for b in x.split(4)]
+        )
+    torch.testing.assert_close(res.vectors, own.float(), atol=0, rtol=0)
+    fp32 = embed_folder(model, data / "val", pool="pooled", batch_size=4).vectors
+    torch.testing.assert_close(res.vectors, fp32, atol=0.05 * float(fp32.abs().max()), rtol=0)
