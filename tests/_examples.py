@@ -5,7 +5,8 @@ A block runs as written unless the line right before its fence is a note:
 - ``<!-- example: skip: REASON -->``: not run; the reason is shown in the test's output;
 - ``<!-- example: setup=NAME[,NAME...] -->``: the named stand-ins are prepared in the folder first
   (a small checkpoint at the path the text uses, a few images...), once a page; a stand-in may
-  also give Python lines that run before a Python block (the names the block takes as given).
+  also give Python lines that run before a Python block (the names the block takes as given),
+  and change the environment of the page's blocks from then on (a local server to download from).
 
 Bash blocks run with ``bash -e``, so any failing line fails the block; Python blocks run as a
 script. Each runs in a new process with a time limit; a failure names the page, the block's line
@@ -28,7 +29,8 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 NOTE = re.compile(r"<!--\s*example:\s*(.*?)\s*-->")
 TAIL = 3000  # characters of a failed block's output shown
 
-# A stand-in: prepares files in the folder, returns Python lines for the blocks that name it (or "").
+# A stand-in: prepares files in the folder (or the environment the page's blocks run in), returns
+# Python lines for the blocks that name it (or "").
 Setup = Callable[[Path], str]
 
 

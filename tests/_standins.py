@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from _examples import Setup
+from _hub import HubStandIn, random_fill
 
 CLASSES = 10  # Fashion-MNIST's
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket"]  # the tutorial's
@@ -94,8 +95,8 @@ class StandIns:
     """The stand-ins, built once a test session under ``shared`` where they are costly, then
     copied into each page's folder; ``env`` is the examples' environment (``VITKIT_DATA``...)."""
 
-    def __init__(self, shared: Path, env: dict[str, str]) -> None:
-        self.shared, self.env = shared, env
+    def __init__(self, shared: Path, env: dict[str, str], hub: HubStandIn | None = None) -> None:
+        self.shared, self.env, self.hub_server = shared, env, hub
         self.shared_env = {**env, "VITKIT_DATA": str(shared / "data")}  # what the shared builds read
 
     def setups(self) -> dict[str, Setup]:
@@ -110,6 +111,10 @@ class StandIns:
             "mosaics": self.mosaics,
             "weight-files": self.weight_files,
             "images": self.images,
+            "images-518": self.images_518,
+            "hub": self.hub,
+            "backbone-files": self.backbone_files,
+            "imagenet-val": self.imagenet_val,
         }
 
     def vitkit(self, *args: str) -> None:
@@ -146,7 +151,8 @@ class StandIns:
                 "train", "--config", "fmnist_vit", "--out", str(partial), "--steps", "8", "--batch-size", "32", *sets
             )
             partial.rename(built)
-        shutil.copytree(built, folder / "runs" / "demo", ignore=shutil.ignore_patterns(".lock"))
+        if not (folder / "runs" / "demo").exists():  # another stand-in of the page brought it
+            shutil.copytree(built, folder / "runs" / "demo", ignore=shutil.ignore_patterns(".lock"))
         return ""
 
     def demo_model(self, folder: Path) -> str:
@@ -207,3 +213,72 @@ class StandIns:
     def images(self, folder: Path) -> str:
         """``images``: a batch of two 224 px images in [-1, 1]."""
         return "import torch\n\nimages = torch.rand(2, 3, 224, 224) * 2 - 1\n\n"
+
+    def images_518(self, folder: Path) -> str:
+        """``images``: one 518 px image in [-1, 1], the size of DINOv2's position table."""
+        return "import torch\n\nimages = torch.rand(1, 3, 518, 518) * 2 - 1\n\n"
+
+    def hub(self, folder: Path) -> str:
+        """Downloads by name, and ``vitkit`` imported: the examples from here on are online, their
+        Google Cloud Storage and Hugging Face hub downloads answered by the local stand-in of both
+        (``_hub.py``: real-shaped random weights, made once a session), every other address
+        refused. An address the stand-in cannot answer for (``https://example.org/...``) has its
+        file in the cache already, as a download before these examples left it: a small ViT."""
+        import vitkit
+
+        assert self.hub_server is not None, "the hub stand-in needs the test's HubStandIn"
+        for name in ("VITKIT_OFFLINE", "HF_HUB_OFFLINE"):
+            self.env.pop(name, None)
+        self.env.update(self.hub_server.env())
+        for url in PREFILLED:
+            host, path = url.split("://", 1)[1].split("/", 1)
+            cached = Path(self.env["VITKIT_CACHE"]) / host / path  # the cache's layout: CACHE/HOST/PATH
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            small = vitkit.create_model("vit_ti16", img_size=32, width=32, depth=1, num_heads=2, mlp_dim=64)
+            vitkit.save_checkpoint(small, cached)
+        return "import vitkit\n\n"
+
+    def backbone_files(self, folder: Path) -> str:
+        """The files the guide's backbones load by path, small: ``clip_folder/`` (a CLIPVisionModel
+        as transformers saves it, with OpenAI's processor; width 32, one block, 224 px, patch 32)
+        and ``vit_base_patch16_siglip_224.safetensors`` (a SigLIP tower's timm state dict, without
+        a config: width 64, one block, 224 px, patch 16)."""
+        import json
+
+        import torch
+        import transformers as t
+        from safetensors.torch import save_file
+
+        import vitkit
+        from vitkit.checkpoint import to_timm
+
+        torch.manual_seed(0)
+        small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+        clip = t.CLIPVisionModel(t.CLIPVisionConfig(**small, image_size=224, patch_size=32))
+        clip.save_pretrained(folder / "clip_folder")
+        openai = {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+        processor = {"image_processor_type": "CLIPImageProcessor", **openai, "resample": 3, "do_center_crop": True}
+        processor |= {"size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}}
+        (folder / "clip_folder" / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+        siglip = vitkit.create_model("vit_b16_siglip", width=64, depth=1, num_heads=1, mlp_dim=128)
+        random_fill(siglip)
+        sd = {k: v.contiguous() for k, v in to_timm(siglip.state_dict()).items()}
+        save_file(sd, folder / "vit_base_patch16_siglip_224.safetensors")
+        return ""
+
+    def imagenet_val(self, folder: Path) -> str:
+        """``imagenet_val/<synset>/ILSVRC2012_val_*.JPEG``: ImageNet's validation set as class folders,
+        its 1000 classes (folders named like synsets) of one small photograph each, and of two in
+        the first three, so that the split vitkit holds out of a folder has three images."""
+        root = folder / "imagenet_val"
+        small = [photo(name).resize((24, 24)) for name in PHOTOS[:3]]
+        for c in range(1000):
+            img = small[c % 3]
+            (root / f"n{c:08d}").mkdir(parents=True)
+            for i in range(2 if c < 3 else 1):
+                img.save(root / f"n{c:08d}" / f"ILSVRC2012_val_{2 * c + i:08d}.JPEG")
+        return ""
+
+
+# Addresses the stand-in cannot serve (they are not on 127.0.0.1): their files are in the cache.
+PREFILLED = ["https://example.org/weights.safetensors"]

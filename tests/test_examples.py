@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from _examples import ExampleFailed, examples, run_example, run_page
+from _hub import HubStandIn
 from _standins import StandIns
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,14 +24,16 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Pages whose examples take longer than the default run affords; `make test-all` runs them.
 SLOW_PAGES = {
     "evaluation.md": "the README's evaluation commands again, with int8 and predict: ~40 s of CPU",
-    "weights.md": "six conversions, ONNX and torch.export among them: ~40 s of CPU",
+    "weights.md": "six conversions, ONNX and torch.export among them, and nine downloads, six of ViT-B's size: "
+    "~140 s of CPU",
 }
 TIMEOUT = 600  # seconds a block may take (a few on an idle machine; far more on a busy one)
 
 
 def example_env(home: Path) -> dict[str, str]:
     """The environment of the examples: ``vitkit`` and ``python`` of this checkout first on the
-    PATH; data, caches and Hugging Face's home under ``home``; offline, so nothing is downloaded."""
+    PATH; data, caches and Hugging Face's home under ``home``; offline, so nothing is downloaded
+    (the ``hub`` stand-in puts a page online, against the local stand-in of the servers)."""
     bin_dir = home / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name, command in (("vitkit", f'"{sys.executable}" -m vitkit'), ("python", f'"{sys.executable}"')):
@@ -58,6 +61,14 @@ def shared(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("examples_shared")
 
 
+@pytest.fixture(scope="module")
+def hub(shared):
+    """The local stand-in of the servers weights are downloaded from, for the pages that download."""
+    server = HubStandIn(shared / "hub")
+    yield server
+    server.close()
+
+
 def test_every_note_before_a_block_is_known():
     names = StandIns(Path(), {}).setups()
     for page in PAGES:
@@ -69,9 +80,9 @@ def test_every_note_before_a_block_is_known():
 @pytest.mark.parametrize(
     "page", [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW_PAGES else []) for p in PAGES]
 )
-def test_every_example_of_the_page_runs(page, shared, tmp_path):
+def test_every_example_of_the_page_runs(page, shared, hub, tmp_path):
     blocks = examples(page.read_text(), page.relative_to(REPO).as_posix())
-    stand_ins = StandIns(shared, example_env(tmp_path / "home"))
+    stand_ins = StandIns(shared, example_env(tmp_path / "home"), hub)
     folder = tmp_path / "reader"
     folder.mkdir()
     try:
