@@ -29,11 +29,17 @@ TIMEOUT = 600  # seconds a block may take (a few on an idle machine; far more on
 
 
 def example_env(home: Path) -> dict[str, str]:
-    """The environment of the examples: ``vitkit`` and ``python`` of this checkout first on the
-    PATH; data, caches and Hugging Face's home under ``home``; offline, so nothing is downloaded."""
+    """The environment of the examples: ``vitkit``, ``python`` and ``torchrun`` of this checkout
+    first on the PATH; data, caches and Hugging Face's home under ``home``; offline, so nothing is
+    downloaded."""
     bin_dir = home / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, command in (("vitkit", f'"{sys.executable}" -m vitkit'), ("python", f'"{sys.executable}"')):
+    shims = {
+        "vitkit": f'"{sys.executable}" -m vitkit',
+        "python": f'"{sys.executable}"',
+        "torchrun": f'"{sys.executable}" -m torch.distributed.run',
+    }
+    for name, command in shims.items():
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
         shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
