@@ -23,6 +23,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Pages whose examples take longer than the default run affords; `make test-all` runs them.
 SLOW_PAGES = {
     "evaluation.md": "the README's evaluation commands again, with int8 and predict: ~40 s of CPU",
+    "serving.md": "int8 and bf16 serving, an ONNX and a torch.export conversion: ~45 s of CPU",
     "weights.md": "six conversions, ONNX and torch.export among them: ~40 s of CPU",
 }
 TIMEOUT = 600  # seconds a block may take (a few on an idle machine; far more on a busy one)
