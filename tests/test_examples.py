@@ -24,6 +24,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Pages whose examples take longer than the default run affords; `make test-all` runs them.
 SLOW_PAGES = {
     "evaluation.md": "the README's evaluation commands again, with int8 and predict: ~40 s of CPU",
+    "serving.md": "int8 and bf16 serving, an ONNX and a torch.export conversion: ~45 s of CPU",
     "weights.md": "six conversions, ONNX and torch.export among them, and nine downloads, six of ViT-B's size: "
     "~140 s of CPU",
 }
@@ -31,12 +32,17 @@ TIMEOUT = 600  # seconds a block may take (a few on an idle machine; far more on
 
 
 def example_env(home: Path) -> dict[str, str]:
-    """The environment of the examples: ``vitkit`` and ``python`` of this checkout first on the
-    PATH; data, caches and Hugging Face's home under ``home``; offline, so nothing is downloaded
-    (the ``hub`` stand-in puts a page online, against the local stand-in of the servers)."""
+    """The environment of the examples: ``vitkit``, ``python`` and ``torchrun`` of this checkout
+    first on the PATH; data, caches and Hugging Face's home under ``home``; offline, so nothing is
+    downloaded (the ``hub`` stand-in puts a page online, against the local stand-in of the servers)."""
     bin_dir = home / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, command in (("vitkit", f'"{sys.executable}" -m vitkit'), ("python", f'"{sys.executable}"')):
+    shims = {
+        "vitkit": f'"{sys.executable}" -m vitkit',
+        "python": f'"{sys.executable}"',
+        "torchrun": f'"{sys.executable}" -m torch.distributed.run',
+    }
+    for name, command in shims.items():
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
         shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
