@@ -26,7 +26,13 @@ def _blocks(lang: str) -> list[tuple[str, str]]:
 def _command_lines() -> list[tuple[str, str]]:
     out = []
     for page, block in _blocks("bash"):
+        until = None  # the word that ends a here-document: its lines are data, not commands
         for line in block.splitlines():
+            if until is not None:
+                until = None if line.strip() == until else until
+                continue
+            if heredoc := re.search(r"<<-?\s*['\"]?(\w+)", line):
+                until = heredoc.group(1)
             line = " ".join(shlex.split(line, comments=True))
             if "vitkit " in line and not line.startswith(("pip", "python")):
                 out.append((page, line[line.index("vitkit ") :]))
