@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import CheckpointError, UsageError, VitkitError
 from ..models.config import ROPE_POS_EMBEDS, ResNetConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_embed
-from ..models.registry import RELEASES, build_model, canonical_name, model_config
+from ..models.registry import HEAD_PREFIXES, RELEASES, build_model, canonical_name, model_config
 from ..preprocessing import Preprocessing
 from . import values
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
@@ -130,9 +130,6 @@ _FILE_ERRORS = (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, 
 # timm's tensors do not show (heads, activation, image size...). timm ignores them.
 TIMM_CONFIG_KEY = "vitkit_config"
 TIMM_PREPROCESSING_KEY = "vitkit_preprocessing"
-
-# The classifier heads a new class count replaces: the head, and DeiT's distillation head.
-_HEADS = ("head.", "head_dist.")
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # those torch.isfinite takes
 
@@ -423,7 +420,7 @@ def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite
             own = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
     except _FILE_ERRORS as e:
         raise CheckpointError(f"{path}: the file's model config cannot be built ({_line(e)})") from e
-    missing = sorted(k for k in own if k not in sd and not (k.startswith(_HEADS) and replace_head))
+    missing = sorted(k for k in own if k not in sd and not (k.startswith(HEAD_PREFIXES) and replace_head))
     unexpected = sorted(k for k in sd if k not in own)
     if missing or unexpected:
         raise CheckpointError(
@@ -435,7 +432,7 @@ def _check_file(loaded: _Loaded, path: Path, replace_head: bool, allow_nonfinite
     for k, v in sd.items():
         if v.is_complex():
             raise CheckpointError(f"{path}: tensor {k!r} is complex ({v.dtype}); model weights are real")
-        if allow_nonfinite or (replace_head and k.startswith(_HEADS)) or not v.is_floating_point():
+        if allow_nonfinite or (replace_head and k.startswith(HEAD_PREFIXES)) or not v.is_floating_point():
             continue
         v = v if v.dtype in _FLOATS else v.float()  # float8 has no isfinite
         if v.numel() and not all(math.isfinite(float(e)) for e in torch.aminmax(v)):  # one pass; NaN propagates
@@ -454,7 +451,7 @@ def _build_loaded(
     first differences. No random weights are drawn first (:func:`.build_model`'s ``state``)."""
     with torch.device("meta"):
         own = build_model(cfg).state_dict()
-    missing = sorted(k for k in own if k not in sd and not (k.startswith(_HEADS) and new_head))
+    missing = sorted(k for k in own if k not in sd and not (k.startswith(HEAD_PREFIXES) and new_head))
     unexpected = sorted(k for k in sd if k not in own)
     if missing or unexpected:
         raise CheckpointError(

@@ -255,6 +255,11 @@ class _Run:
     metadata: dict[str, Any]  # what the file's metadata says of the run
     key: dict[str, Any]  # what must be the same for parts of an earlier call to be used
 
+    @property
+    def served(self) -> bool:
+        """Whether a bf16 serving copy computes the run (:func:`_served`), not autocast."""
+        return _serves_bf16(self.precision, self.device)
+
     def chunks(self) -> Iterator[tuple[int, list[str]]]:
         for i, start in enumerate(range(0, len(self.files), self.batch_size)):
             yield i, self.files[start : start + self.batch_size]
@@ -412,11 +417,16 @@ def embed_folder(
     return result
 
 
+def _serves_bf16(precision: str, device: torch.device) -> bool:
+    """bf16 on the CPU is computed by a serving copy of the model (:func:`_served`)."""
+    return precision == "bf16" and device.type == "cpu"
+
+
 def _served(model: nn.Module, run: _Run) -> nn.Module:
     """What computes the run: for bf16 on the CPU, a copy of ``model`` prepared for serving
     (:func:`vitkit.inference.prepare_inference`: bf16 weights cast once, linear layers packed
     where faster), which is faster than autocast; otherwise ``model`` itself."""
-    if run.precision != "bf16" or run.device.type != "cpu":
+    if not run.served:
         return model
     from ..inference import prepare_inference
 
@@ -528,7 +538,7 @@ def _prepare_run(
         "preprocessing": pre.to_dict(),
         "precision": precision,
         "computed_by": "bf16 weights"
-        if precision == "bf16" and device.type == "cpu"
+        if _serves_bf16(precision, device)
         else ("bf16 autocast" if precision == "bf16" else precision),
         "batch_size": batch_size,
         "files": len(files),
@@ -564,9 +574,8 @@ def _embed_batch(
     if not paths:
         return torch.empty(0), paths, skipped
     x = torch.stack([t for t in loaded if isinstance(t, torch.Tensor)]).to(run.device)  # (B, C, H, W)
-    served = run.precision == "bf16" and run.device.type == "cpu"  # bf16 weights (_served): bf16 inputs
-    with torch.inference_mode(), autocast(run.device, "fp32" if served else run.precision):
-        x = x.to(torch.bfloat16) if served else x
+    with torch.inference_mode(), autocast(run.device, "fp32" if run.served else run.precision):
+        x = x.to(torch.bfloat16) if run.served else x  # bf16 weights (_served): bf16 inputs
         vectors = pool_fn(x).float().cpu().contiguous()  # (B, D) or (B, tokens, D)
     return vectors, paths, skipped
 

@@ -211,6 +211,9 @@ def build_model(cfg: ViTConfig | ResNetConfig, state: Mapping[str, torch.Tensor]
     return model  # its buffers, which follow from the config, were computed on the CPU
 
 
+HEAD_PREFIXES = ("head.", "head_dist.")  # the state-dict names of the classifier heads
+
+
 def _materialised(own: dict[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A copy of every tensor of ``state`` in the dtype of the (meta) model's own; zeros for a head
     that ``state`` lacks."""
@@ -218,7 +221,7 @@ def _materialised(own: dict[str, torch.Tensor], state: Mapping[str, torch.Tensor
     for key, mine in own.items():
         given = state.get(key)
         if given is None:
-            if not key.startswith(("head.", "head_dist.")):
+            if not key.startswith(HEAD_PREFIXES):
                 raise KeyError(f"no tensor for {key!r}")
             given = torch.zeros(mine.shape)
         if given.shape != mine.shape:
