@@ -44,7 +44,7 @@ def numeric_options() -> list[tuple[str, str, argparse.Action]]:
 def test_every_numeric_option_has_a_checked_type():
     """A bare ``type=int`` lets 0, -1 or 10**12 through to the command; every option uses one of
     the checked types (or is a recipe key, checked by the recipe)."""
-    checked = {"count", "index", "number", "parse_size", "parse_device"}
+    checked = {"count", "count_or_auto", "index", "number", "parse_size", "parse_device"}
     bare = [
         f"{cmd} {a.option_strings[-1]}"
         for cmd, p in subparsers().items()
@@ -59,6 +59,7 @@ def test_every_numeric_option_has_a_checked_type():
 
 def test_the_types_know_their_edges():
     assert C.count(0)("0") == 0 and C.count(1)("7") == 7
+    assert C.count_or_auto(1)("auto") == "auto" and C.count_or_auto(1)("3") == 3
     assert C.real(0)("0") == 0.0 and C.real(above=0)("1e-9") == 1e-9
     assert C.parse_size("384x512") == (384, 512) and C.parse_size("7") == 7
     assert C.parse_device("cpu") == "cpu"
@@ -66,6 +67,9 @@ def test_the_types_know_their_edges():
         (C.count(1), "0"),
         (C.count(0), "-1"),
         (C.count(1), "1.5"),
+        (C.count_or_auto(1), "0"),
+        (C.count_or_auto(1), "Auto"),
+        (C.count_or_auto(1, 8), "9"),
         (C.real(0), "nan"),
         (C.real(0), "inf"),
         (C.real(0), "-1e-9"),

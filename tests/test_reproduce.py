@@ -228,3 +228,65 @@ def test_every_budget_plans_valid_runs(tmp_path, budget):
                 assert tuple(cfg.img_size) == suite.img_size
             keys.add(spec.key)
     assert len(keys) > 10
+
+
+def test_auto_jobs_trains_one_run_a_core_on_a_cpu_for_the_desktop_budget(monkeypatch):
+    """``--jobs auto``: the desktop budget's small models train one run a core on a CPU (the
+    cores reported are overridden here); a GPU, the smoke budget and the full budget get 1."""
+    from vitkit.reproduce import runner
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runner.usable_cores() == 5
+    assert runner.auto_jobs("desktop") == 5
+    assert runner.auto_jobs("smoke") == 1 and runner.auto_jobs("full") == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runner.auto_jobs("desktop") == 1
+
+
+def test_the_cli_takes_jobs_auto_by_default_and_the_api_refuses_a_bad_value(tmp_path):
+    from vitkit.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["reproduce", "--out", "o"]).jobs == "auto"
+    assert parser.parse_args(["reproduce", "--out", "o", "--jobs", "3"]).jobs == 3
+    with pytest.raises(ValueError, match="jobs must be a whole number or 'auto', got 'two'"):
+        reproduce(["pooling"], out=tmp_path, data="synthetic", budget="smoke", jobs="two", report=lambda s: None)
+
+
+def test_the_make_targets_run_every_experiment_once():
+    """``make reproduce`` is its ``reproduce-N`` calls, which name every experiment exactly once
+    (benchmarks/reproduce_budget.py reads the same lines to estimate each call's time)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    try:
+        from reproduce_budget import make_calls
+    finally:
+        sys.path.pop(0)
+    calls = make_calls()
+    named = [e for experiments in calls.values() for e in experiments]
+    assert sorted(named) == sorted(EXPERIMENTS) and len(calls) >= 2, calls
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    assert f"reproduce: {' '.join(calls)}\n" in makefile
+
+
+@pytest.mark.slow  # ten kinds of run, each trained for 3 steps and scored twice at once: minutes
+def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
+    """benchmarks/reproduce_budget.py measures every kind of desktop run and writes each make
+    target's runs and minutes (on a Fashion-MNIST of the real one's size)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from _standins import tiny_fashion_mnist
+    finally:
+        sys.path.pop(0)
+    tiny_fashion_mnist(tmp_path / "data" / "fashion-mnist", 6000, 1000)
+    out = tmp_path / "budget.json"
+    script = Path(__file__).parent.parent / "benchmarks" / "reproduce_budget.py"
+    env = {**os.environ, "VITKIT_DATA": str(tmp_path / "data")}
+    done = subprocess.run(
+        [sys.executable, str(script), "--steps", "3", "--json", str(out)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    assert [c["call"] for c in data["calls"]] == ["reproduce-1", "reproduce-2", "reproduce-3"]
+    assert sum(c["runs"] for c in data["calls"]) == 127 and all(c["minutes"] > 0 for c in data["calls"])
+    assert "vit-tiny 28x28 px relative" in data["kinds"] and data["meta"]["jobs"] >= 1

@@ -141,6 +141,19 @@ def _assert_stopped(done: subprocess.CompletedProcess, seconds: float, name: str
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_runs_trained_at_once_count_their_share_of_the_machine(finished):
+    """Each result says how many runs trained at once and on how many threads; the report's
+    minutes divide each run's wall time by the runs beside it."""
+    from vitkit.reproduce.runner import machine_seconds
+
+    results = [json.loads(text) for text in _results(finished).values()]
+    assert results and all(r["runs_at_once"] == 2 and r["threads"] >= 1 for r in results)
+    report = json.loads((finished / "report.json").read_text())
+    section = report["experiments"]["pooling"]
+    assert section["wall_seconds"] == pytest.approx(sum(r["wall_seconds"] / 2 for r in results))
+    assert machine_seconds({"wall_seconds": 10.0}) == 10.0  # a result from before the field: one at a time
+
+
 def test_sigint_stops_parallel_runs_keeps_the_finished_and_resumes_to_the_same_numbers(tmp_path, finished):
     out = tmp_path / "stopped"
     done, seconds, kept, children = _stop(out, 2, signal.SIGINT, "finished")

@@ -183,11 +183,24 @@ def _check_embed_speed(table: Table, data: dict, args: dict[str, str]) -> None:
         assert shown_equals(row[3].rstrip("x"), result["speedup_vs_timm"]), row
 
 
+def _check_reproduce_budget(table: Table, data: dict, args: dict[str, str]) -> None:
+    """reproduce_budget.py: one row a make target (its name in backticks in the first cell); the
+    experiments, the runs and the estimated minutes."""
+    assert "runs" in table.header[2] and "minutes" in table.header[3]
+    rows = {re.search(r"`([^`]+)`", row[0]).group(1): row for row in table.rows}
+    assert set(rows) == {c["call"] for c in data["calls"]}, "one row per call in the JSON"
+    for call in data["calls"]:
+        row = rows[call["call"]]
+        assert row[1] == ", ".join(call["experiments"]), row
+        assert shown_equals(row[2], call["runs"]) and shown_equals(row[3], call["minutes"]), row
+
+
 RULES = {
     "cpu_kind": _check_cpu_kind,
     "int8_accuracy": _check_int8_accuracy,
     "peers": _check_peers,
     "embed_speed": _check_embed_speed,
+    "reproduce_budget": _check_reproduce_budget,
 }
 
 
@@ -200,6 +213,8 @@ def _kind(data: dict) -> str:
         return "peers"
     if "model" in data and "rows" in data and "images" in data:
         return "embed_speed"
+    if "calls" in data and "kinds" in data:
+        return "reproduce_budget"
     raise AssertionError("no rule in tests/test_results.py for this kind of file")
 
 

@@ -59,6 +59,29 @@ def count(minimum: int = 1, maximum: int = 1_000_000_000) -> Callable[[str], int
     return parse
 
 
+def count_or_auto(minimum: int = 1, maximum: int = 1_000_000_000) -> Callable[[str], int | str]:
+    """An argument type: "auto" (the command decides) or a whole number as :func:`count` checks it.
+
+    Args:
+        minimum: the smallest number accepted.
+        maximum: the largest number accepted.
+
+    Returns:
+        The parser argparse calls with the flag's text: "auto" or the number.
+    """
+    number = count(minimum, maximum)
+
+    def parse(text: str) -> int | str:
+        if text == "auto":
+            return text
+        if not text.strip().lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"expected auto or a whole number, got {text[:40]!r}")
+        return number(text)
+
+    parse.__name__ = "count_or_auto"
+    return parse
+
+
 def index(text: str) -> int:
     """An argument type: a position in a sequence, negative counting from the end (``-1``: the
     last layer); the command checks it against the model."""

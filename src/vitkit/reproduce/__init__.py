@@ -107,7 +107,7 @@ def reproduce(
     data: str = "fashion-mnist",
     budget: str = "desktop",
     seeds: int | None = None,
-    jobs: int = 1,
+    jobs: int | str = 1,
     report: Callable[[str], None] = print,
     command: str = "vitkit reproduce",
     publish: str | Path | None = None,
@@ -122,7 +122,9 @@ def reproduce(
         data: the training data, as ``vitkit train`` takes it.
         budget: one of :data:`BUDGETS`.
         seeds: seeds of the experiments that compare across seeds (None: the budget's).
-        jobs: training runs at once, each in its own process.
+        jobs: training runs at once, each in its own process with its share of the cores;
+            "auto": :func:`~vitkit.reproduce.runner.auto_jobs` (one a core for the desktop
+            budget on a CPU). ``vitkit reproduce`` takes "auto" by default.
         report: called with each line of progress.
         command: the command line the report names (and that resumes the suite).
         publish: a folder (e.g. ``docs/reproduce``) to copy the report and figures into.
@@ -151,17 +153,18 @@ def _reproduce(
     data: str,
     budget: str,
     seeds: int | None,
-    jobs: int,
+    jobs: int | str,
     report: Callable[[str], None],
     command: str,
 ) -> Path:
     from ..errors import VitkitError
     from .experiments import note_diverged
     from .report import machine, now, write_report
-    from .runner import Runner, ScoreSettings, check_fewshot_data, load_result
+    from .runner import Runner, ScoreSettings, check_fewshot_data, load_result, machine_seconds, resolve_jobs
     from .spec import Suite, check_experiments
 
     start = time.perf_counter()
+    jobs = resolve_jobs(jobs, budget, report)
     names = check_experiments(list(experiments))
     suite = Suite(out, data, budget, seeds, data_info(data))
     settings = ScoreSettings.of(suite)
@@ -200,7 +203,7 @@ def _reproduce(
             section = exp.summarise(results)
             note_diverged(section, specs, results)
             section.runs = len(results)
-            section.wall_seconds = sum(r.get("wall_seconds") or 0.0 for r in results.values())
+            section.wall_seconds = sum(machine_seconds(r) for r in results.values())
             sections.append(section)
             runs.update(results)
     meta = {

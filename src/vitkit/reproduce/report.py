@@ -97,7 +97,7 @@ def _section_md(s: Section, out: Path) -> str:
         [
             f"## `{s.name}`: {s.follows}",
             f"{s.runs} training runs; run alone, this experiment takes {s.wall_seconds / 60:.1f} min "
-            "(the sum of its runs' wall times, training and scoring).",
+            "(the sum of its runs' wall times, training and scoring, each divided by the runs trained at once).",
             f"**The paper's claim.** {s.claim}",
             f"**The paper's numbers.** {s.paper}",
             f"**{s.caption}:**\n\n" + _table(s.header, s.rows),
@@ -149,7 +149,9 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         The paths of ``report.md`` and ``report.json``.
     """
     m = meta["machine"]
-    minutes = sum(r.get("wall_seconds") or 0 for r in runs.values()) / 60
+    from .runner import machine_seconds
+
+    minutes = sum(machine_seconds(r) for r in runs.values()) / 60
     size = "x".join(map(str, meta["img_size"]))
     gpu = f", {m['gpu']}" if m["gpu"] else ""
     head = [
@@ -160,7 +162,7 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         f"{m.get('precision', 'the recipe precision')}), torch {m['torch']}, vitkit commit "
         f"`{m.get('commit') or 'unknown'}`.",
         f"{len(runs)} training runs, {minutes:.1f} min in all (the sum of the runs' wall times, training and "
-        "scoring, as the call that finished each measured it); "
+        "scoring, as the call that finished each measured it, each divided by the runs trained at once); "
         f"this call took {meta['seconds'] / 60:.1f} min. Every run is a vitkit run folder under `runs/`; its "
         "`result.json` holds the numbers below.",
         "Protocol: each run keeps its best checkpoint by a minival carved from the training split (the paper's early "

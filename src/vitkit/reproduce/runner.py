@@ -236,8 +236,14 @@ def score(run_dir: Path, settings: ScoreSettings, precision: str, recipe: Any = 
     }
 
 
-def train_and_score(spec: RunSpec, run_dir: Path, init_from: str | None, settings: ScoreSettings) -> dict[str, Any]:
-    """Train (or resume, or find finished) one run, score it and write its ``result.json``."""
+def train_and_score(
+    spec: RunSpec, run_dir: Path, init_from: str | None, settings: ScoreSettings, runs_at_once: int = 1
+) -> dict[str, Any]:
+    """Train (or resume, or find finished) one run, score it and write its ``result.json``;
+    ``runs_at_once`` (the runs the suite trains beside it, itself included) and torch's threads
+    are written with its wall time, which they shape."""
+    import torch
+
     from ..train import train
     from ..train.config import recipe_from_dict
 
@@ -261,6 +267,7 @@ def train_and_score(spec: RunSpec, run_dir: Path, init_from: str | None, setting
     }
     out["train_flops"] = 3 * out["flops_per_image"] * out["steps"] * out["batch_size"]  # forward + backward ~ 3x
     out["wall_seconds"] = time.perf_counter() - start
+    out["runs_at_once"], out["threads"] = runs_at_once, torch.get_num_threads()
     write_json(run_dir / "result.json", out)
     return out
 
@@ -304,6 +311,21 @@ def _train_seconds(run_dir: Path) -> float | None:
 
     logged = [rec["train_s"] for _, rec in read_metrics(run_dir / "metrics.jsonl", strict=False) if "train_s" in rec]
     return float(logged[-1]) if logged else None
+
+
+def machine_seconds(res: dict[str, Any]) -> float:
+    """The share of the machine's time a run took: its wall time over the runs trained at once
+    beside it (``runs_at_once``, 1 where the result does not say). Summed over runs, the time
+    the runs take whatever ``--jobs`` trained them.
+
+    Args:
+        res: a run's result (``result.json``).
+
+    Returns:
+        Seconds, 0 where the result has no wall time.
+    """
+    at_once = res.get("runs_at_once")
+    return float(res.get("wall_seconds") or 0.0) / (at_once if _is_count(at_once) and at_once >= 1 else 1)
 
 
 def _number(value: Any) -> float | None:
@@ -604,6 +626,63 @@ _WORKER = (
 PARALLEL = hasattr(os, "killpg") and os.name == "posix"  # run processes need process groups
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on.
+
+    Returns:
+        The count of its CPU affinity where the system reports one, else of the machine's cores.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def auto_jobs(budget: str) -> int:
+    """How many runs ``--jobs auto`` trains at once: one a core, each on one thread, for the
+    desktop budget on a CPU. Its models are small, so two runs on one thread each train about
+    1.2-1.6x more images a second than one run on two threads. The smoke budget's runs last
+    seconds (a run process's start-up would dominate), the full budget's models are large, and
+    a GPU trains one run at a time: those get 1.
+
+    Args:
+        budget: the suite's budget, one of :data:`~vitkit.reproduce.BUDGETS`.
+
+    Returns:
+        The number of runs at once, at least 1.
+    """
+    if budget != "desktop" or not PARALLEL:
+        return 1
+    import torch
+
+    return 1 if torch.cuda.is_available() else usable_cores()
+
+
+def resolve_jobs(jobs: int | str, budget: str, report: Callable[[str], None]) -> int:
+    """``jobs`` as a number: "auto" becomes :func:`auto_jobs`, said in one line where it trains
+    more than one run at once.
+
+    Args:
+        jobs: a whole number, or "auto".
+        budget: the suite's budget.
+        report: called with the line.
+
+    Returns:
+        The runs trained at once.
+
+    Raises:
+        ValueError: ``jobs`` is neither "auto" nor a whole number.
+    """
+    if jobs == "auto":
+        jobs = auto_jobs(budget)
+        if jobs > 1:
+            threads = max(1, usable_cores() // jobs)
+            report(f"--jobs auto: {jobs} runs at once, {threads} thread{'s' * (threads > 1)} each")
+        return jobs
+    if not isinstance(jobs, int) or isinstance(jobs, bool):
+        raise ValueError(f"jobs must be a whole number or 'auto', got {jobs!r}")
+    return jobs
+
+
 def _portable(e: Exception, run_dir: Path) -> Exception:
     """``e`` as the suite's process can unpickle it (else a :class:`TrainingError` that names the
     run and says what it was), with the run's traceback as a note (``vitkit -v`` shows it)."""
@@ -874,7 +953,7 @@ class Runner:
     def _run_phase(self, specs: list[RunSpec]) -> None:
         if not specs:
             return
-        args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings) for s in specs]
+        args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings, self.jobs) for s in specs]
         if self.jobs > 1 and not PARALLEL:
             self.report(f"--jobs {self.jobs}: runs go one at a time on this system (no process groups)")
             self.jobs = 1
@@ -884,7 +963,7 @@ class Runner:
                 self._done(a[0], train_and_score(*a), time.perf_counter() - start)
             return
         queue = deque(args)
-        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        threads = max(1, usable_cores() // self.jobs)
         with _Processes(self.jobs, threads) as procs:
             while queue or procs.busy():
                 while queue and procs.has_room():
@@ -935,12 +1014,16 @@ __all__ = [
     "Interrupted",
     "Runner",
     "ScoreSettings",
+    "auto_jobs",
     "check_fewshot_data",
     "check_result",
     "fewshot_transfer",
     "load_result",
+    "machine_seconds",
     "nonfinite_fields",
     "read_result",
+    "resolve_jobs",
     "score",
     "stop_on_signals",
+    "usable_cores",
 ]

@@ -1,0 +1,207 @@
+"""How long each ``make reproduce-N`` call takes on this machine, estimated from measured rates.
+
+``vitkit reproduce --budget desktop`` trains more than a hundred small runs; timing a whole call
+takes hours. This benchmark measures what a call is made of instead, on the machine at hand and
+with the suite's own settings (``--jobs auto``: as many runs at once as it would train, each on
+its share of the cores, in the precision ``auto`` resolves to):
+
+- for each kind of run (model role, image size, relative attention or not), ``jobs`` copies of
+  one of the suite's own recipes, shortened to ``--steps`` steps (evaluation every 100 steps as
+  in the suite), trained at once in separate processes; the seconds of ``train`` and of the
+  suite's scoring (test split, few-shot transfer, training-subset accuracy) of each;
+- each call's minutes: per run of the call (those an earlier call trains are left out) its kind's
+  training seconds scaled to the run's steps, plus its scoring seconds, summed and divided by the
+  runs at once. Scaling the short run's whole training time counts its start-up (model, data)
+  once per 200 steps rather than once per run, so the estimate errs long by a few percent.
+
+The calls are read from the Makefile (``reproduce-N: ...`` and its ``$(REPRODUCE) EXPERIMENTS``
+line). Every figure names the CPU and the precision it ran in.
+
+    python benchmarks/reproduce_budget.py                       # this CPU as it is
+    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
+        python benchmarks/reproduce_budget.py --json benchmarks/out/reproduce_budget_avx2.json
+    python benchmarks/reproduce_budget.py --steps 20            # a check that it runs
+
+Run it alone: two processes that each use both cores make each other crawl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_calls(makefile: Path = ROOT / "Makefile") -> dict[str, list[str]]:
+    """The ``reproduce-N`` targets of the Makefile and the experiments each names.
+
+    Args:
+        makefile: the Makefile to read.
+
+    Returns:
+        Target name to its experiments, in the Makefile's order.
+    """
+    text = makefile.read_text()
+    found = re.findall(r"^(reproduce-\d+):[^\n]*\n\t\$\(REPRODUCE\)\s+([^\n]+)$", text, flags=re.M)
+    return {name: line.split() for name, line in found}
+
+
+def kind_of(spec: Any) -> str:
+    """The kind of run whose speed ``spec`` shares: model role, image size, relative attention."""
+    m = spec.recipe["model"]
+    over = m.get("overrides", {})
+    size = "x".join(str(s) for s in over.get("img_size", ["?"]))
+    rel = " relative" if (over.get("pos_embed") or m.get("pos_embed")) == "relative" else ""
+    return f"{spec.model} {size} px{rel}"
+
+
+def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list[Any]]]:
+    """Every run of each call on a fresh suite (those an earlier call trains left out).
+
+    Args:
+        data: the training data, as ``vitkit reproduce --data`` takes it.
+        calls: target name to experiments (:func:`make_calls`).
+
+    Returns:
+        The suite and, per call, its runs' specs.
+    """
+    from vitkit.reproduce import _classes, _unique, data_info
+    from vitkit.reproduce.spec import Suite
+
+    suite = Suite(tempfile.mkdtemp(prefix="budget-plan-"), data, "desktop", None, data_info(data))
+    suite.planning = True  # a grid's choice is taken as its first value: costs do not depend on it
+    classes, seen, per = _classes(), set(), {}
+    for name, experiments in calls.items():
+        specs = [s for s in _unique([s for e in experiments for s in classes[e](suite).runs()]) if s.key not in seen]
+        seen |= {s.key for s in specs}
+        per[name] = specs
+    return suite, per
+
+
+def short_recipe(spec: Any, steps: int) -> dict[str, Any]:
+    """``spec``'s recipe cut to ``steps`` steps: warm-up within them, evaluation every 100 steps
+    (the suite's cadence), one checkpoint, no initial weights (they change no cost)."""
+    tree = copy.deepcopy(spec.recipe)
+    tree["model"]["init_from"] = None
+    tree["train"]["steps"] = steps
+    tree.setdefault("optim", {})["warmup_steps"] = max(1, min(steps // 10, tree["optim"].get("warmup_steps", 1)))
+    tree.setdefault("log", {}).update(eval_every=min(100, steps), checkpoint_every=steps)
+    return tree
+
+
+def worker(tree_json: str, out: str, settings_json: str) -> None:
+    """In a process of its own: train the recipe, score it as the suite does, print the seconds."""
+    import torch
+
+    from vitkit.reproduce.runner import ScoreSettings, score
+    from vitkit.train import train
+    from vitkit.train.config import recipe_from_dict
+
+    recipe = recipe_from_dict(json.loads(tree_json))
+    start = time.perf_counter()
+    train(recipe, Path(out))
+    trained = time.perf_counter()
+    fields = json.loads(settings_json)
+    fields["data_options"] = tuple(tuple(pair) for pair in fields.get("data_options", ()))  # hashable, as the suite's
+    score(Path(out), ScoreSettings(**fields), recipe.train.precision, recipe)
+    done = time.perf_counter()
+    print(json.dumps({"train_s": trained - start, "score_s": done - trained, "threads": torch.get_num_threads()}))
+
+
+def measure(tree: dict[str, Any], settings: Any, jobs: int, threads: int, work: Path) -> dict[str, float]:
+    """``jobs`` copies of ``tree`` trained and scored at once, each on ``threads`` threads: their mean seconds."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    settings_json = json.dumps({k: getattr(settings, k) for k in settings.__dataclass_fields__})
+    procs = []
+    for i in range(jobs):
+        out = work / f"run{i}"
+        cmd = [sys.executable, __file__, "--worker", json.dumps(tree), str(out), settings_json]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    answers = []
+    for p in procs:
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"a measuring process failed:\n{stderr[-2000:]}")
+        answers.append(json.loads(stdout.strip().splitlines()[-1]))
+    return {k: sum(a[k] for a in answers) / len(answers) for k in ("train_s", "score_s")}
+
+
+def _cpu_line() -> dict[str, Any]:
+    from vitkit.reproduce.report import machine
+
+    m = machine()
+    m["isa_env"] = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if k in os.environ}
+    return m
+
+
+def estimate(
+    per: dict[str, list[Any]], calls: dict[str, list[str]], rates: dict[str, Any], steps: int, jobs: int
+) -> list:
+    """Each call's runs and minutes: per run its kind's training seconds scaled from ``steps`` to
+    the run's, plus its scoring seconds; summed and divided by the runs trained at once."""
+    rows = []
+    for name, specs in per.items():
+        seconds = 0.0
+        for s in specs:
+            kind = rates[kind_of(s)]
+            seconds += kind["train_s"] * s.recipe["train"]["steps"] / steps + kind["score_s"]
+        rows.append({"call": name, "experiments": calls[name], "runs": len(specs), "minutes": seconds / jobs / 60})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200, help="steps of each measuring run")
+    ap.add_argument("--data", default="fashion-mnist")
+    ap.add_argument("--json", default="benchmarks/out/reproduce_budget.json")
+    args = ap.parse_args()
+
+    from vitkit.files import write_json
+    from vitkit.reproduce.runner import ScoreSettings, auto_jobs, usable_cores
+
+    calls = make_calls()
+    suite, per = planned(args.data, calls)
+    settings = ScoreSettings.of(suite)
+    jobs = auto_jobs("desktop")
+    threads = max(1, usable_cores() // jobs)
+    kinds: dict[str, Any] = {}
+    for specs in per.values():
+        for s in specs:
+            kinds.setdefault(kind_of(s), s)
+    cpu = _cpu_line()
+    print(f"{cpu['cpu']}, {cpu['cores']} cores, precision auto -> {cpu['precision']} ({cpu['bf16']});", end=" ")
+    print(f"{jobs} runs at once, {threads} thread(s) each", flush=True)
+    rates: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
+        for i, (kind, spec) in enumerate(sorted(kinds.items())):
+            tree = short_recipe(spec, args.steps)
+            m = measure(tree, settings, jobs, threads, Path(tmp) / str(i))
+            rates[kind] = {**m, "img_per_s": args.steps * tree["train"]["batch_size"] / m["train_s"]}
+            print(f"  {kind:<28} {rates[kind]['img_per_s']:7.0f} img/s a run", end="  ")
+            print(f"(train {m['train_s']:.1f} s, score {m['score_s']:.1f} s)", flush=True)
+    rows = estimate(per, calls, rates, args.steps, jobs)
+    print(f"\n{'call':<13} {'runs':>4} {'minutes':>8}  experiments")
+    for r in rows:
+        print(f"{r['call']:<13} {r['runs']:>4} {r['minutes']:>8.1f}  {' '.join(r['experiments'])}")
+    print(f"{'suite':<13} {sum(r['runs'] for r in rows):>4} {sum(r['minutes'] for r in rows):>8.1f}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    record = {"meta": {**cpu, "jobs": jobs, "threads": threads, "steps": args.steps}, "kinds": rates, "calls": rows}
+    write_json(args.json, record)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(*sys.argv[2:5])
+    else:
+        main()
