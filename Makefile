@@ -27,8 +27,8 @@ demo: venv data
 demo-5min: venv data
 	$(BIN)/vitkit train --config configs/fmnist_vit.yaml --out runs/demo_5min --set train.steps=2228
 
-# The paper's findings at desktop scale (vitkit reproduce) in three calls of under 2 hours each on
-# 2 CPU cores of any kind (benchmarks/reproduce_budget.py estimates each on the machine at hand);
+# The paper's findings at desktop scale (vitkit reproduce) in three calls of 50-82 minutes each on
+# 2 CPU cores (benchmarks/reproduce_budget.py estimates each on the machine at hand);
 # each call resumes what is finished and publishes the report into docs/reproduce.
 REPRODUCE = $(BIN)/vitkit reproduce --out runs/reproduce --budget desktop --publish docs/reproduce
 reproduce: reproduce-1 reproduce-2 reproduce-3

@@ -167,6 +167,25 @@ def test_smoke_budget_end_to_end(tmp_path):
     reproduce(out=tmp_path, data="synthetic", budget="smoke", report=again.append)
     assert again[0].endswith("; 0 to run")
     assert _numbers(json.loads((tmp_path / "report.json").read_text())) == _numbers(report)
+    _the_eta_counts_the_phases_not_yet_planned(tmp_path)
+
+
+def _the_eta_counts_the_phases_not_yet_planned(out: Path) -> None:
+    """The ETA's cost of a call counts the runs a grid's choice adds later: before the choice it
+    exceeds what is planned; once every grid has chosen it is exactly the call's runs."""
+    from vitkit.reproduce import _classes, _planned_cost, _unique, data_info
+    from vitkit.reproduce.runner import Runner
+
+    def call_cost(folder: Path) -> tuple[float, float]:
+        suite = Suite(folder, "synthetic", "smoke", None, data_info("synthetic"))
+        runner = Runner(suite, 1, lambda line: None)
+        specs = _unique([s for e in _classes().values() for s in e(suite).runs()])
+        return _planned_cost(list(EXPERIMENTS), suite, runner), sum(runner.cost(s) for s in specs)
+
+    planned, now = call_cost(out)
+    assert planned == pytest.approx(now)  # every phase is planned in a finished suite
+    planned, now = call_cost(out / "fresh")
+    assert planned > now * 1.1  # data-scaling's runs at the chosen rate, resolution's fine-tunes
 
 
 def test_rgb_folder_of_another_size(tmp_path):

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from .names import BUDGETS, EXPERIMENTS
 
 if TYPE_CHECKING:
-    from .spec import DataInfo, RunSpec
+    from .runner import Runner
+    from .spec import DataInfo, RunSpec, Suite
 
 __all__ = ["BUDGETS", "EXPERIMENTS", "plan", "reproduce"]
 
@@ -147,6 +148,17 @@ def reproduce(
     return md
 
 
+def _planned_cost(names: list[str], suite: Suite, runner: Runner) -> float:
+    """The cost (:meth:`Runner.cost`) of every run of ``names``, phases not yet planned included
+    (each grid's choice taken as its first value, which changes no cost)."""
+    from .spec import Suite
+
+    planning = Suite(suite.out, suite.data, suite.budget, suite.seeds, suite.info)
+    planning.planning = True
+    classes = _classes()
+    return sum(runner.cost(s) for s in _unique([s for n in names for s in classes[n](planning).runs()]))
+
+
 def _reproduce(
     experiments: Sequence[str],
     out: str | Path,
@@ -172,12 +184,13 @@ def _reproduce(
     classes = _classes()
     chosen = [classes[n](suite) for n in names]
     runner = Runner(suite, jobs, report)
+    planned = _planned_cost(names, suite, runner)
     seen: set[str] = set()
     while True:  # a phased experiment plans its next runs once the earlier ones are finished
         specs = _unique([s for e in chosen for s in e.runs()])
         if not {s.key for s in specs} - seen:
             break
-        runner.run(specs)
+        runner.run(specs, later_cost=planned - sum(runner.cost(s) for s in specs))
         seen |= {s.key for s in specs}
     sections, runs = [], {}
     told: set[Path] = set()  # damaged files already named

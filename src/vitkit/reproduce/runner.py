@@ -861,11 +861,13 @@ class Runner:
         self.settings = ScoreSettings.of(suite)
         self.results: dict[str, dict[str, Any]] = {}
 
-    def run(self, specs: list[RunSpec]) -> dict[str, dict[str, Any]]:
+    def run(self, specs: list[RunSpec], later_cost: float = 0.0) -> dict[str, dict[str, Any]]:
         """Train and score the runs of ``specs`` that have no result yet.
 
         Args:
             specs: the runs, each once.
+            later_cost: the :meth:`cost` of runs a later call of this method will train (the
+                phases not yet planned), counted in the ETA.
 
         Returns:
             Every run's result by key, finished now or before.
@@ -873,6 +875,7 @@ class Runner:
         Raises:
             Interrupted: SIGINT or SIGTERM stopped the runs.
         """
+        self._later_cost = max(0.0, later_cost)
         with stop_on_signals():
             try:
                 return self._run(specs)
@@ -906,7 +909,7 @@ class Runner:
         if specs:
             self.report(f"{len(specs) - len(todo)} of {len(specs)} runs already finished; {len(todo)} to run")
         self._cost_done = self._seconds_done = 0.0
-        self._total_cost = sum(self._cost(s) for s in todo)
+        self._total_cost = sum(self.cost(s) for s in todo)
         self._count, self._total = 0, len(todo)
         for phase in (
             [s for s in todo if s.after is None],
@@ -935,8 +938,15 @@ class Runner:
         flops = resnet_flops(cfg) if hasattr(cfg, "units") else vit_flops(cfg)
         return 3.0 * float(flops) * int(t.get("steps", 1)) * int(t.get("batch_size", 1))
 
-    def _cost(self, spec: RunSpec) -> float:
-        """Relative cost of a run: forward FLOPs x images it trains on (for the ETA)."""
+    def cost(self, spec: RunSpec) -> float:
+        """Relative cost of a run, for the ETA.
+
+        Args:
+            spec: the run.
+
+        Returns:
+            Its model's forward FLOPs x the images it trains on, plus a constant for start-up and scoring.
+        """
         from ..models.flops import resnet_flops, vit_flops
         from ..models.registry import model_config
 
@@ -984,9 +994,9 @@ class Runner:
     def _done(self, spec: RunSpec, res: dict[str, Any], seconds: float) -> None:
         self.results[spec.key] = res
         self._count += 1
-        self._cost_done += self._cost(spec)
+        self._cost_done += self.cost(spec)
         self._seconds_done += seconds
-        left = (self._total_cost - self._cost_done) * self._seconds_done / max(self._cost_done, 1.0)
+        left = (self._total_cost + self._later_cost - self._cost_done) * self._seconds_done / max(self._cost_done, 1.0)
         fs = res["fewshot"]
         bad = nonfinite_fields(res)
         numbers = (
