@@ -963,10 +963,11 @@ class Runner:
     def _run_phase(self, specs: list[RunSpec]) -> None:
         if not specs:
             return
-        args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings, self.jobs) for s in specs]
         if self.jobs > 1 and not PARALLEL:
             self.report(f"--jobs {self.jobs}: runs go one at a time on this system (no process groups)")
             self.jobs = 1
+        at_once = min(self.jobs, len(specs))  # what each result records beside its wall time
+        args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings, at_once) for s in specs]
         if self.jobs == 1:  # in this process: a signal interrupts the training where it is
             for a in args:
                 start = time.perf_counter()
