@@ -154,6 +154,28 @@ def test_runs_trained_at_once_count_their_share_of_the_machine(finished):
     assert machine_seconds({"wall_seconds": 10.0}) == 10.0  # a result from before the field: one at a time
 
 
+def test_each_result_and_the_report_say_what_made_the_runs(finished):
+    """A suite's runs may come from several calls, commits and machines: each result records
+    its own, and the report counts the runs by what made them."""
+    from vitkit.reproduce.report import provenance, source_commit
+
+    results = [json.loads(text) for text in _results(finished).values()]
+    made = results[0]["made_by"]
+    assert made["commit"] == source_commit() and made["precision"] in ("fp32", "bf16") and made["torch"]
+    assert all(r["made_by"] == made for r in results)
+    report = (finished / "report.md").read_text()
+    assert f"The runs were made 4 by vitkit commit `{made['commit']}` on {made['cpu']}" in report
+    assert "2 runs at once, " in report
+    other = {**results[0], "made_by": {**made, "cpu": "Another CPU"}, "runs_at_once": 1, "threads": 2}
+    old = {k: v for k, v in results[0].items() if k != "made_by"}
+    sentence = provenance({"a": results[0], "b": results[1], "c": other, "d": old})
+    assert sentence.startswith(f"The runs were made 2 by vitkit commit `{made['commit']}` on {made['cpu']}")
+    assert "; 1 by vitkit commit" in sentence and "on Another CPU in " in sentence
+    assert "1 run at once, 2 threads each" in sentence
+    assert sentence.endswith("; 1 by what their result.json does not record.")
+    assert provenance({}) == ""
+
+
 def test_sigint_stops_parallel_runs_keeps_the_finished_and_resumes_to_the_same_numbers(tmp_path, finished):
     out = tmp_path / "stopped"
     done, seconds, kept, children = _stop(out, 2, signal.SIGINT, "finished")

@@ -36,6 +36,64 @@ def machine() -> dict[str, Any]:
     }
 
 
+def run_provenance(precision: str) -> dict[str, Any]:
+    """What made one run: the vitkit commit, the CPU (and GPU), the precision it computed in and
+    torch; a report names these for its runs, which several calls and machines may have made.
+
+    Args:
+        precision: the recipe's ``train.precision`` ("auto", "fp32" or "bf16").
+
+    Returns:
+        ``commit``, ``cpu``, ``gpu``, ``precision`` (the one that computed) and ``torch``.
+    """
+    import torch
+
+    from ..cpu import cpu_info
+    from ..precision import resolve_precision
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "commit": source_commit(),
+        "cpu": cpu_info()["model"],
+        "gpu": gpu,
+        "precision": resolve_precision(precision, "cuda" if gpu else "cpu").name,
+        "torch": torch.__version__,
+    }
+
+
+def provenance(runs: dict[str, Any]) -> str:
+    """One sentence on what made the runs: how many runs each commit, machine, precision and
+    thread layout made, and how many do not say.
+
+    Args:
+        runs: the reported runs' results by key.
+
+    Returns:
+        The sentence (empty without runs).
+    """
+    groups: dict[str, int] = {}
+    unknown = 0
+    for res in runs.values():
+        made = res.get("made_by")
+        if not isinstance(made, dict):
+            unknown += 1
+            continue
+        at_once, threads = res.get("runs_at_once", 1), res.get("threads")
+        layout = f"{at_once} run{'s' * (at_once != 1)} at once"
+        if isinstance(threads, int):
+            layout += f", {threads} thread{'s' * (threads != 1)} each"
+        gpu = f", {made['gpu']}" if made.get("gpu") else ""
+        what = (
+            f"vitkit commit `{made.get('commit') or 'unknown'}` on {made.get('cpu')}{gpu} in {made.get('precision')}, "
+            f"torch {made.get('torch')}, {layout}"
+        )
+        groups[what] = groups.get(what, 0) + 1
+    parts = [f"{n} by {what}" for what, n in sorted(groups.items(), key=lambda kv: -kv[1])]
+    if unknown:
+        parts.append(f"{unknown} by what their result.json does not record")
+    return f"The runs were made {'; '.join(parts)}." if parts else ""
+
+
 def source_commit() -> str | None:
     """The git commit of the vitkit source that ran, with ``+changes`` when the checkout has
     uncommitted changes to tracked files; None outside a git checkout."""
@@ -158,13 +216,14 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         '# Reproducing "An Image is Worth 16x16 Words" with vitkit',
         f"Made by `{meta['command']}` on {meta['date']}: budget `{meta['budget']}`, data `{meta['data']}` "
         f"(models at {size} px), {meta['seeds']} seed(s) where seeds are compared. "
-        f"Machine: {m['cpu']}, {m['cores']} cores{gpu} ({m.get('bf16', 'bf16 not checked')}; the runs computed in "
-        f"{m.get('precision', 'the recipe precision')}), torch {m['torch']}, vitkit commit "
+        f"This call's machine: {m['cpu']}, {m['cores']} cores{gpu} ({m.get('bf16', 'bf16 not checked')}; "
+        f"precision auto computes in {m.get('precision', 'what the CPU reports')}), torch {m['torch']}, vitkit commit "
         f"`{m.get('commit') or 'unknown'}`.",
         f"{len(runs)} training runs, {minutes:.1f} min in all (the sum of the runs' wall times, training and "
         "scoring, as the call that finished each measured it, each divided by the runs trained at once); "
         f"this call took {meta['seconds'] / 60:.1f} min. Every run is a vitkit run folder under `runs/`; its "
         "`result.json` holds the numbers below.",
+        *([provenance(runs)] if runs else []),
         "Protocol: each run keeps its best checkpoint by a minival carved from the training split (the paper's early "
         f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
         "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",

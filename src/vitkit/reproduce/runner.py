@@ -241,11 +241,13 @@ def train_and_score(
 ) -> dict[str, Any]:
     """Train (or resume, or find finished) one run, score it and write its ``result.json``;
     ``runs_at_once`` (the runs the suite trains beside it, itself included) and torch's threads
-    are written with its wall time, which they shape."""
+    are written with its wall time, which they shape, and what made the run (commit, machine,
+    precision, torch)."""
     import torch
 
     from ..train import train
     from ..train.config import recipe_from_dict
+    from .report import run_provenance
 
     tree = copy.deepcopy(spec.recipe)
     if init_from is not None:
@@ -268,6 +270,7 @@ def train_and_score(
     out["train_flops"] = 3 * out["flops_per_image"] * out["steps"] * out["batch_size"]  # forward + backward ~ 3x
     out["wall_seconds"] = time.perf_counter() - start
     out["runs_at_once"], out["threads"] = runs_at_once, torch.get_num_threads()
+    out["made_by"] = run_provenance(recipe.train.precision)
     write_json(run_dir / "result.json", out)
     return out
 
