@@ -15,6 +15,7 @@ from vitkit.models import (
     resample_relative_embed,
     sincos_2d_pos_embed,
 )
+from vitkit.models.posembed import relative_num_offsets
 
 
 def test_bilinear_equals_scipy_zoom_order1():
@@ -138,10 +139,35 @@ def test_relative_offsets_and_their_resize():
     torch.testing.assert_close(big[[1, -1]], table[[1, -1]])  # the extreme offsets stay at the ends
     m = tiny(pos_embed="relative")
     attn = m.blocks[0].attn
-    assert attn.rel_embed.shape == (1 + 2 * 24 - 1, 16) and attn.rel_index.shape == (25, 25)
-    assert "blocks.0.attn.rel_index" not in m.state_dict()  # rebuilt, not stored
+    assert attn.rel_embed.shape == (1 + 2 * 24 - 1, 16)
+    tables = [f"blocks.{i}.attn.rel_embed" for i in range(len(m.blocks))]
+    assert [k for k in m.state_dict() if ".attn.rel" in k] == tables  # the tables alone are stored
     assert tiny(pos_embed="relative", classifier="gap").blocks[0].attn.rel_embed.shape == (2 * 24 - 1, 16)
     assert m.pos_embed is None
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+@pytest.mark.parametrize("n", [1, 2, 7, 49])
+def test_relative_bias_is_each_pairs_entry_and_so_is_its_gradient(n, prefix):
+    """The gather-free bias equals the table entry of every pair (relative_offset_index), and
+    so do the gradients it sends to the queries and the table."""
+    torch.manual_seed(n + prefix)
+    m = tiny(pos_embed="relative", classifier="token" if prefix else "gap")
+    attn = m.blocks[0].attn
+    attn.rel_prefix, attn.rel_patches = prefix, n
+    table = torch.randn(relative_num_offsets(n, prefix), attn.head_dim, dtype=torch.float64)
+    attn.rel_embed = torch.nn.Parameter(table)
+    q = torch.randn(2, 3, prefix + n, attn.head_dim, dtype=torch.float64, requires_grad=True)
+    index = relative_offset_index(n, prefix)
+    want = (q * attn.scale) @ attn.rel_embed.T
+    want = want.gather(-1, index.expand(2, 3, prefix + n, prefix + n))
+    got = attn.relative_bias(q)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    grad = torch.randn_like(want)
+    g_want = torch.autograd.grad(want, (q, attn.rel_embed), grad)
+    g_got = torch.autograd.grad(got, (q, attn.rel_embed), grad)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def _plain_relative_attention(x, qkv_w, qkv_b, rel, proj_w, proj_b, heads, prefix):
@@ -240,7 +266,6 @@ def test_resize_to_another_grid(pos_embed, tmp_path):
     else:
         for model in (loaded, resized):
             assert model.blocks[1].attn.rel_embed.shape == (1 + 2 * 35 - 1, 16)
-            assert model.blocks[1].attn.rel_index.shape == (36, 36)
     with torch.no_grad():
         want = resized(x)
         assert want.shape == (1, 5)

@@ -43,7 +43,6 @@ from .heads import MAPHead, ReplaceableHead
 from .posembed import (
     learned_2d_pos_table,
     relative_num_offsets,
-    relative_offset_index,
     resample_1d,
     resample_pos_embed,
     resample_relative_embed,
@@ -180,41 +179,42 @@ class Attention(nn.Module):
             self.rel_embed = nn.Parameter(torch.empty(relative_num_offsets(*relative), self.head_dim))
             if not self.rel_embed.is_meta:  # a model on the meta device draws nothing
                 nn.init.normal_(self.rel_embed, std=0.02)
-            self._derive_buffers()
-
-    def _derive_buffers(self) -> None:
-        """(Re)compute the pair index of the relative table, (T, T) with T = prefix + patches: it
-        follows from the sizes alone and is never saved, so a model built on the ``meta`` device
-        gets it on the device of its (loaded) table. No relative table: nothing to do."""
-        if self.rel_embed is None:
-            return
-        dev = "cpu" if self.rel_embed.is_meta else self.rel_embed.device
-        index = relative_offset_index(self.rel_patches, self.rel_prefix, device=dev)
-        self.register_buffer("rel_index", index, persistent=False)
 
     def set_num_patches(self, num_patches: int) -> None:
-        """Resize the relative table (in place) for a grid of ``num_patches`` patches and rebuild
-        the pair index (:func:`.posembed.resample_relative_embed`); the same count keeps both."""
+        """Resize the relative table (in place) for a grid of ``num_patches`` patches
+        (:func:`.posembed.resample_relative_embed`); the same count keeps it."""
         if self.rel_embed is None or num_patches == self.rel_patches:
             return
         table = resample_relative_embed(self.rel_embed.detach(), num_patches, self.rel_prefix)
         self.rel_embed = nn.Parameter(table.clone())
         self.rel_patches = num_patches
-        self._derive_buffers()
 
     def relative_bias(self, q: torch.Tensor) -> torch.Tensor:
-        """The relative term (B, H, T, T) for queries (B, H, T, hd): ``(q * scale) @ rel_embed^T``,
-        (B, H, T, num_offsets), then each pair's entry gathered. A sequence of another length than
-        the table's (``dynamic_img_size``) gets a resized table and index, differentiably."""
-        B, H, T, _ = q.shape
-        table, index = self.rel_embed, self.rel_index
-        num_patches = T - self.rel_prefix
-        if num_patches != self.rel_patches:
-            table = resample_relative_embed(table, num_patches, self.rel_prefix)
-            index = relative_offset_index(num_patches, self.rel_prefix, device=q.device)
+        """The relative term (B, H, T, T) for queries (B, H, T, hd): each (query, key) pair's
+        ``(q * scale) . rel_embed[entry]``, the entry :func:`.posembed.relative_offset_index`
+        gives. A sequence of another length than the table's (``dynamic_img_size``) gets a resized
+        table, differentiably.
+
+        The patch block is computed without a gather: the patch queries meet the patch offsets in
+        reverse order, (B, H, N, 2N-1), whose row i holds pair (i, j) at column N-1-i+j; read flat,
+        that is position N-1 + i(2N-2) + j, so the block is a slice of the flat logits viewed as
+        (N, 2N-2) rows, their first N columns. Its backward is a copy, not a scatter."""
+        T = q.shape[2]
+        table, prefix = self.rel_embed, self.rel_prefix
+        n = T - prefix
+        if n != self.rel_patches:
+            table = resample_relative_embed(table, n, prefix)
         q = q if self.scale == 1.0 else q * self.scale
-        logits = q @ table.transpose(0, 1)  # (B, H, T, num_offsets)
-        return logits.gather(-1, index.expand(B, H, T, T))  # (B, H, T, T)
+        extra = 1 if prefix else 0
+        flipped = table[extra:].flip(0)  # patch offsets, largest first
+        rev = q[:, :, prefix:] @ flipped.transpose(0, 1)  # (B, H, N, 2N-1)
+        flat = rev.flatten(-2)[..., n - 1 : n - 1 + n * (2 * n - 2)]
+        block = flat.unflatten(-1, (n, 2 * n - 2))[..., :n] if n > 1 else rev  # (B, H, N, N)
+        if not prefix:
+            return block
+        shared = q @ table[0]  # (B, H, T): every pair with a prefix token uses entry 0
+        rows = torch.cat([shared[..., prefix:, None].expand(-1, -1, -1, prefix), block], dim=-1)
+        return torch.cat([shared[..., :prefix, None].expand(-1, -1, -1, T), rows], dim=-2)
 
     def forward(
         self, x: torch.Tensor, return_weights: bool = False, rope: torch.Tensor | None = None
