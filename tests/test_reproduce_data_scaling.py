@@ -126,6 +126,44 @@ def test_every_grid_run_diverged_falls_back_to_the_smallest_rate(tmp_path):
     assert exp.rate("vit") == (5e-4, True) and exp.planned()
 
 
+def _finish_rates(exp: DataScaling, minival: dict[str, dict[float, float]]) -> None:
+    """Finish the grid runs whose rate ``minival`` gives, with that minival top-1."""
+    for role, options in exp.grid().items():
+        for lr, (spec,) in options.items():
+            if lr in minival[role]:
+                _finish(exp, spec, _result(minival[role][lr]))
+
+
+def test_a_choice_at_an_edge_extends_the_grid_until_it_is_bracketed(tmp_path):
+    exp = DataScaling(_suite(tmp_path))
+    cnn = {5e-4: 0.80, 1e-3: 0.83, 2e-3: 0.85, 4e-3: 0.86}  # best at the top
+    _finish_rates(exp, {"cnn": cnn, "vit": GRID["vit"]})
+    assert exp.learning_rates() == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]  # one step up, for both families
+    assert not exp.planned() and exp.rate("cnn") == (None, False) and exp.rate("vit") == (None, False)
+    assert {s.recipe["optim"]["lr"] for s in exp.runs()} == {5e-4, 1e-3, 2e-3, 4e-3, 8e-3}
+    _finish_rates(exp, {"cnn": {8e-3: 0.84}, "vit": {8e-3: 0.70}})
+    assert exp.learning_rates() == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3] and exp.planned()
+    assert exp.rate("cnn") == (4e-3, False) and exp.rate("vit") == (1e-3, False)
+
+
+def test_the_grid_gains_at_most_extend_grid_steps_each_way(tmp_path):
+    exp = DataScaling(_suite(tmp_path))
+    # a step is the grid's ratio (2), the rate rounded to one significant digit
+    down1 = float(f"{5e-4 / 2:.1g}")
+    down2 = float(f"{down1 / 2:.1g}")
+    rates = [down2, down1, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 2e-2, 4e-2]
+    rising = {lr: 0.8 + lr for lr in rates}  # the ResNet's best at the top
+    falling = {lr: 0.8 - lr for lr in rates}  # the ViT's at the bottom
+    for _ in range(4):
+        _finish_rates(exp, {"cnn": rising, "vit": falling})
+    assert down1 == 3e-4 and exp.learning_rates() == rates[:-1]  # two steps each way, no third
+    assert exp.planned() and exp.rate("cnn") == (2e-2, False) and exp.rate("vit") == (down2, False)
+    assert DataScaling(_suite(tmp_path / "smoke", "smoke", "synthetic")).cfg["extend_grid"] == 0
+    planning = _suite(tmp_path)
+    planning.planning = True  # counting runs: the configured grid
+    assert DataScaling(planning).learning_rates() == [5e-4, 1e-3, 2e-3, 4e-3]
+
+
 def test_smoke_plan_stays_tiny(tmp_path):
     exp = DataScaling(_suite(tmp_path, "smoke", "synthetic"))
     assert exp.seeds == [0]
@@ -185,6 +223,9 @@ def test_summary_says_what_made_up_results_show(tmp_path, no_control):
     results = _finish_all(exp, slopes, diverged=("vit", 1740, 2))
     assert exp.rate("cnn") == (2e-3, False) and exp.rate("vit") == (1e-3, False)  # phase 2 kept the choice
     section = exp.summarise(results)
+    assert "(seed 0): the ResNet at 0.002 (interior to the grid); the ViT at 0.001 (interior to the grid); " in (
+        section.verdict
+    )
     num = section.numbers
     # the slopes come back, and the ViT's steeper one is said
     assert num["slopes"]["cnn"]["estimate"] == pytest.approx(-0.15, abs=0.02)

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import stats
 from .experiments import Experiment, Section, finite, lead, mean_of, mean_std, pct, sentence_from, shots_label
+from .pooling import grid_position, position_clause
 from .spec import RunSpec, deep_merge
 
 FAMILIES = ("cnn", "vit")  # the roles with a learning-rate grid; the larger ViT takes the ViT's rate
@@ -133,6 +134,10 @@ def _ratio_text(interval: stats.Interval | None) -> str:
     return f"{interval.estimate:.2f} ({100 * interval.level:.0f}% CI {interval.low:.2f} to {interval.high:.2f})"
 
 
+def _g(lr: float) -> str:
+    return f"{lr:g}"
+
+
 class DataScaling(Experiment):
     name = "data-scaling"
 
@@ -156,7 +161,13 @@ class DataScaling(Experiment):
         return self.suite.subset_size(float(self.cfg["lr_size"]))
 
     def learning_rates(self) -> list[float]:
-        return sorted(float(lr) for lr in self.cfg["learning_rates"])
+        """The grid's rates, ascending: the configured ones and those it gained past an edge."""
+        n = self.lr_size()
+
+        def arms(rates: list[float]) -> list[dict[float, list[RunSpec]]]:
+            return [{lr: [self.run_spec(role, n, 0, lr)] for lr in rates} for role in FAMILIES]
+
+        return self.bracketed(self.cfg["learning_rates"], arms)
 
     @cached_property
     def _base(self) -> Any:
@@ -436,7 +447,12 @@ class DataScaling(Experiment):
         small, large = sizes[0], sizes[-1]
         top1 = {r: m["test_top1"] for r, m in models.items()}
         fallback = " (every rate of its grid diverged: the smallest is used)"
-        rates = ", ".join(f"{NAMES[r]} {g['chosen'][r]:g}{fallback if g['fallback'][r] else ''}" for r in FAMILIES)
+        rates = "; ".join(
+            f"{NAMES[r]} {g['chosen'][r]:g}{fallback}"
+            if g["fallback"][r]
+            else position_clause(NAMES[r], g["chosen"][r], grid_position(g["chosen"][r], g["rates"]), g["rates"], _g)
+            for r in FAMILIES
+        )
         leads = "; ".join(
             f"at {n:,} images {lead('the ViT', top1['vit'][n], 'the ResNet', top1['cnn'][n])}" for n in sizes
         )

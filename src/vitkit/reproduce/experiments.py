@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..models.registry import model_config
 from .spec import RunSpec, Suite, load_experiment
+
+GridArms = Callable[[list[float]], list[dict[float, list[RunSpec]]]]
+"""The runs of each arm of a learning-rate grid (a family, a pooling, a size) by rate, for a grid."""
 
 
 @dataclass
@@ -270,6 +273,43 @@ class Experiment:
             if m is not None:
                 means[option] = m
         return max(means, key=means.__getitem__) if means else None
+
+    def bracketed(self, rates: Iterable[float], arms: GridArms) -> list[float]:
+        """A learning-rate grid extended past an edge where the minival's best sits on it: once
+        every run of the grid is finished, a rate one step beyond (the grid's mean ratio between
+        neighbours, to one significant digit) joins it on the side of any arm whose choice is the
+        grid's lowest or highest rate, at most ``extend_grid`` steps each way (0: never). A
+        planning suite counts the configured grid.
+
+        Args:
+            rates: the configured grid.
+            arms: the runs of each arm (a family, a pooling, a size) by rate, for a given grid;
+                each arm chooses its own rate.
+
+        Returns:
+            The grid, ascending, with the rates it gained.
+        """
+        grid = sorted({float(r) for r in rates})
+        steps = int(self.cfg.get("extend_grid", 0))
+        if self.suite.planning or len(grid) < 2 or steps < 1:
+            return grid
+        ratio = float(f"{(grid[-1] / grid[0]) ** (1 / (len(grid) - 1)):.2g}")
+        below = above = 0
+        while below < steps or above < steps:
+            chosen = [self.choose_on_minival(options) for options in arms(grid)]
+            if any(c is None for c in chosen):  # unfinished, or every run of an arm diverged
+                break
+            low = below < steps and any(math.isclose(c, grid[0]) for c in chosen)
+            high = above < steps and any(math.isclose(c, grid[-1]) for c in chosen)
+            if not (low or high):
+                break
+            if low:
+                grid.insert(0, float(f"{grid[0] / ratio:.1g}"))
+                below += 1
+            if high:
+                grid.append(float(f"{grid[-1] * ratio:.1g}"))
+                above += 1
+        return grid
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
         raise NotImplementedError

@@ -97,8 +97,14 @@ class Pooling(Experiment):
     name = "pooling"
 
     def rates(self) -> list[float]:
-        """The learning rates of the grid, ascending."""
-        return sorted({float(r) for r in self.cfg["learning_rates"]})
+        """The learning rates of the grid, ascending: the configured ones and those it gained past
+        an edge."""
+        first = self.seeds[0]
+
+        def arms(rates: list[float]) -> list[dict[float, list[RunSpec]]]:
+            return [{lr: [self.cell_spec(p, lr, first)] for lr in rates} for p in POOLINGS]
+
+        return self.bracketed(self.cfg["learning_rates"], arms)
 
     def base_lr(self) -> float:
         """The common recipe's learning rate (its class-token run is the shared one)."""

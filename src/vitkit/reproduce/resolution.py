@@ -26,8 +26,14 @@ class Resolution(Experiment):
     name = "resolution"
 
     def rates(self) -> list[float]:
-        """The fine-tuning learning rates of the grid, ascending."""
-        return sorted({float(r) for r in self.cfg["learning_rates"]})
+        """The fine-tuning learning rates of the grid, ascending: the configured ones and those it
+        gained past an edge."""
+        first = self.seeds[0]
+
+        def arms(rates: list[float]) -> list[dict[float, list[RunSpec]]]:
+            return [{lr: [self.finetune(w, lr, first)] for lr in rates} for w in SIZES]
+
+        return self.bracketed(self.cfg["learning_rates"], arms)
 
     def sizes(self) -> dict[str, tuple[int, int]]:
         """The pre-training size (``low``: ``pretrain_scale`` of the data's, in whole patches) and
