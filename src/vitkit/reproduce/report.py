@@ -95,8 +95,9 @@ def provenance(runs: dict[str, Any]) -> str:
 
 
 def source_commit() -> str | None:
-    """The git commit of the vitkit source that ran, with ``+changes`` when the checkout has
-    uncommitted changes to tracked files; None outside a git checkout."""
+    """The git commit of the vitkit source that ran, with ``+changes`` when the package's tracked
+    files have uncommitted changes (a report published into the checkout is not a change to the
+    code); None outside a git checkout."""
     import subprocess
 
     here = Path(__file__).resolve().parent
@@ -111,7 +112,7 @@ def source_commit() -> str | None:
     commit = git("rev-parse", "--short=12", "HEAD")
     if not commit:
         return None
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", str(here.parent))
     return commit + ("+changes" if dirty else "")
 
 
