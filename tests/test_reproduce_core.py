@@ -97,6 +97,16 @@ def test_publish_copies_the_report_and_replaces_old_figures(tmp_path):
     assert (dest / "report.json").read_text() == "{}"
 
 
+def test_a_grid_goes_on_past_an_edge_in_its_own_pattern():
+    from vitkit.reproduce.experiments import _next_rate
+
+    paper = [0.001, 0.003, 0.01, 0.03]  # the fine-tuning grid: 1-3-10
+    assert _next_rate(paper[::-1][:3]) == 0.1 and _next_rate([0.1, 0.03, 0.01]) == 0.3
+    assert _next_rate(paper[:3]) == 3e-4
+    assert _next_rate([4e-3, 2e-3, 1e-3]) == 8e-3 and _next_rate([8e-3, 4e-3, 2e-3]) == 2e-2  # 1.6e-2, one digit
+    assert _next_rate([3e-3, 1e-3]) == 9e-3 and _next_rate([1e-3, 3e-3]) == 3e-4  # a grid of two: its ratio
+
+
 def test_the_report_names_the_commit_that_made_it():
     commit = source_commit()
     if commit is None:

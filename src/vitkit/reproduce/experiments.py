@@ -29,6 +29,21 @@ GridArms = Callable[[list[float]], list[dict[float, list[RunSpec]]]]
 """The runs of each arm of a learning-rate grid (a family, a pooling, a size) by rate, for a grid."""
 
 
+def _next_rate(edge: list[float]) -> float:
+    """The grid's rate one step past an edge, its pattern continued: with ``edge`` the rates from
+    that edge inwards, the edge rate times the ratio between the next two (a 1-3-10 grid goes on
+    to 30, a doubling one doubles), to one significant digit; from a grid of two, their ratio.
+
+    Args:
+        edge: the edge rate and the one or two rates next to it, in order from the edge.
+
+    Returns:
+        The new rate.
+    """
+    step = edge[1] / edge[2] if len(edge) > 2 else edge[0] / edge[1]
+    return float(f"{edge[0] * step:.1g}")
+
+
 @dataclass
 class Section:
     """One experiment's part of the report."""
@@ -276,10 +291,9 @@ class Experiment:
 
     def bracketed(self, rates: Iterable[float], arms: GridArms) -> list[float]:
         """A learning-rate grid extended past an edge where the minival's best sits on it: once
-        every run of the grid is finished, a rate one step beyond (the grid's mean ratio between
-        neighbours, to one significant digit) joins it on the side of any arm whose choice is the
-        grid's lowest or highest rate, at most ``extend_grid`` steps each way (0: never). A
-        planning suite counts the configured grid.
+        every run of the grid is finished, the next rate beyond (:func:`_next_rate`) joins it on
+        the side of any arm whose choice is the grid's lowest or highest rate, at most
+        ``extend_grid`` steps each way (0: never). A planning suite counts the configured grid.
 
         Args:
             rates: the configured grid.
@@ -293,7 +307,6 @@ class Experiment:
         steps = int(self.cfg.get("extend_grid", 0))
         if self.suite.planning or len(grid) < 2 or steps < 1:
             return grid
-        ratio = float(f"{(grid[-1] / grid[0]) ** (1 / (len(grid) - 1)):.2g}")
         below = above = 0
         while below < steps or above < steps:
             chosen = [self.choose_on_minival(options) for options in arms(grid)]
@@ -304,10 +317,10 @@ class Experiment:
             if not (low or high):
                 break
             if low:
-                grid.insert(0, float(f"{grid[0] / ratio:.1g}"))
+                grid.insert(0, _next_rate(grid[:3]))
                 below += 1
             if high:
-                grid.append(float(f"{grid[-1] * ratio:.1g}"))
+                grid.append(_next_rate(grid[::-1][:3]))
                 above += 1
         return grid
 
