@@ -112,7 +112,7 @@ def readme_with_summary(readme: str) -> str:
     published reproduction report (``docs/reproduce/report.json``)."""
     import json
 
-    from vitkit.reproduce.report import headline_table
+    from vitkit.reproduce.report import headline_table, provenance
 
     if START not in readme or END not in readme:
         return readme
@@ -123,8 +123,9 @@ def readme_with_summary(readme: str) -> str:
         table = headline_table(report["experiments"])
         made = (
             f"From `{m['command']}` on {m['date'][:10]}: {m['machine']['cpu']}, {m['machine']['cores']} cores, "
-            f"torch {m['machine']['torch']}, vitkit `{m['machine'].get('commit') or 'unknown'}`."
-        )
+            f"torch {m['machine']['torch']}, vitkit `{m['machine'].get('commit') or 'unknown'}`. "
+            + provenance(report.get("runs") or {})
+        ).strip()
         block = f"{made}\n\n{table}"
     else:
         block = "No report has been published yet: `make reproduce` writes one into `docs/reproduce/`."

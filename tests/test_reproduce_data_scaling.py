@@ -148,16 +148,17 @@ def test_a_choice_at_an_edge_extends_the_grid_until_it_is_bracketed(tmp_path):
 
 def test_the_grid_gains_at_most_extend_grid_steps_each_way(tmp_path):
     exp = DataScaling(_suite(tmp_path))
-    # a step is the grid's ratio (2), the rate rounded to one significant digit
-    down1 = float(f"{5e-4 / 2:.1g}")
-    down2 = float(f"{down1 / 2:.1g}")
-    rates = [down2, down1, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 2e-2, 4e-2]
-    rising = {lr: 0.8 + lr for lr in rates}  # the ResNet's best at the top
-    falling = {lr: 0.8 - lr for lr in rates}  # the ViT's at the bottom
-    for _ in range(4):
+    # each step continues the pattern (the ratio of the next two rates in), to one significant digit
+    down1 = 3e-4  # 5e-4 x 1e-3 / 2e-3 = 2.5e-4
+    down2 = float(f"{down1 * 5e-4 / 1e-3:.1g}")
+    down3 = float(f"{down2 * down1 / 5e-4:.1g}")
+    rates = [down3, down2, down1, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 2e-2, 4e-2]  # 1.6e-2 -> 2e-2
+    rising = {lr: 0.8 + lr for lr in [*rates, 8e-2]}  # the ResNet's best at the top
+    falling = {lr: 0.8 - lr for lr in [*rates, down3 / 2]}  # the ViT's at the bottom
+    for _ in range(5):
         _finish_rates(exp, {"cnn": rising, "vit": falling})
-    assert down1 == 3e-4 and exp.learning_rates() == rates[:-1]  # two steps each way, no third
-    assert exp.planned() and exp.rate("cnn") == (2e-2, False) and exp.rate("vit") == (down2, False)
+    assert exp.learning_rates() == rates  # three steps each way, no fourth
+    assert exp.planned() and exp.rate("cnn") == (4e-2, False) and exp.rate("vit") == (down3, False)
     assert DataScaling(_suite(tmp_path / "smoke", "smoke", "synthetic")).cfg["extend_grid"] == 0
     planning = _suite(tmp_path)
     planning.planning = True  # counting runs: the configured grid
