@@ -164,15 +164,15 @@ def test_each_result_and_the_report_say_what_made_the_runs(finished):
     assert made["commit"] == source_commit() and made["precision"] in ("fp32", "bf16") and made["torch"]
     assert all(r["made_by"] == made for r in results)
     report = (finished / "report.md").read_text()
-    assert f"The runs were made 4 by vitkit commit `{made['commit']}` on {made['cpu']}" in report
+    assert f"What made the runs: 4 runs by vitkit commit `{made['commit']}` on {made['cpu']}" in report
     assert "2 runs at once, " in report
     other = {**results[0], "made_by": {**made, "cpu": "Another CPU"}, "runs_at_once": 1, "threads": 2}
     old = {k: v for k, v in results[0].items() if k != "made_by"}
     sentence = provenance({"a": results[0], "b": results[1], "c": other, "d": old})
-    assert sentence.startswith(f"The runs were made 2 by vitkit commit `{made['commit']}` on {made['cpu']}")
-    assert "; 1 by vitkit commit" in sentence and "on Another CPU in " in sentence
+    assert sentence.startswith(f"What made the runs: 2 runs by vitkit commit `{made['commit']}` on {made['cpu']}")
+    assert "; 1 run by vitkit commit" in sentence and "on Another CPU in " in sentence
     assert "1 run at once, 2 threads each" in sentence
-    assert sentence.endswith("; 1 by what their result.json does not record.")
+    assert sentence.endswith("; 1 run whose result.json does not say.")
     assert provenance({}) == ""
 
 

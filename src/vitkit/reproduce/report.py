@@ -88,10 +88,10 @@ def provenance(runs: dict[str, Any]) -> str:
             f"torch {made.get('torch')}, {layout}"
         )
         groups[what] = groups.get(what, 0) + 1
-    parts = [f"{n} by {what}" for what, n in sorted(groups.items(), key=lambda kv: -kv[1])]
+    parts = [f"{n} run{'s' * (n != 1)} by {what}" for what, n in sorted(groups.items(), key=lambda kv: -kv[1])]
     if unknown:
-        parts.append(f"{unknown} by what their result.json does not record")
-    return f"The runs were made {'; '.join(parts)}." if parts else ""
+        parts.append(f"{unknown} run{'s' * (unknown != 1)} whose result.json does not say")
+    return f"What made the runs: {'; '.join(parts)}." if parts else ""
 
 
 def source_commit() -> str | None:
