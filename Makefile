@@ -27,7 +27,7 @@ demo: venv data
 demo-5min: venv data
 	$(BIN)/vitkit train --config configs/fmnist_vit.yaml --out runs/demo_5min --set train.steps=2228
 
-# The paper's findings at desktop scale (vitkit reproduce) in three calls of 50-82 minutes each on
+# The paper's findings at desktop scale (vitkit reproduce) in three calls of 46-81 minutes each on
 # 2 CPU cores (benchmarks/reproduce_budget.py estimates each on the machine at hand);
 # each call resumes what is finished and publishes the report into docs/reproduce.
 REPRODUCE = $(BIN)/vitkit reproduce --out runs/reproduce --budget desktop --publish docs/reproduce
