@@ -69,8 +69,10 @@ def test_normalize_maps_uint8_to_minus_one_one() -> None:
     out = normalize(x, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     assert out.dtype == torch.float32
     assert torch.allclose(out[0, 0, 0], torch.tensor([-1.0, -0.6, 1.0]))
-    with pytest.raises(ValueError, match="1 normalisation channels for images with 3 channels"):
+    with pytest.raises(ValueError, match="1 normalisation mean values for images with 3 channels"):
         normalize(x, (0.5,), (0.5,))
+    with pytest.raises(ValueError, match="2 normalisation std values for images with 3 channels"):
+        normalize(x, (0.5, 0.5, 0.5), (0.5, 0.5))
 
 
 def test_train_transform_depends_only_on_seed_and_step() -> None:

@@ -114,15 +114,16 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
         The normalised batch (B, C, H, W), float32, on the device of ``x``.
 
     Raises:
-        DataError: ``mean`` does not have one value for each channel of ``x``.
+        DataError: ``mean`` or ``std`` does not have one value for each channel of ``x``.
     """
     import torch
 
     x = x.float()
     m = torch.tensor(tuple(mean), device=x.device, dtype=x.dtype).view(1, -1, 1, 1) * 255.0
     s = torch.tensor(tuple(std), device=x.device, dtype=x.dtype).view(1, -1, 1, 1) * 255.0
-    if m.shape[1] != x.shape[1]:
-        raise DataError(f"{len(mean)} normalisation channels for images with {x.shape[1]} channels")
+    for name, values in (("mean", m), ("std", s)):
+        if values.shape[1] != x.shape[1]:
+            raise DataError(f"{values.shape[1]} normalisation {name} values for images with {x.shape[1]} channels")
     return (x - m) / s
 
 
