@@ -487,3 +487,15 @@ def test_resume_mid_epoch_on_streamed_data_with_dropout_is_bit_exact(tmp_path, m
     assert resumed.resumed_from == 6
     a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_summary_of_a_run_that_was_already_finished_says_nothing_was_trained(tmp_path, capsys):
+    from vitkit.cli.train import print_outcome
+    from vitkit.train.loop import RunResult
+
+    done = RunResult(tmp_path, 100, 0.5, 0.6, 80, 0.0, 0.0, resumed_from=100)
+    print_outcome(done, "val")
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"run: {tmp_path}  steps: 100  (already finished: nothing trained)"
+    print_outcome(RunResult(tmp_path, 100, 0.5, 0.6, 80, 12.0, 1000.0, resumed_from=40), "val")
+    assert "training time: 12 s  (1000 img/s)" in capsys.readouterr().out

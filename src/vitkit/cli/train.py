@@ -135,10 +135,13 @@ def print_outcome(result: Any, split: str) -> None:
     score = "mAP" if result.multilabel else "top-1"
     if report is not None and report.epochs:
         print(format_epoch_table(report.epochs, report.best_epoch))
-    print(
-        f"run: {result.out_dir}  steps: {result.step}  training time: {result.train_seconds:.0f} s  "
-        f"({result.images_per_second:.0f} img/s)"
-    )
+    if result.resumed_from is not None and result.resumed_from >= result.step:
+        print(f"run: {result.out_dir}  steps: {result.step}  (already finished: nothing trained)")
+    else:
+        print(
+            f"run: {result.out_dir}  steps: {result.step}  training time: {result.train_seconds:.0f} s  "
+            f"({result.images_per_second:.0f} img/s)"
+        )
     if result.best_top1 is not None:
         epoch = f"epoch {report.best_epoch}, " if report is not None and report.best_epoch else ""
         print(f"best {split} {score}: {100 * result.best_top1:.2f}% ({epoch}step {result.best_step})")
