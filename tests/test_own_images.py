@@ -124,6 +124,14 @@ def test_a_multi_label_file_gives_multi_hot_rows(tmp_path):
     assert (val.label_rows.sum(0) > 0).all()  # the minival holds every label
 
 
+def test_a_row_with_several_labels_in_a_single_label_dataset_is_named(tmp_path):
+    from vitkit.data.labels import LabelsFile
+
+    f = labels_file(tmp_path, multi_rows(12))
+    with pytest.raises(DataError, match=rf"^{f} line 3: 2 labels \(a, b\) in a single-label dataset"):
+        LabelsFile(f, multilabel=False, load_size=16)
+
+
 # -- metrics against scikit-learn -----------------------------------------------------------------
 def test_per_class_precision_recall_f1_match_scikit_learn():
     g = torch.Generator().manual_seed(1)

@@ -181,6 +181,13 @@ class LabelsFile(FileImages):
                 )
         self.classes = list(classes)
         self.multilabel = any(len(set(labels)) > 1 for _, _, labels in rows) if multilabel is None else multilabel
+        if not self.multilabel:
+            several = next(((line, labels) for line, _, labels in rows if len(set(labels)) > 1), None)
+            if several is not None:
+                raise DataError(
+                    f"{path} line {several[0]}: {len(set(several[1]))} labels ({', '.join(several[1])}) "
+                    "in a single-label dataset (each image takes one class here)"
+                )
         k = len(self.classes)
         targets = torch.zeros(len(rows), k)
         for i, (_, _, labels) in enumerate(rows):
