@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -321,3 +322,12 @@ def test_extract_features_other_size_subset_and_resnet():
     assert feats.shape == (4, resnet.num_features)
     with pytest.raises(ValueError, match="no classification head"):
         evaluate(model, ds)
+
+
+def test_throughput_counts_images_not_labels_of_a_multi_label_source():
+    from vitkit.eval.features import ModelOutputs
+
+    multi = ModelOutputs(torch.zeros(10, 4), torch.zeros(10, 4, dtype=torch.int64), seconds=2.0)
+    single = ModelOutputs(torch.zeros(10, 4), torch.zeros(10, dtype=torch.int64), seconds=2.0)
+    assert multi.images_per_s == single.images_per_s == 5.0
+    assert math.isnan(ModelOutputs(torch.zeros(1, 4), torch.zeros(1, dtype=torch.int64), seconds=0.0).images_per_s)

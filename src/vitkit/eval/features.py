@@ -43,9 +43,9 @@ class ModelOutputs:
 
     @property
     def images_per_s(self) -> float:
-        """Throughput of the loop, ``labels.numel() / seconds`` (images per second for class-index
-        labels); NaN when ``seconds`` is 0."""
-        return self.labels.numel() / self.seconds if self.seconds > 0 else float("nan")
+        """Throughput of the loop: images (one a row of ``outputs``, multi-label or not) per
+        second; NaN when ``seconds`` is 0."""
+        return self.outputs.shape[0] / self.seconds if self.seconds > 0 else float("nan")
 
 
 def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> Preprocessing:
