@@ -12,8 +12,12 @@ from vitkit.cli import main
 
 
 def test_unknown_model_suggests_close_names():
-    with pytest.raises(ValueError, match=r"unknown model 'vit_bb16'.*vit_b16"):
+    from vitkit.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"unknown model 'vit_bb16'.*vit_b16"):  # a ValueError too
         vitkit.create_model("vit_bb16")
+    with pytest.raises(UsageError, match="pass features_only=True too"):
+        vitkit.create_model("vit_ti16", out_indices=[1])
 
 
 def test_unknown_override_is_named():

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UsageError
 from .config import RESNET_UNITS, VIT_SIZES, ResNetConfig, ViTConfig, token_grid_problem
 from .flops import check_memory
 from .resnet import ResNetV2
@@ -176,7 +177,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
         return ResNetConfig(units=RESNET_UNITS[int(m.group(1))], width_factor=int(m.group(2))).replace(**overrides)
     close = difflib.get_close_matches(key, LISTED, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise ValueError(f"unknown model {name!r}{hint} (vitkit.list_models() lists them all)")
+    raise UsageError(f"unknown model {name!r}{hint} (vitkit.list_models() lists them all)")
 
 
 def build_model(cfg: ViTConfig | ResNetConfig, state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
@@ -262,7 +263,7 @@ def create_model(
     """
     if not features_only:
         if out_indices is not None:
-            raise ValueError("out_indices picks the maps of a features_only=True model; pass features_only=True too")
+            raise UsageError("out_indices picks the maps of a features_only=True model; pass features_only=True too")
         return build_model(model_config(name, **overrides))
     from .features import features_model
 
