@@ -82,3 +82,5 @@ def test_the_site_builds_strictly(tmp_path):
         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "load_pretrained" in api and not re.search(r":(func|meth|class|attr|mod|data):<code>", api)
