@@ -309,3 +309,20 @@ def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
     assert [c["call"] for c in data["calls"]] == ["reproduce-1", "reproduce-2", "reproduce-3"]
     assert sum(c["runs"] for c in data["calls"]) == 127 and all(c["minutes"] > 0 for c in data["calls"])
     assert "vit-tiny 28x28 px relative" in data["kinds"] and data["meta"]["jobs"] >= 1
+
+
+def test_runs_trained_at_once_start_costliest_first(tmp_path):
+    """Several runs at once start with the costliest, so that a phase does not end on one long
+    run while the other cores idle; equal costs keep their order."""
+    from vitkit.reproduce import _classes, _unique, data_info
+    from vitkit.reproduce.runner import Runner
+
+    suite = Suite(tmp_path, "synthetic", "smoke", None, data_info("synthetic"))
+    runner = Runner(suite, 2, lambda line: None)
+    specs = _unique([s for s in _classes()["compute"](suite).runs()])
+    ordered = runner.longest_first(specs)
+    costs = [runner.cost(s) for s in ordered]
+    assert sorted(s.key for s in ordered) == sorted(s.key for s in specs)
+    assert costs == sorted(costs, reverse=True) and costs[0] > costs[-1]
+    ties = [s for s in specs if runner.cost(s) == costs[-1]]
+    assert [s for s in ordered if runner.cost(s) == costs[-1]] == ties

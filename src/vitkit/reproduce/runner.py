@@ -958,6 +958,19 @@ class Runner:
         flops = resnet_flops(cfg) if hasattr(cfg, "units") else vit_flops(cfg)
         return float(flops) * int(t.get("steps", 1)) * int(t.get("batch_size", 1)) + 1e9
 
+    def longest_first(self, specs: list[RunSpec]) -> list[RunSpec]:
+        """The order runs start in when several train at once: the costliest first (:meth:`cost`;
+        equals keep their order), so that the phase does not end on one long run with the other
+        cores idle.
+
+        Args:
+            specs: the runs of a phase.
+
+        Returns:
+            The same runs, costliest first.
+        """
+        return sorted(specs, key=lambda s: -self.cost(s))
+
     def _init_from(self, spec: RunSpec) -> str | None:
         if spec.after is None:
             return None
@@ -976,7 +989,8 @@ class Runner:
                 start = time.perf_counter()
                 self._done(a[0], train_and_score(*a), time.perf_counter() - start)
             return
-        queue = deque(args)
+        order = {s.key: i for i, s in enumerate(self.longest_first(specs))}
+        queue = deque(sorted(args, key=lambda a: order[a[0].key]))
         threads = max(1, usable_cores() // self.jobs)
         with _Processes(self.jobs, threads) as procs:
             while queue or procs.busy():
