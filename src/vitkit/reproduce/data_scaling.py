@@ -162,12 +162,7 @@ class DataScaling(Experiment):
 
     def learning_rates(self) -> list[float]:
         """The grid's rates, ascending: the configured ones and those it gained past an edge."""
-        n = self.lr_size()
-
-        def arms(rates: list[float]) -> list[dict[float, list[RunSpec]]]:
-            return [{lr: [self.run_spec(role, n, 0, lr)] for lr in rates} for role in FAMILIES]
-
-        return self.bracketed(self.cfg["learning_rates"], arms)
+        return self.bracketed(self.cfg["learning_rates"], lambda rates: list(self.grid(rates).values()))
 
     @cached_property
     def _base(self) -> Any:
@@ -203,10 +198,12 @@ class DataScaling(Experiment):
         extra = deep_merge(self.schedule(n), {"optim": {"lr": lr}})
         return self.spec(model, seed, f"{model}, {n:,} images, lr {lr:g}, seed {seed}", subset=n, extra=extra)
 
-    def grid(self) -> dict[str, dict[float, list[RunSpec]]]:
-        """Phase 1: per family, per learning rate, its run at the grid's size (seed 0)."""
+    def grid(self, rates: list[float] | None = None) -> dict[str, dict[float, list[RunSpec]]]:
+        """Phase 1: per family, per learning rate, its run at the grid's size (seed 0); the rates
+        are :meth:`learning_rates` unless given."""
         n = self.lr_size()
-        return {role: {lr: [self.run_spec(role, n, 0, lr)] for lr in self.learning_rates()} for role in FAMILIES}
+        rates = self.learning_rates() if rates is None else rates
+        return {role: {lr: [self.run_spec(role, n, 0, lr)] for lr in rates} for role in FAMILIES}
 
     def rate(self, role: str) -> tuple[float | None, bool]:
         """The learning rate of ``role``'s family, chosen on the minival.

@@ -29,6 +29,11 @@ GridArms = Callable[[list[float]], list[dict[float, list[RunSpec]]]]
 """The runs of each arm of a learning-rate grid (a family, a pooling, a size) by rate, for a grid."""
 
 
+def grid_arms(grid: dict[str, dict[float, RunSpec]]) -> list[dict[float, list[RunSpec]]]:
+    """A grid of one run a rate per arm, as :meth:`Experiment.bracketed` takes its arms."""
+    return [{lr: [spec] for lr, spec in cells.items()} for cells in grid.values()]
+
+
 def _next_rate(edge: list[float]) -> float:
     """The grid's rate one step past an edge, its pattern continued: with ``edge`` the rates from
     that edge inwards, the edge rate times the ratio between the next two (a 1-3-10 grid goes on

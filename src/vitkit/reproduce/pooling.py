@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .experiments import Experiment, Section, lead, mean_of, pct, sentence_from, shots_label
+from .experiments import Experiment, Section, grid_arms, lead, mean_of, pct, sentence_from, shots_label
 from .spec import RunSpec
 
 POOLINGS = {"token": "class token", "gap": "global average pooling"}
@@ -99,12 +99,7 @@ class Pooling(Experiment):
     def rates(self) -> list[float]:
         """The learning rates of the grid, ascending: the configured ones and those it gained past
         an edge."""
-        first = self.seeds[0]
-
-        def arms(rates: list[float]) -> list[dict[float, list[RunSpec]]]:
-            return [{lr: [self.cell_spec(p, lr, first)] for lr in rates} for p in POOLINGS]
-
-        return self.bracketed(self.cfg["learning_rates"], arms)
+        return self.bracketed(self.cfg["learning_rates"], lambda rates: grid_arms(self.grid(rates)))
 
     def base_lr(self) -> float:
         """The common recipe's learning rate (its class-token run is the shared one)."""
@@ -122,9 +117,10 @@ class Pooling(Experiment):
         label = f"{model}, {POOLINGS[pooling]}, lr {rate_text(lr)}, seed {seed}"
         return self.spec(model, seed, label, overrides=overrides, extra=extra)
 
-    def grid(self) -> dict[str, dict[float, RunSpec]]:
-        """Phase 1: every pooling at every rate, at the first seed."""
-        return {p: {lr: self.cell_spec(p, lr, self.seeds[0]) for lr in self.rates()} for p in POOLINGS}
+    def grid(self, rates: list[float] | None = None) -> dict[str, dict[float, RunSpec]]:
+        """Phase 1: every pooling at every rate (:meth:`rates` unless given), at the first seed."""
+        rates = self.rates() if rates is None else rates
+        return {p: {lr: self.cell_spec(p, lr, self.seeds[0]) for lr in rates} for p in POOLINGS}
 
     def planned(self) -> bool:
         return self.finished(s for cells in self.grid().values() for s in cells.values())

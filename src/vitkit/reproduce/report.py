@@ -15,24 +15,16 @@ from .experiments import Section
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
-    import torch
-
     from ..cpu import cpu_info
-    from ..precision import bf16_support, resolve_precision
+    from ..precision import bf16_support
 
-    cpu = cpu_info()
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    device = "cuda" if gpu else "cpu"
+    cpu, made = cpu_info(), run_provenance("auto")  # precision: what `train.precision: auto` computes in
     return {
-        "cpu": cpu["model"],
+        **made,
         "cpu_flags": [f for f, on in cpu["flags"].items() if on],
         "cores": cpu["cores"],
-        "bf16": bf16_support(device).reason,
-        "precision": resolve_precision("auto", device).name,  # what `train.precision: auto` computes in
-        "gpu": gpu,
-        "torch": torch.__version__,
+        "bf16": bf16_support("cuda" if made["gpu"] else "cpu").reason,
         "python": platform.python_version(),
-        "commit": source_commit(),
     }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .experiments import Experiment, Section, finite, lead, pct, sentence_from, shots_label
+from .experiments import Experiment, Section, finite, grid_arms, lead, pct, sentence_from, shots_label
 from .pooling import best_on_minival, grid_position, position_clause
 from .spec import RunSpec
 
@@ -28,12 +28,7 @@ class Resolution(Experiment):
     def rates(self) -> list[float]:
         """The fine-tuning learning rates of the grid, ascending: the configured ones and those it
         gained past an edge."""
-        first = self.seeds[0]
-
-        def arms(rates: list[float]) -> list[dict[float, list[RunSpec]]]:
-            return [{lr: [self.finetune(w, lr, first)] for lr in rates} for w in SIZES]
-
-        return self.bracketed(self.cfg["learning_rates"], arms)
+        return self.bracketed(self.cfg["learning_rates"], lambda rates: grid_arms(self.grid(rates)))
 
     def sizes(self) -> dict[str, tuple[int, int]]:
         """The pre-training size (``low``: ``pretrain_scale`` of the data's, in whole patches) and
@@ -72,9 +67,11 @@ class Resolution(Experiment):
         spec.after = base.key
         return spec
 
-    def grid(self) -> dict[str, dict[float, RunSpec]]:
-        """Phase 1's fine-tuning runs: each size at every rate, at the first seed."""
-        return {w: {lr: self.finetune(w, lr, self.seeds[0]) for lr in self.rates()} for w in SIZES}
+    def grid(self, rates: list[float] | None = None) -> dict[str, dict[float, RunSpec]]:
+        """Phase 1's fine-tuning runs: each size at every rate (:meth:`rates` unless given), at the
+        first seed."""
+        rates = self.rates() if rates is None else rates
+        return {w: {lr: self.finetune(w, lr, self.seeds[0]) for lr in rates} for w in SIZES}
 
     def planned(self) -> bool:
         return self.finished(s for cells in self.grid().values() for s in cells.values())
