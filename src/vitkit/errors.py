@@ -38,6 +38,18 @@ class TrainingError(VitkitError, RuntimeError):
     """A run that cannot go on (non-finite loss, incompatible resume); the message says why."""
 
 
+class RunStopped(TrainingError):
+    """A run stopped by a signal (Ctrl-C, SIGTERM) after writing a checkpoint to resume from.
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 class ExportError(VitkitError, RuntimeError):
     """An export that failed or whose output does not match the model."""
 
@@ -87,6 +99,7 @@ __all__ = [
     "DownloadError",
     "ExportError",
     "RecipeError",
+    "RunStopped",
     "TrainingError",
     "UsageError",
     "VitkitError",

@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu import best_seconds, cpu_info
+from .cpu import cpu_info
 from .models.vit import Attention, Mlp
 from .precision import bf16_support, resolve_precision
+from .runtime import PINS, fastest, pinned, record_choice
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 log = logging.getLogger("vitkit")
@@ -615,14 +616,21 @@ def choose_linear_kernel(
     key = (_cpu_model(), dtype, linear.in_features, linear.out_features, act, linear.bias is not None, rows)
     if key in _KERNEL_CHOICES:
         return _KERNEL_CHOICES[key]
+    shape = f"linear {linear.in_features}x{linear.out_features} {str(dtype).removeprefix('torch.')}" + (
+        f" +{act}" if act else ""
+    )
+    if (pin := pinned("kernel")) is not None:
+        record_choice("kernel", shape, pin, f"pinned by {PINS['kernel']}")
+        _KERNEL_CHOICES[key] = pin
+        return pin
     x = torch.randn(rows, linear.in_features).to(dtype)
     packed = PackedLinear.from_linear(linear, dtype, act)
     w = linear.weight.detach().to(dtype)
     b = None if linear.bias is None else linear.bias.detach().to(dtype)
     post = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[act]
-    onednn = best_seconds(lambda: packed.run(x))
-    plain = best_seconds(lambda: post(F.linear(x, w, b)))
-    choice = "onednn" if onednn <= plain else "torch"
+    choice, times = fastest({"onednn": lambda: packed.run(x), "torch": lambda: post(F.linear(x, w, b))}, untimed=2)
+    onednn, plain = times["onednn"], times["torch"]
+    record_choice("kernel", shape, choice, "measured", seconds=times)
     log.debug(
         "linear %dx%d %s%s: oneDNN packed %.3f ms, torch %.3f ms -> %s",
         linear.in_features,

@@ -16,7 +16,7 @@ fp32. ``"auto"`` resolves to bf16 where the device computes it natively and fast
 The answer is cached for the process. ``VITKIT_BF16=native`` or ``VITKIT_BF16=emulated`` in the
 environment overrides what the CPU reports (tests use it to cover both branches on any machine).
 An explicit "fp32" or "bf16" always wins; an explicit bf16 on a device that emulates it carries a
-warning with the measured cost (:attr:`PrecisionChoice.warning`, handed out once a process by
+warning with the measured cost (:attr:`Precision.warning`, handed out once a process by
 :func:`take_warning`).
 """
 
@@ -30,6 +30,7 @@ import torch
 
 from .cpu import best_seconds, cpu_info
 from .errors import UsageError
+from .runtime import record_choice
 
 PRECISIONS = ("auto", "fp32", "bf16")
 """The precisions a run, an evaluation or a benchmark may ask for."""
@@ -52,7 +53,7 @@ class Bf16Support:
 
 
 @dataclass(frozen=True)
-class PrecisionChoice:
+class Precision:
     """What a requested precision resolved to on a device.
 
     Attributes:
@@ -89,6 +90,9 @@ class PrecisionChoice:
             return f"precision: {self.name} (as asked; {self.reason})"
         return f"precision: {self.requested} -> {self.name} ({self.reason})"
 
+
+PrecisionChoice = Precision
+"""The former name of :class:`Precision`."""
 
 _SUPPORT: dict[tuple[str, str | None], Bf16Support] = {}
 _COST: dict[str, float] = {}
@@ -184,7 +188,7 @@ def bf16_support(device: str | torch.device = "cpu") -> Bf16Support:
     return found
 
 
-def resolve_precision(requested: str, device: str | torch.device = "cpu") -> PrecisionChoice:
+def resolve_precision(requested: str, device: str | torch.device = "cpu") -> Precision:
     """The precision that computes for ``requested`` on ``device``.
 
     Args:
@@ -193,7 +197,7 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu") -> Pre
         device: where the computation runs.
 
     Returns:
-        A :class:`PrecisionChoice`; its ``warning`` is set when an explicit bf16 runs on a device
+        A :class:`Precision`; its ``warning`` is set when an explicit bf16 runs on a device
         that only emulates it.
 
     Raises:
@@ -203,10 +207,16 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu") -> Pre
         raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}; got {requested!r}")
     dev = torch.device(device)
     support = bf16_support(dev)
+    how = "measured" if "measured" in support.reason else "reported by the device"
+    if OVERRIDE_ENV in support.reason:
+        how = f"pinned by {OVERRIDE_ENV}"
+    record_choice(
+        "precision", f"bf16 on {dev.type}", "native" if support.native else "emulated", how, reason=support.reason
+    )
     if requested == "auto":
-        return PrecisionChoice("auto", "bf16" if support.native else "fp32", support.reason)
+        return Precision("auto", "bf16" if support.native else "fp32", support.reason)
     if requested == "fp32" or support.native:
-        return PrecisionChoice(requested, requested, support.reason)
+        return Precision(requested, requested, support.reason)
     warning = None
     if dev.type == "cpu":
         slowdown = bf16_slowdown(dev)
@@ -218,10 +228,10 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu") -> Pre
         warning = (
             f"bf16 is emulated on this device ({support.reason}): {cost}; precision auto or fp32 runs at full speed"
         )
-    return PrecisionChoice(requested, requested, support.reason, warning)
+    return Precision(requested, requested, support.reason, warning)
 
 
-def take_warning(choice: PrecisionChoice) -> str | None:
+def take_warning(choice: Precision) -> str | None:
     """``choice.warning`` the first time a process asks for it, None after (one line, once).
 
     Args:
@@ -248,6 +258,7 @@ __all__ = [
     "OVERRIDE_ENV",
     "PRECISIONS",
     "Bf16Support",
+    "Precision",
     "PrecisionChoice",
     "bf16_slowdown",
     "bf16_support",

@@ -14,7 +14,7 @@ import logging
 import sys
 from types import ModuleType
 
-from ..errors import VitkitError
+from ..errors import RunStopped, VitkitError
 from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train
 from . import eval as evaluate
 
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     try:
         return COMMANDS[args.command].run(args)
+    except RunStopped as e:  # a checkpoint was written: the same command resumes
+        print(f"vitkit {args.command}: {e}", file=sys.stderr)
+        return 128 + e.signum
     except (VitkitError, OSError, ValueError) as e:  # ValueError: library checks not yet a VitkitError
         if args.verbose:
             raise

@@ -93,6 +93,9 @@ def recipe_arguments(
         "weights; fp32: neither",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--plan", action="store_true", help="print the run's plan (every derived value, every check) and train nothing"
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,6 +119,13 @@ def train_from_args(args: argparse.Namespace, extra_sets: list[tuple[str, Any]])
     if args.compile:
         sets.append(("train.compile", True))
     recipe = load_recipe(find_recipe(args.config), sets)
+    if getattr(args, "plan", False):
+        from ..train.plan import RunPlan
+
+        for line in RunPlan.from_recipe(recipe).describe():
+            print(line)
+        print(f"run folder: {args.out} (nothing trained: --plan)")
+        return 0
     result = train(recipe, args.out, TqdmProgress())
     if not _is_main_process():
         return 0

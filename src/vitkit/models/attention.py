@@ -30,11 +30,13 @@ in the query weights, as :func:`vitkit.inference.fold_attention_scale` puts it).
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ..runtime import PINS, fastest, pinned, record_choice
 
 ATTENTION_IMPLS = ("auto", "sdpa", "math", "recompute")
 
@@ -161,22 +163,28 @@ def choose_training_path(
     key = (dtype, batch, heads, tokens, head_dim)
     if key in _TRAINING_PATHS:
         return _TRAINING_PATHS[key]
+    shape = f"training B={batch} H={heads} N={tokens} hd={head_dim} {str(dtype).removeprefix('torch.')}"
+    if (pin := pinned("attention")) is not None:
+        record_choice("attention", shape, pin, f"pinned by {PINS['attention']}")
+        _TRAINING_PATHS[key] = pin
+        return pin
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, tokens, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
-    times: dict[str, list[float]] = {"math": [], "recompute": []}
-    for i in range(repeats + 1):
-        for impl in times:  # interleaved, so that a slow moment of a shared machine hits both
-            start = time.perf_counter()
+
+    def step(impl: str) -> Callable[[], None]:
+        def run() -> None:
             with torch.enable_grad():
                 out, _ = attend(
                     q, k, v, scale=head_dim**-0.5, dropout_p=0.0, training=True, impl=impl, need_weights=False
                 )
                 out.float().sum().backward()
-            if i:  # the first round is a warm-up
-                times[impl].append(time.perf_counter() - start)
-    best = {impl: min(t) for impl, t in times.items()}
-    _TRAINING_PATHS[key] = min(best, key=best.get)
-    return _TRAINING_PATHS[key]
+
+        return run
+
+    choice, times = fastest({impl: step(impl) for impl in ("math", "recompute")}, repeats=repeats)
+    record_choice("attention", shape, choice, "measured", seconds=times)
+    _TRAINING_PATHS[key] = choice
+    return choice
 
 
 def attend(

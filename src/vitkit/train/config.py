@@ -25,6 +25,7 @@ import yaml
 from ..errors import RecipeError
 from ..models.attention import ATTENTION_IMPLS
 from ..precision import PRECISIONS
+from .trackers import TRACKERS
 
 _RANGE = re.compile(r"([\[(])\s*(\S+?)\s*,\s*(\S+?)\s*([\])])|(>=|>)\s*(\S+)")
 
@@ -204,6 +205,10 @@ class LogSection:
     keep_last: int = checked(2, "[1, 100000]")  # checkpoints kept; older ones are removed
     tensorboard: bool = True  # when the tensorboard package is installed
     plot: bool = True  # curves.png of the metrics, rewritten at each evaluation (needs matplotlib)
+    # a checkpoint also when this many minutes of training passed since the last (0: by steps only),
+    # so that a stopped run loses at most that much
+    checkpoint_minutes: float = checked(5.0, ">= 0")
+    trackers: tuple[str, ...] = checked((), choices=TRACKERS)  # tensorboard, mlflow (local SQLite), wandb (offline)
 
 
 @dataclass
@@ -242,6 +247,7 @@ class Recipe:
         d["augment"]["erase_area"] = list(self.augment.erase_area)
         d["augment"]["erase_aspect"] = list(self.augment.erase_aspect)
         d["train"]["patch_drop_stages"] = [list(s) for s in self.train.patch_drop_stages]
+        d["log"]["trackers"] = list(self.log.trackers)
         return d
 
 

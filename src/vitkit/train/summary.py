@@ -20,7 +20,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,9 @@ from ..eval.classify import (
 from ..eval.multilabel import frequency_baseline, multilabel_metrics
 from ..files import write_text
 from .advice import class_counts, never_predicted_warning
-from .runfolder import read_metrics
+from .plan import RunPlan
+from .runfolder import METRICS, read_metrics
+from .state import TrainState
 
 WORST_IMAGES = 16
 
@@ -67,6 +69,40 @@ class RunReport:
     multilabel: dict[str, Any] | None = None  # mAP macro / micro, the frequency baseline's, thresholds
     warnings: list[str] = field(default_factory=list)  # every warning of the run, in order
     files: list[Path] = field(default_factory=list)  # what was written
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended, as the summary, the model card and the report read it.
+
+    Attributes:
+        plan: the run's plan (recipe, data, model set-up, precision, device).
+        out: the run folder.
+        model: the trained model itself (out of its wrappers), with its last weights.
+        state: the step, the best evaluation and its step.
+        train_seconds: the training time, evaluations and checkpoints left out.
+        warnings: every warning of the run said so far, in order.
+        start_warnings: how many of them were said when the run started (the log's come after).
+        can_score_alone: whether this process holds whole weights to score the validation split.
+        warn: says (and keeps) one more warning.
+        choices: the measured choices of the process (:func:`vitkit.runtime.measured_choices`).
+    """
+
+    plan: RunPlan
+    out: Path
+    model: nn.Module
+    state: TrainState
+    train_seconds: float
+    warnings: list[str]
+    start_warnings: int
+    can_score_alone: bool
+    warn: Callable[[str], None]
+    choices: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> Path:
+        """The run's log, ``metrics.jsonl``."""
+        return self.out / METRICS
 
 
 def epoch_table(metrics: Path) -> list[dict[str, Any]]:
@@ -210,28 +246,28 @@ def _thresholds(path: Path) -> list[float] | None:
     return [float(t) for t in stored] if isinstance(stored, list) else None
 
 
-def _score_validation(t: Any, report: RunReport) -> None:
+def _score_validation(o: RunOutcome, report: RunReport) -> None:
     """The best weights over the evaluation split: per-class scores, the confusion matrix and the
     worst images, into ``report`` and the run folder."""
-    model, ds, classes = t.unwrapped_model, t.eval_ds, t.eval_ds.classes
-    best = t.out / "best.safetensors"
+    model, ds, classes = o.model, o.plan.eval_ds, o.plan.eval_ds.classes
+    best = o.out / "best.safetensors"
     with best_weights(model, best):
         scored = scored_images(
             model,
             ds,
-            _per_image_loss(t.multilabel),
-            transform=t.tcfg,
+            _per_image_loss(o.plan.multilabel),
+            transform=o.plan.transform,
             worst=WORST_IMAGES,
-            device=t.device,
-            precision=t.precision.name,
-            max_images=t.recipe.data.eval_max_images,
-            num_workers=t.recipe.data.num_workers,
+            device=o.plan.env.device,
+            precision=o.plan.precision.name,
+            max_images=o.plan.recipe.data.eval_max_images,
+            num_workers=o.plan.recipe.data.num_workers,
         )
     thresholds = None
-    if t.multilabel:
+    if o.plan.multilabel:
         thresholds = _thresholds(best)
         m = multilabel_metrics(scored.logits, scored.targets, classes, thresholds)
-        base = frequency_baseline(t.train_label_rows(), scored.targets.float())
+        base = frequency_baseline(o.plan.train_ds.label_rows, scored.targets.float())
         report.per_class = m["per_class"]
         predicted = [r["predicted"] for r in m["per_class"]]
         thresholds = m["thresholds"]
@@ -248,53 +284,53 @@ def _score_validation(t: Any, report: RunReport) -> None:
         report.confusion = conf.tolist()
         report.per_class = per_class_prf(conf, classes)
         predicted = conf.sum(0).tolist()
-        report.files += list(write_confusion_matrix(conf, classes, t.out, "confusion", "confusion (best weights)"))
+        report.files += list(write_confusion_matrix(conf, classes, o.out, "confusion", "confusion (best weights)"))
     never = never_predicted_warning(predicted, classes)
     if never:
-        t.warn(never)
+        o.warn(never)
     captions = [_caption(scored, int(r), classes, thresholds) for r in scored.worst_index]
     title = f"the {len(captions)} validation images with the highest loss (best weights)"
-    report.files.append(write_image_grid(scored.worst_images, captions, t.out / "worst.png", title))
+    report.files.append(write_image_grid(scored.worst_images, captions, o.out / "worst.png", title))
 
 
-def write_run_report(t: Any, train_seconds: float) -> RunReport:
+def write_run_report(o: RunOutcome) -> RunReport:
     """Measure and write what a run ends with (the module's docstring lists the files).
 
     Args:
-        t: the :class:`~vitkit.train.loop.Trainer` whose run ended.
-        train_seconds: the run's training time.
+        o: how the run ended.
 
     Returns:
         The :class:`RunReport`.
     """
-    out = t.out
-    report = RunReport(epochs=epoch_table(t.folder.metrics))
-    best_step = t.state.best_step
+    out = o.out
+    report = RunReport(epochs=epoch_table(o.metrics))
+    best_step = o.state.best_step
     report.best_epoch = next((r["epoch"] for r in report.epochs if r["step"] == best_step), None)
     if report.best_epoch is None and best_step is not None:  # an evaluation that is not an epoch's last
         report.best_epoch = next((r["epoch"] for r in report.epochs if r["step"] >= best_step), None)
-    if t.eval_ds is not None and t.can_score_alone:
-        _score_validation(t, report)
-    report.warnings = [*t.warnings[: t.start_warnings], *logged_warnings(t.folder.metrics)]
-    report.warnings += t.warnings[t.start_warnings :]
+    if o.plan.eval_ds is not None and o.can_score_alone:
+        _score_validation(o, report)
+    report.warnings = [*o.warnings[: o.start_warnings], *logged_warnings(o.metrics)]
+    report.warnings += o.warnings[o.start_warnings :]
     summary = {
         "epochs": report.epochs,
         "best_epoch": report.best_epoch,
         "best_step": best_step,
-        "best_score": t.state.best_metric,
-        "score": "map" if t.multilabel else "top1",
+        "best_score": o.state.best_metric,
+        "score": "map" if o.plan.multilabel else "top1",
         "per_class": report.per_class,
         "confusion": report.confusion,
         "multilabel": report.multilabel,
         "warnings": report.warnings,
-        "machine": machine(t.device),
-        "train_seconds": train_seconds,
-        "steps": t.state.step,
+        "machine": machine(o.plan.env.device),
+        "train_seconds": o.train_seconds,
+        "steps": o.state.step,
+        "measured_choices": o.choices,
     }
     written = {
         out / "summary.json": json.dumps(summary, indent=1, default=_finite),
         out / "epochs.csv": _epochs_csv(report.epochs),
-        out / "README.md": model_card(t, report, train_seconds),
+        out / "README.md": model_card(o, report, o.train_seconds),
     }
     for path, text in written.items():
         write_text(path, text)
@@ -310,8 +346,8 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}%"
 
 
-def _model_line(t: Any) -> str:
-    model = t.unwrapped_model
+def _model_line(o: RunOutcome) -> str:
+    model = o.model
     cfg = model.cfg
     params = sum(p.numel() for p in model.parameters())
     size = "x".join(str(s) for s in cfg.img_size)
@@ -322,15 +358,15 @@ def _model_line(t: Any) -> str:
     return f"{shape}, {size} px, {params / 1e6:.2f}M parameters, {cfg.num_classes} classes"
 
 
-def _data_lines(t: Any) -> list[str]:
-    classes = t.train_ds.classes
-    train_counts = class_counts(t.train_ds)
-    val_counts = class_counts(t.eval_ds) if t.eval_ds is not None else None
-    n_val = len(t.eval_ds) if t.eval_ds is not None else 0
+def _data_lines(o: RunOutcome) -> list[str]:
+    classes = o.plan.train_ds.classes
+    train_counts = class_counts(o.plan.train_ds)
+    val_counts = class_counts(o.plan.eval_ds) if o.plan.eval_ds is not None else None
+    n_val = len(o.plan.eval_ds) if o.plan.eval_ds is not None else 0
     lines = [
-        f"- Data: `{t.recipe.data.name}`: {len(t.train_ds)} training images ({t.train_ds.name}), "
-        f"{n_val} validation images ({t.eval_ds.name if t.eval_ds is not None else 'none'}), "
-        f"{len(classes)} classes{', multi-label' if t.multilabel else ''}",
+        f"- Data: `{o.plan.recipe.data.name}`: {len(o.plan.train_ds)} training images ({o.plan.train_ds.name}), "
+        f"{n_val} validation images ({o.plan.eval_ds.name if o.plan.eval_ds is not None else 'none'}), "
+        f"{len(classes)} classes{', multi-label' if o.plan.multilabel else ''}",
         "",
     ]
     if train_counts is not None and len(classes) <= 100:
@@ -346,24 +382,24 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _recipe_lines(t: Any) -> list[str]:
-    r = t.recipe
+def _recipe_lines(o: RunOutcome) -> list[str]:
+    r, precision = o.plan.recipe, o.plan.precision.name
     o, tr, a = r.optim, r.train, r.augment
     mix = f", Mixup {a.mixup_alpha:g} / CutMix {a.cutmix_alpha:g}" if a.mixup_alpha or a.cutmix_alpha else ""
     return [
         f"- Optimiser: {o.name}, lr {o.lr:g} ({o.schedule}, {o.warmup_steps} warm-up steps), weight decay "
         f"{o.weight_decay:g}, layer decay {o.layer_decay:g}",
         f"- Schedule: {tr.steps} steps of batch {tr.batch_size}, loss {tr.loss}, label smoothing "
-        f"{tr.label_smoothing:g}, precision {t.precision.name}, seed {r.seed}",
+        f"{tr.label_smoothing:g}, precision {precision}, seed {r.seed}",
         f"- Augmentation: crop {a.crop} (area from {a.area_min:g}), flip {a.flip}{mix}",
         "",
     ]
 
 
-def _result_lines(t: Any, report: RunReport, train_seconds: float) -> list[str]:
-    score = "mAP" if t.multilabel else "top-1"
+def _result_lines(o: RunOutcome, report: RunReport, train_seconds: float) -> list[str]:
+    score = "mAP" if o.plan.multilabel else "top-1"
     lines = [
-        f"Best validation {score}: {_pct(t.state.best_metric)} at step {t.state.best_step} "
+        f"Best validation {score}: {_pct(o.state.best_metric)} at step {o.state.best_step} "
         f"(epoch {report.best_epoch}); `best.safetensors` holds those weights.",
         "",
     ]
@@ -377,55 +413,55 @@ def _result_lines(t: Any, report: RunReport, train_seconds: float) -> list[str]:
         ]
     lines += ["```text", format_epoch_table(report.epochs, report.best_epoch), "```", ""]
     if report.per_class:
-        ap = " AP | threshold |" if t.multilabel else ""
+        ap = " AP | threshold |" if o.plan.multilabel else ""
         lines += [
             f"| class | precision | recall | F1 | images |{ap}",
             "|---|---:|---:|---:|---:|" + "---:|" * (2 * bool(ap)),
         ]
         for r in report.per_class:
-            extra = f" {_pct(r['ap'])} | {r['threshold']:.3f} |" if t.multilabel else ""
+            extra = f" {_pct(r['ap'])} | {r['threshold']:.3f} |" if o.plan.multilabel else ""
             lines.append(
                 f"| {_cell(r['class'])} | {_pct(r['precision'])} | {_pct(r['recall'])} | {_pct(r['f1'])} | "
                 f"{r['support']} |{extra}"
             )
         lines.append("")
-    lines += [f"Trained on {machine(t.device)} in {train_seconds:.0f} s ({t.state.step} steps).", ""]
+    lines += [f"Trained on {machine(o.plan.env.device)} in {train_seconds:.0f} s ({o.state.step} steps).", ""]
     return lines
 
 
-def model_card(t: Any, report: RunReport, train_seconds: float) -> str:
+def model_card(o: RunOutcome, report: RunReport, train_seconds: float) -> str:
     """The run's model card (``README.md``), in Markdown with a Hugging Face metadata header.
 
     Args:
-        t: the trainer whose run ended.
+        o: how the run ended.
         report: what the run measured.
         train_seconds: its training time.
 
     Returns:
         The card's text.
     """
-    r = t.recipe
+    r = o.plan.recipe
     started = f"`{r.model.init_from}`" if r.model.init_from else "none (trained from scratch)"
     lines = [
         "---",
         "library_name: vitkit",
         "pipeline_tag: image-classification",
-        "tags: [vision-transformer, image-classification" + (", multi-label" if t.multilabel else "") + "]",
+        "tags: [vision-transformer, image-classification" + (", multi-label" if o.plan.multilabel else "") + "]",
         "---",
         "",
-        f"# {Path(t.out).name}",
+        f"# {o.out.name}",
         "",
         r.description.strip() or "An image classifier trained with vitkit.",
         "",
-        f"- Model: {_model_line(t)}",
+        f"- Model: {_model_line(o)}",
         f"- Started from: {started}",
-        *_data_lines(t),
+        *_data_lines(o),
         "## Recipe",
         "",
-        *_recipe_lines(t),
+        *_recipe_lines(o),
         "## Results (validation split)",
         "",
-        *_result_lines(t, report, train_seconds),
+        *_result_lines(o, report, train_seconds),
     ]
     if report.warnings:
         lines += ["## Warnings", "", *[f"- {w}" for w in report.warnings], ""]
@@ -433,7 +469,7 @@ def model_card(t: Any, report: RunReport, train_seconds: float) -> str:
         "## Use",
         "",
         "```bash",
-        f"vitkit predict {Path(t.out) / 'best.safetensors'} IMAGE.jpg",
+        f"vitkit predict {o.out / 'best.safetensors'} IMAGE.jpg",
         "```",
         "",
         "The run folder also holds `config.yaml` (the whole recipe), `metrics.jsonl`, `epochs.csv`, "
@@ -443,4 +479,4 @@ def model_card(t: Any, report: RunReport, train_seconds: float) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RunReport", "epoch_table", "format_epoch_table", "model_card", "write_run_report"]
+__all__ = ["RunOutcome", "RunReport", "epoch_table", "format_epoch_table", "model_card", "write_run_report"]
