@@ -41,8 +41,9 @@ class TrainingError(VitkitError, RuntimeError):
 class RunStopped(TrainingError):
     """A run stopped by a signal (Ctrl-C, SIGTERM) after writing a checkpoint to resume from.
 
-    Attributes:
-        signum: the signal's number.
+    Args:
+        message: what stopped it and what was written.
+        signum: the signal's number (the command exits with 128 + it).
     """
 
     def __init__(self, message: str, signum: int) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import count
-from .train import flag_sets, recipe_arguments, train_from_args
+from .train import fitted, recipe_arguments, train_from_args
 
 HELP = "fine-tune pretrained weights on a folder or labels file (a recipe fitted to them, or --config)"
 
@@ -55,12 +55,5 @@ def run(args: argparse.Namespace) -> int:
 def _planned(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """The fitted recipe's keys, less those the command line sets itself; its lines printed."""
     from ..train.autofit import plan_finetune
-    from ..train.config import parse_set
 
-    plan = plan_finetune(str(args.init_from), args.data, args.img_size)
-    given = {key for key, _ in parse_set(args.set or []) + flag_sets(args)}
-    for line in plan.lines:
-        print(line)
-    return [
-        (key, value) for key, value in plan.sets if key not in given and not any(g.startswith(key + ".") for g in given)
-    ]
+    return fitted(plan_finetune(str(args.init_from), args.data, args.img_size), args)

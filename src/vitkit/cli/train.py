@@ -99,7 +99,11 @@ def recipe_arguments(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    recipe_arguments(p, "fmnist_vit")
+    recipe_arguments(
+        p,
+        None,
+        config_help="default: fmnist_vit, or with --data FOLDER or a labels file a recipe fitted to it, said first",
+    )
 
 
 def flag_sets(args: argparse.Namespace) -> list[tuple[str, Any]]:
@@ -187,5 +191,45 @@ def _per_class_table(rows: list[dict[str, Any]], most: int = 30) -> str:
     return "\n".join(lines)
 
 
+def fitted(plan: Any, args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """A fitted recipe's keys, less those the command line sets itself; its lines printed, and a
+    line for each key the command line sets instead, so that what is printed is what runs.
+
+    Args:
+        plan: a :class:`~vitkit.train.autofit.FinetunePlan`.
+        args: the command's arguments (``--set`` and the flags).
+
+    Returns:
+        The (key, value) pairs to apply under the command line's own.
+    """
+    from ..train.config import parse_set
+
+    given = dict(parse_set(args.set or []) + flag_sets(args))
+    for line in plan.lines:
+        print(line)
+    kept = []
+    for key, value in plan.sets:
+        over = [g for g in given if g == key or g.startswith(key + ".")]
+        if over:
+            print("; ".join(f"{g}={given[g]} (the command line's, not the fitted {value})" for g in over))
+        else:
+            kept.append((key, value))
+    return kept
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.config is None:
+        args.config = "fmnist_vit"
+        if args.data and _own_data(args.data):
+            from ..train.autofit import plan_scratch
+
+            print(f"{args.data}: no --config, so a recipe fitted to it:")
+            return train_from_args(args, fitted(plan_scratch(args.data), args))
     return train_from_args(args, [])
+
+
+def _own_data(data: str) -> bool:
+    """Whether ``--data`` is a folder or a labels file (not a named data set or shards)."""
+    from ..data import is_labels_file
+
+    return Path(data).is_dir() or is_labels_file(data)

@@ -145,4 +145,68 @@ def plan_finetune(init_from: str, data: str, img_size: int | tuple[int, int] | N
     return plan
 
 
-__all__ = ["FinetunePlan", "batch_for", "epochs_for", "plan_finetune"]
+SCRATCH_SIZE = 64  # from scratch on a folder: 64 px in 8x8 patches, an 8x8 grid of tokens
+SCRATCH_EPOCHS = 3  # times the fine-tuning epochs: weights from scratch need more passes
+
+
+def plan_scratch(data: str, img_size: int | None = None) -> FinetunePlan:
+    """A recipe for training a small ViT from scratch on a folder or labels file: the demo's model
+    and optimiser (``fmnist_vit``) at a size photographs keep something at, a schedule by the
+    number of images, an evaluation and a checkpoint each epoch.
+
+    Args:
+        data: the training data (a folder or a labels file).
+        img_size: the resolution (None: :data:`SCRATCH_SIZE`).
+
+    Returns:
+        A :class:`FinetunePlan` to apply over the ``fmnist_vit`` recipe.
+
+    Raises:
+        DataError: data of unknown size, or data that cannot be read.
+    """
+    size = img_size or SCRATCH_SIZE
+    patch = max(2, size // 8)
+    load = math.ceil(size * LOAD_MARGIN)
+    train = build_dataset(data, "train", load_size=[load, load])
+    try:
+        n = len(train)
+    except (NotImplementedError, TypeError):
+        raise DataError(f"{data}: training without a recipe needs data of known size; give --config") from None
+    plan = FinetunePlan(sets=[("description", f"A ViT trained from scratch on {data} (vitkit train's own recipe)")])
+    plan.sets += [
+        ("data.name", data),
+        ("data.options", {"load_size": [load, load]}),
+        ("data.eval_split", "val"),
+        ("model.overrides.img_size", size),
+        ("model.overrides.patch_size", patch),
+        ("train.patch_drop", 0.0),
+    ]
+    plan.lines.append(
+        f"model: the demo's ViT (width 128, 6 layers) at {size}x{size} px in {patch}x{patch} patches, from scratch; "
+        f"images decoded at {load}x{load}"
+    )
+    batch, epochs = min(batch_for(n), n), SCRATCH_EPOCHS * epochs_for(n)
+    per_epoch = max(1, n // batch)
+    steps = epochs * per_epoch
+    plan.sets += [
+        ("train.batch_size", batch),
+        ("train.steps", steps),
+        ("optim.warmup_steps", max(1, steps // 10)),
+        ("log.eval_every", per_epoch),
+        ("log.checkpoint_every", per_epoch),
+        ("log.log_every", max(1, per_epoch // 4)),
+        ("augment.crop", "inception"),
+        ("augment.area_min", 0.25),
+        ("augment.flip", True),
+    ]
+    plan.lines.append(
+        f"schedule: {epochs} epochs of the {n} training images ({train.num_classes} classes): {steps} steps of "
+        f"batch {batch}, an evaluation and a checkpoint each epoch ({per_epoch} steps) and every 5 minutes"
+    )
+    if getattr(train, "multilabel", False):
+        plan.sets.append(("train.loss", "sigmoid"))
+        plan.lines.append("loss: sigmoid (rows of several labels: each class predicted on its own)")
+    return plan
+
+
+__all__ = ["FinetunePlan", "batch_for", "epochs_for", "plan_finetune", "plan_scratch"]

@@ -8,6 +8,7 @@ checkpoint, the end) and does nothing else with it; the run's log (``metrics.jso
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -35,7 +36,11 @@ class Event:
     record: dict[str, Any] = field(default_factory=dict)
 
     def scalars(self) -> dict[str, float]:
-        """The record's numbers a tracker plots (the step and non-numbers left out)."""
+        """The record's numbers a tracker plots (the step and non-numbers left out).
+
+        Returns:
+            name -> value.
+        """
         return {
             k: float(v)
             for k, v in self.record.items()
@@ -68,6 +73,11 @@ class MetricsLog(Sink):
         self.append = append
 
     def on_event(self, event: Event) -> None:
+        """Take one event (see :meth:`Sink.on_event`).
+
+        Args:
+            event: what happened.
+        """
         if event.kind in (STEP, EVALUATION):
             self.append(event.record)
 
@@ -99,11 +109,17 @@ class TensorBoard(Sink):
         self.writer = summary_writer(out)
 
     def on_event(self, event: Event) -> None:
+        """Take one event (see :meth:`Sink.on_event`).
+
+        Args:
+            event: what happened.
+        """
         if self.writer is not None and event.kind in (STEP, EVALUATION):
             for k, v in event.scalars().items():
                 self.writer.add_scalar(k, v, event.step)
 
     def close(self) -> None:
+        """The run ended: flush and let go (see :meth:`Sink.close`)."""
         if self.writer is not None:
             self.writer.close()
 
@@ -148,17 +164,21 @@ class Background(Sink):
                 self.error = f"{type(e).__name__}: {e}"
 
     def on_event(self, event: Event) -> None:
+        """Take one event (see :meth:`Sink.on_event`).
+
+        Args:
+            event: what happened.
+        """
         try:
             self.queue.put_nowait(event)
         except queue.Full:
             self.dropped += 1
 
     def close(self) -> None:
+        """The run ended: flush and let go (see :meth:`Sink.close`)."""
         deadline = time.monotonic() + self.close_timeout
-        try:  # the end marker waits for room only as long as the sink may take
+        with contextlib.suppress(queue.Full):  # the end marker waits for room only as long as the sink may take
             self.queue.put(None, timeout=self.close_timeout)
-        except queue.Full:
-            pass
         self.thread.join(max(deadline - time.monotonic(), 0.0))
         if self.thread.is_alive():
             self.warn(f"{self.name}: still busy after {self.close_timeout:.0f} s; the run did not wait for it")

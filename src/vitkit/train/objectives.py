@@ -107,18 +107,34 @@ class Objective:
         return loss_fn(logits, y, self.kind, self.mix.label_smoothing)
 
     def describe(self) -> str:
-        """The objective in a few words, for the run plan."""
+        """The objective in a few words, for the run plan.
+
+        Returns:
+            E.g. "softmax cross-entropy over 10 classes, label smoothing 0.1".
+        """
         mixing = f", Mixup/CutMix ({self.mix.mode})" if self.mix.enabled else ""
         smoothing = f", label smoothing {self.mix.label_smoothing:g}" if self.mix.label_smoothing else ""
         return f"{self.kind} cross-entropy over {self.num_classes} classes{smoothing}{mixing}"
 
 
 class Softmax(Objective):
-    """Softmax cross-entropy: one class an image."""
+    """Softmax cross-entropy: one class an image.
+
+    Args:
+        kind: "softmax".
+        num_classes: the model's outputs.
+        mix: the recipe's mixing.
+    """
 
 
 class Sigmoid(Objective):
-    """Sigmoid cross-entropy summed over the classes: one class an image, or multi-hot rows."""
+    """Sigmoid cross-entropy summed over the classes: one class an image, or multi-hot rows.
+
+    Args:
+        kind: "sigmoid".
+        num_classes: the model's outputs.
+        mix: the recipe's mixing.
+    """
 
 
 class Distillation(Objective):
@@ -143,6 +159,16 @@ class Distillation(Objective):
         self.teacher, self.how, self.alpha, self.temperature = teacher, how, alpha, temperature
 
     def loss(self, x: torch.Tensor, out: Output, y: torch.Tensor) -> torch.Tensor:
+        """The label objective and the teacher's, mixed by ``alpha``.
+
+        Args:
+            x: the images the model saw; the teacher sees them too.
+            out: the model's logits, or its class and distillation outputs.
+            y: the targets of :meth:`targets`.
+
+        Returns:
+            The mean loss (a scalar).
+        """
         cls, dist = out if isinstance(out, tuple) else (out, out)
         label_loss = loss_fn(cls, y, self.kind, self.mix.label_smoothing)
         teacher = self.teacher(x)
@@ -150,6 +176,11 @@ class Distillation(Objective):
         return distillation_loss(label_loss, dist, teacher, self.how, self.alpha, self.temperature, hard)
 
     def describe(self) -> str:
+        """The objective in a few words.
+
+        Returns:
+            The label objective's words and the teacher's share.
+        """
         return f"{super().describe()}, distilled ({self.how}, alpha {self.alpha:g}) from a teacher"
 
 

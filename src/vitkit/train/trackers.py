@@ -78,6 +78,11 @@ class MLflow(Sink):
         mlflow.log_params(_flat(self.recipe))
 
     def on_event(self, event: Event) -> None:
+        """Take one event (see :meth:`Sink.on_event`).
+
+        Args:
+            event: what happened.
+        """
         if self.run is None:
             self._start()
         if event.kind == END:
@@ -90,6 +95,7 @@ class MLflow(Sink):
             self.mlflow.log_metrics(scalars, step=event.step)
 
     def close(self) -> None:
+        """The run ended: flush and let go (see :meth:`Sink.close`)."""
         if self.run is not None:
             self.mlflow.end_run()
 
@@ -107,6 +113,11 @@ class Wandb(Sink):
         self.run: Any = None
 
     def on_event(self, event: Event) -> None:
+        """Take one event (see :meth:`Sink.on_event`).
+
+        Args:
+            event: what happened.
+        """
         if self.run is None:
             import wandb
 
@@ -123,6 +134,7 @@ class Wandb(Sink):
             self.run.log(event.scalars(), step=event.step)
 
     def close(self) -> None:
+        """The run ended: flush and let go (see :meth:`Sink.close`)."""
         if self.run is not None:
             self.run.finish()
 
