@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -268,3 +269,110 @@ def test_train_adapters_smoke(kind):
     assert r["trained_moved"] > 0.0  # every adapter tensor and the head learned
     assert r["last_loss"] < 0.7 * r["first_loss"]
     assert r["merge_gap"] < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line: --adapter-weights on predict, eval, embed and convert
+
+
+@pytest.fixture(scope="module")
+def adapted_run(tmp_path_factory):
+    """A base file (3 classes) and an adapter file fine-tuned from it to the synthetic data's 10
+    classes, with their names; and the adapted model itself."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("adapters")
+    torch.manual_seed(0)
+    base = create_model(
+        "vit_ti16", img_size=32, patch_size=8, depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=3
+    )
+    save_checkpoint(base, root / "base.safetensors")
+    model = load_pretrained(root / "base.safetensors")
+    model.reset_classifier(10)
+    _trained(apply_adapters(model, _spec("dora")))
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.5)
+    names = [f"class_{i}" for i in range(10)]
+    save_adapters(model.eval(), root / "synthetic.adapter.safetensors", {"classes": json.dumps(names)})
+    images = root / "imgs" / "a"
+    images.mkdir(parents=True)
+    g = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(g.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    return root, model
+
+
+def test_predict_and_embed_apply_the_adapters(adapted_run, tmp_path, capsys):
+    from vitkit.cli import main
+    from vitkit.eval import predict
+    from vitkit.eval.embed import read_embeddings
+    from vitkit.preprocessing import load_images
+
+    root, model = adapted_run
+    base, adapter, img = root / "base.safetensors", root / "synthetic.adapter.safetensors", root / "imgs/a/0.png"
+    out_json = tmp_path / "p.json"
+    argv = ["predict", str(base), str(img), "--adapter-weights", str(adapter), "--precision", "fp32"]
+    assert main([*argv, "--top-k", "2", "--json", str(out_json)]) == 0
+    got = json.loads(out_json.read_text())["predictions"][0]["top_k"]
+    x = load_images([str(img)], model.preprocessing, 3).inputs
+    expected = predict(model, x, top_k=2, precision="fp32")[0]
+    assert [r["class"] for r in got] == [f"class_{r['class']}" for r in expected]  # the adapter file's names
+    assert got[0]["prob"] == pytest.approx(expected[0]["prob"], abs=1e-5)
+    out = tmp_path / "e.safetensors"
+    emb = ["embed", str(base), str(root / "imgs"), "--out", str(out), "--adapter-weights", str(adapter)]
+    assert main([*emb, "--precision", "fp32"]) == 0
+    with torch.no_grad():
+        pooled = model.forward_head(model.forward_features(x), pre_logits=True)
+    torch.testing.assert_close(read_embeddings(out).vectors[:1], pooled, atol=1e-5, rtol=1e-5)
+    other = tmp_path / "other.safetensors"
+    save_checkpoint(
+        create_model("vit_ti16", img_size=32, patch_size=8, depth=2, width=32, num_heads=2, mlp_dim=64), other
+    )
+    capsys.readouterr()
+    assert main(["predict", str(other), str(img), "--adapter-weights", str(adapter)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "adapters made for base" in err and len(err.splitlines()) == 1
+
+
+def test_eval_serves_the_merged_adapters(adapted_run, tmp_path):
+    from vitkit.cli import main
+
+    root, _ = adapted_run
+    base, adapter = root / "base.safetensors", root / "synthetic.adapter.safetensors"
+    results = []
+    for extra in ([], ["--serve"]):
+        out = tmp_path / f"eval{len(extra)}.json"
+        argv = ["eval", str(base), "--data", "synthetic", "--max-images", "32", "--precision", "fp32"]
+        assert main([*argv, "--adapter-weights", str(adapter), "--out", str(tmp_path), "--json", str(out), *extra]) == 0
+        results.append(json.loads(out.read_text()))
+    assert results[0]["top1"] == results[1]["top1"] and results[1]["mode"] == "served"
+
+
+def test_convert_merges_the_adapters_or_writes_them_for_peft(adapted_run, tmp_path):
+    from vitkit.cli import main
+
+    root, model = adapted_run
+    base, adapter = root / "base.safetensors", root / "synthetic.adapter.safetensors"
+    merged = tmp_path / "merged.safetensors"
+    assert main(["convert", str(base), str(merged), "--adapter-weights", str(adapter)]) == 0
+    back = load_pretrained(merged).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(back(x), model(x), atol=1e-5, rtol=1e-5)
+    assert not any("lora" in k for k in back.state_dict())
+    assert main(["convert", str(base), str(tmp_path / "peft"), "--to", "peft", "--adapter-weights", str(adapter)]) == 0
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["use_dora"] and config["r"] == 4 and config["modules_to_save"] == ["classifier"]
+    assert main(["convert", str(base), str(tmp_path / "peft2"), "--to", "peft"]) == 2
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_serving_merges_the_adapters_first(precision):
+    from vitkit.inference import prepare_inference
+
+    model = _trained(apply_adapters(_base(), _spec("lora")))
+    served = prepare_inference(model, precision)
+    assert not adapted_layers(served) and adapted_layers(model)  # the original keeps its adapters
+    x = torch.randn(2, 3, 16, 16)
+    tol = {"fp32": 1e-4, "bf16": 0.05, "int8": 0.1}[precision] * model(x).abs().max().item()
+    with torch.no_grad():
+        assert (served(x.to(served.input_dtype)).float() - model(x)).abs().max() < tol
