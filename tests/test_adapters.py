@@ -207,7 +207,8 @@ def test_peft_loads_the_adapters_onto_the_transformers_vit_of_the_same_base(tmp_
         for n, p in model.named_parameters():
             if p.requires_grad and ("norm" in n or n.startswith("head.")):
                 p.add_(0.1 * torch.randn_like(p))
-    export_peft(model, tmp_path / "peft")
+    layout = "v5" if int(transformers.__version__.split(".")[0]) >= 5 else "v4"
+    export_peft(model, tmp_path / "peft", layout)
     cls = transformers.ViTForImageClassification if head else transformers.ViTModel
     hf = cls.from_pretrained(str(tmp_path / "hf")).eval()
     wrapped = peft.PeftModel.from_pretrained(hf, str(tmp_path / "peft")).eval()

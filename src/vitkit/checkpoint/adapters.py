@@ -13,7 +13,8 @@ the adapters were not trained on.
 so its ``q``, ``k`` and ``v`` adapters become peft's adapters on ``q_proj``, ``k_proj`` and
 ``v_proj``; ``proj`` becomes ``o_proj``, ``fc1`` and ``fc2`` the MLP's; a trained head is peft's
 ``modules_to_save`` ``classifier``, trained norms its ``layernorm_before``, ``layernorm_after``
-and ``layernorm``. The names are those of transformers 5 (``vit.layers.{i}.attention.q_proj``).
+and ``layernorm``. The module names are those of transformers 5 (``vit.layers.{i}.attention.q_proj``)
+or, on request, of earlier versions (``vit.encoder.layer.{i}.attention.attention.query``).
 """
 
 from __future__ import annotations
@@ -182,18 +183,34 @@ def _copy_into(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -
 # Hugging Face peft
 
 
-_HF_LAYERS = {"q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj", "proj": "attention.o_proj"}
-_HF_LAYERS |= {"fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+# transformers' ViT module names, by its major version: the layers' container and each target.
+PEFT_LAYOUTS = ("v5", "v4")
+_HF_BLOCKS = {"v5": "layers", "v4": "encoder.layer"}
+_HF_LAYERS = {
+    "v5": {"q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj", "proj": "attention.o_proj"}
+    | {"fc1": "mlp.fc1", "fc2": "mlp.fc2"},
+    "v4": {"q": "attention.attention.query", "k": "attention.attention.key", "v": "attention.attention.value"}
+    | {"proj": "attention.output.dense", "fc1": "intermediate.dense", "fc2": "output.dense"},
+}
 _HF_NORMS = {"norm1": "layernorm_before", "norm2": "layernorm_after"}
 
 
-def peft_key(key: str, has_head: bool) -> str:
+def _check_layout(layout: str) -> None:
+    if layout not in PEFT_LAYOUTS:
+        raise UsageError(
+            f"peft layout must be one of {', '.join(PEFT_LAYOUTS)} (transformers' major version), got {layout!r}"
+        )
+
+
+def peft_key(key: str, has_head: bool, layout: str = "v5") -> str:
     """A vitkit adapter tensor's name -> peft's, for the transformers ViT of :func:`to_hf`'s names.
 
     Args:
         key: a key of :func:`~vitkit.models.adapters.adapter_state_dict`.
         has_head: whether the transformers model is ``ViTForImageClassification`` (its encoder
             under ``vit.``), not ``ViTModel``.
+        layout: "v5" for transformers 5's module names (``layers.{i}.attention.q_proj``), "v4"
+            for earlier versions' (``encoder.layer.{i}.attention.attention.query``).
 
     Returns:
         The name in peft's ``adapter_model.safetensors``.
@@ -201,34 +218,39 @@ def peft_key(key: str, has_head: bool) -> str:
     Raises:
         CheckpointError: a tensor peft's ViT has no place for.
     """
-    p = "vit." if has_head else ""
+    _check_layout(layout)
+    p = ("vit." if has_head else "") + _HF_BLOCKS[layout]
     if m := re.fullmatch(
         r"blocks\.(\d+)\.(?:attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.(lora_A|lora_B|magnitude)\.(\w+)", key
     ):
         i, kind, part = m.groups()
         tail = {"lora_A": "lora_A.weight", "lora_B": "lora_B.weight", "magnitude": "lora_magnitude_vector"}[kind]
-        return f"base_model.model.{p}layers.{i}.{_HF_LAYERS[part]}.{tail}"
+        return f"base_model.model.{p}.{i}.{_HF_LAYERS[layout][part]}.{tail}"
     if m := re.fullmatch(r"blocks\.(\d+)\.(norm1|norm2)\.(weight|bias)", key):
         i, norm, t = m.groups()
-        return f"base_model.model.{p}layers.{i}.{_HF_NORMS[norm]}.{t}"
+        return f"base_model.model.{p}.{i}.{_HF_NORMS[norm]}.{t}"
     if m := re.fullmatch(r"(head|norm)\.(weight|bias)", key):
         name, t = m.groups()
-        return f"base_model.model.{'classifier' if name == 'head' else p + 'layernorm'}.{t}"
+        encoder = "vit." if has_head else ""
+        return f"base_model.model.{'classifier' if name == 'head' else encoder + 'layernorm'}.{t}"
     raise CheckpointError(f"Hugging Face's ViT has no place for adapter tensor {key!r}; keep the vitkit adapter file")
 
 
-def peft_config(spec: AdapterSpec, base_name: str, has_head: bool) -> dict[str, Any]:
+def peft_config(spec: AdapterSpec, base_name: str, has_head: bool, layout: str = "v5") -> dict[str, Any]:
     """The ``adapter_config.json`` peft reads for adapters of ``spec`` on transformers' ViT.
 
     Args:
         spec: the adapters' spec.
         base_name: the base model's name or folder (``base_model_name_or_path``).
         has_head: whether the model is ``ViTForImageClassification``.
+        layout: transformers' module names, as :func:`peft_key` takes them.
 
     Returns:
         The config's keys and values.
     """
-    layers = sorted({_HF_LAYERS[t] for t in spec.targets})
+    _check_layout(layout)
+    layers = sorted({_HF_LAYERS[layout][t] for t in spec.targets})
+    blocks = re.escape(_HF_BLOCKS[layout])
     save = (["classifier"] if spec.train_head and has_head else []) + (
         ["layernorm_before", "layernorm_after", "layernorm"] if spec.train_norms else []
     )
@@ -240,7 +262,7 @@ def peft_config(spec: AdapterSpec, base_name: str, has_head: bool) -> dict[str, 
         "lora_alpha": spec.alpha,
         "lora_dropout": spec.dropout,
         "use_dora": spec.kind == "dora",
-        "target_modules": rf"(.*\.)?layers\.\d+\.({'|'.join(re.escape(n) for n in layers)})",
+        "target_modules": rf"(.*\.)?{blocks}\.\d+\.({'|'.join(re.escape(n) for n in layers)})",
         "modules_to_save": save or None,
         "bias": "none",
         "fan_in_fan_out": False,
@@ -249,7 +271,7 @@ def peft_config(spec: AdapterSpec, base_name: str, has_head: bool) -> dict[str, 
     }
 
 
-def export_peft(model: nn.Module, folder: str | Path) -> Path:
+def export_peft(model: nn.Module, folder: str | Path, layout: str = "v5") -> Path:
     """Write ``model``'s adapters as a Hugging Face peft folder: ``adapter_model.safetensors``
     and ``adapter_config.json``, for the transformers ViT of the same base weights
     (``vitkit convert BASE DIR --to hf``; ``PeftModel.from_pretrained(vit, folder)``).
@@ -257,6 +279,8 @@ def export_peft(model: nn.Module, folder: str | Path) -> Path:
     Args:
         model: a model with adapters applied (not merged).
         folder: the folder to write (made if missing).
+        layout: "v5" (transformers 5 and later) or "v4" (earlier versions): the module names
+            peft finds the layers by.
 
     Returns:
         The folder.
@@ -270,14 +294,15 @@ def export_peft(model: nn.Module, folder: str | Path) -> Path:
         raise RecipeError("the model has no adapters to export (apply_adapters or load_adapters first)")
     has_head = getattr(model, "head", None) is not None
     check_hf(model.cfg, has_head, getattr(model, "pre_logits", None) is not None)
-    tensors = {peft_key(k, has_head): v.float() for k, v in adapter_state_dict(model).items()}
+    tensors = {peft_key(k, has_head, layout): v.float() for k, v in adapter_state_dict(model).items()}
     folder = Path(folder)
     write_safetensors(folder / "adapter_model.safetensors", tensors, {"format": "pt"})
-    write_json(folder / "adapter_config.json", peft_config(info.spec, info.base_name, has_head))
+    write_json(folder / "adapter_config.json", peft_config(info.spec, info.base_name, has_head, layout))
     return folder
 
 
 __all__ = [
+    "PEFT_LAYOUTS",
     "check_adapter_name",
     "export_peft",
     "load_adapters",
