@@ -132,7 +132,8 @@ def load_adapters(model: nn.Module, path: str | Path, merge: bool = False) -> nn
     """Apply the adapters of ``path`` onto ``model`` (in place), after checking that ``model`` is
     the base they were trained on. A trained head of another number of classes than the base's
     replaces the base's. Extra metadata of the file (class names) is kept as
-    ``model.adapter_metadata``.
+    ``model.adapter_metadata`` and in ``model.load_report.metadata``, which a saved or exported
+    model carries.
 
     Args:
         model: the base model (vitkit's ViT), without adapters.
@@ -161,6 +162,9 @@ def load_adapters(model: nn.Module, path: str | Path, merge: bool = False) -> nn
     extra = {k: v for k, v in meta.items() if k not in _OWN_KEYS and not k.startswith("vitkit_")}
     model.adapter_info.metadata = extra
     model.adapter_metadata = extra
+    report = getattr(model, "load_report", None)
+    if report is not None and extra:  # saved again with the model: a merged export keeps the class names
+        report.metadata = {**report.metadata, **extra}
     return merge_adapters(model) if merge else model
 
 
