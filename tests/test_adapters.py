@@ -347,6 +347,9 @@ def test_eval_serves_the_merged_adapters(adapted_run, tmp_path):
         assert main([*argv, "--adapter-weights", str(adapter), "--out", str(tmp_path), "--json", str(out), *extra]) == 0
         results.append(json.loads(out.read_text()))
     assert results[0]["top1"] == results[1]["top1"] and results[1]["mode"] == "served"
+    # another resolution: the base is checked at its own size, then its positions are resized
+    argv = ["eval", str(base), "--data", "synthetic", "--max-images", "8", "--img-size", "48", "--out", str(tmp_path)]
+    assert main([*argv, "--adapter-weights", str(adapter), "--precision", "fp32"]) == 0
 
 
 def test_convert_merges_the_adapters_or_writes_them_for_peft(adapted_run, tmp_path):
