@@ -347,7 +347,14 @@ def test_eval_serves_the_merged_adapters(adapted_run, tmp_path):
         assert main([*argv, "--adapter-weights", str(adapter), "--out", str(tmp_path), "--json", str(out), *extra]) == 0
         results.append(json.loads(out.read_text()))
     assert results[0]["top1"] == results[1]["top1"] and results[1]["mode"] == "served"
-    # another resolution: the base is checked at its own size, then its positions are resized
+
+
+@pytest.mark.slow
+def test_eval_at_another_resolution_checks_the_base_at_its_own_size(adapted_run, tmp_path):
+    from vitkit.cli import main
+
+    root, _ = adapted_run
+    base, adapter = root / "base.safetensors", root / "synthetic.adapter.safetensors"
     argv = ["eval", str(base), "--data", "synthetic", "--max-images", "8", "--img-size", "48", "--out", str(tmp_path)]
     assert main([*argv, "--adapter-weights", str(adapter), "--precision", "fp32"]) == 0
 
