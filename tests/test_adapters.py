@@ -387,3 +387,25 @@ def test_serving_merges_the_adapters_first(precision):
     tol = {"fp32": 1e-4, "bf16": 0.05, "int8": 0.1}[precision] * model(x).abs().max().item()
     with torch.no_grad():
         assert (served(x.to(served.input_dtype)).float() - model(x)).abs().max() < tol
+
+
+def test_peft_names_for_transformers_5_and_earlier():
+    from vitkit.checkpoint.adapters import peft_config, peft_key
+
+    assert (
+        peft_key("blocks.3.attn.qkv.lora_A.k", True) == "base_model.model.vit.layers.3.attention.k_proj.lora_A.weight"
+    )
+    v4 = peft_key("blocks.3.attn.qkv.magnitude.v", False, "v4")
+    assert v4 == "base_model.model.encoder.layer.3.attention.attention.value.lora_magnitude_vector"
+    assert peft_key("blocks.0.mlp.fc2.lora_B.fc2", True, "v4").endswith(
+        "vit.encoder.layer.0.output.dense.lora_B.weight"
+    )
+    assert peft_key("norm.weight", True) == "base_model.model.vit.layernorm.weight"
+    assert peft_key("head.bias", True) == "base_model.model.classifier.bias"
+    pattern = peft_config(_spec(targets=["fc2"]), "base", True, "v4")["target_modules"]
+    import re
+
+    assert re.fullmatch(pattern, "vit.encoder.layer.0.output.dense")
+    assert not re.fullmatch(pattern, "vit.encoder.layer.0.attention.output.dense")  # proj is not a target
+    with pytest.raises(UsageError, match="peft layout"):
+        peft_key("head.bias", True, "v3")
