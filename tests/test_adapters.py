@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import numpy as np
 import pytest
@@ -403,8 +404,6 @@ def test_peft_names_for_transformers_5_and_earlier():
     assert peft_key("norm.weight", True) == "base_model.model.vit.layernorm.weight"
     assert peft_key("head.bias", True) == "base_model.model.classifier.bias"
     pattern = peft_config(_spec(targets=["fc2"]), "base", True, "v4")["target_modules"]
-    import re
-
     assert re.fullmatch(pattern, "vit.encoder.layer.0.output.dense")
     assert not re.fullmatch(pattern, "vit.encoder.layer.0.attention.output.dense")  # proj is not a target
     with pytest.raises(UsageError, match="peft layout"):
