@@ -11,6 +11,7 @@ refused in one line and nothing is written.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import logging
@@ -27,6 +28,7 @@ from torch import nn
 
 from .errors import CheckpointError, ExportError, UsageError, writing
 from .files import atomic_write, write_text
+from .models.adapters import adapted_layers, merge_adapters
 
 FORMATS = ("vitkit", "official", "timm", "hf", "onnx", "pt2")
 """The formats :func:`export_weights` writes."""
@@ -594,7 +596,8 @@ def export_weights(
     loads back (:func:`vitkit.load_pretrained`) as the same model: the official ``.npz`` records
     no config (no sin-cos or 2-D or relative positions, square grids only, tanh GELU, LayerNorm
     epsilon 1e-6), timm and Hugging Face hold one learned 1-D position table, Hugging Face only
-    class-token ViTs whose class token has a position. A name that does not fit the format
+    class-token ViTs whose class token has a position. A model with adapters (LoRA, DoRA) is
+    written with them merged into its weights (a copy is merged). A name that does not fit the format
     (``.pth``, an ``.npz`` called ``.safetensors``) is refused too. A failed write names ``dst``
     and leaves no partial file.
 
@@ -628,6 +631,8 @@ def export_weights(
         raise UsageError(f"official layout must be 'prelinen' or 'linen', got {layout!r}")
     if aoti and to != "pt2":
         raise UsageError(f"AOTInductor packages are .pt2 files: aoti does not apply to the {to} format")
+    if adapted_layers(model):  # every format holds plain weights: the adapters are merged into them
+        model = merge_adapters(copy.deepcopy(model))
     check_exportable(model, to)
     check_destination(dst, to)
     if to == "onnx":

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu import cpu_info
+from .models.adapters import adapted_layers, merge_adapters
 from .models.vit import Attention, Mlp
 from .precision import bf16_support, resolve_precision
 from .runtime import PINS, fastest, pinned, record_choice
@@ -720,7 +721,8 @@ def prepare_inference(
     bf16, each layer whose shape runs faster packed (:func:`choose_linear_kernel`, timed once per
     process). Packed models fold attention's query scale into the qkv weights; the result cannot
     be trained and its ``state_dict`` lacks the packed weights (keep the original to save or
-    fine-tune). ``torch.compile`` of it works, ``fullgraph`` too.
+    fine-tune). ``torch.compile`` of it works, ``fullgraph`` too. Adapters (LoRA, DoRA) are merged
+    into their layers first (:func:`vitkit.models.adapters.merge_adapters`).
 
     Args:
         model: the model to serve (left unchanged unless ``copy_model`` is False).
@@ -760,6 +762,8 @@ def prepare_inference(
         raise ValueError("calibration sets static int8 scales: it needs precision='int8' on oneDNN (pack)")
     if copy_model:
         model = copy.deepcopy(model)
+    if adapted_layers(model):  # LoRA/DoRA: served as plain weights, which every kernel below takes
+        merge_adapters(model)
     if precision == "int8" and not pack:
         from torch.ao.quantization import quantize_dynamic
 

@@ -136,17 +136,41 @@ def note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr)
 
 
-def load_model(path: str, img_size: Any = None, **overrides: Any) -> Any:
+ADAPTER_HELP = (
+    "LoRA/DoRA adapters (an adapter .safetensors file written by a fine-tune) to apply onto the weights "
+    "they were trained on; refused for other weights"
+)
+
+
+def adapter_argument(p: argparse.ArgumentParser) -> None:
+    """``--adapter-weights FILE``: adapters to apply onto the loaded base weights."""
+    p.add_argument("--adapter-weights", metavar="FILE", default=None, help=ADAPTER_HELP)
+
+
+def load_model(
+    path: str, img_size: Any = None, adapter: str | None = None, merge: bool = False, **overrides: Any
+) -> Any:
     """``vitkit.load_pretrained`` (files and names) with a download bar and its notes (resized
-    embeddings, dropped head) on stderr."""
+    embeddings, dropped head) on stderr; with ``adapter``, the adapters of that file applied onto
+    it (merged into plain weights with ``merge``), then the resize to ``img_size``, so that the
+    base is checked at the size it was trained at."""
     from ..hub import load_pretrained
 
-    if img_size:
+    if img_size and not adapter:
         overrides["img_size"] = img_size
     with download_bar(path) as bar:
         model = load_pretrained(path, progress=bar, **overrides)
     for text in model.load_report.notes:
         note(text)
+    if adapter:
+        from ..checkpoint.adapters import load_adapters
+
+        load_adapters(model, adapter, merge=merge)
+        spec = model.adapter_info.spec if hasattr(model, "adapter_info") else None
+        what = f"{spec.kind} rank {spec.rank} on {', '.join(spec.targets)}" if spec else "merged"
+        note(f"applied adapters {adapter} ({what})")
+        if img_size:
+            model.set_img_size(img_size)
     return model
 
 

@@ -1,5 +1,7 @@
 """``vitkit convert``: weights from any supported format to vitkit, official .npz, timm or HF, or a
-model for serving: a ``torch.export`` program (.pt2, optionally AOTInductor-compiled) or ONNX."""
+model for serving: a ``torch.export`` program (.pt2, optionally AOTInductor-compiled) or ONNX. With
+``--adapter-weights`` the adapters are merged into the weights first, or, with ``--to peft``,
+written alone for Hugging Face peft."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .common import count, parse_size, real
+from .common import adapter_argument, count, parse_size, real
 
 HELP = "convert weights between official .npz, timm, HF and vitkit, or export to .pt2 or ONNX"
 
@@ -19,10 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--to",
-        choices=["vitkit", "official", "timm", "hf", "onnx", "pt2"],
+        choices=["vitkit", "official", "timm", "hf", "onnx", "pt2", "peft"],
         default=None,
-        help="format (default: from dst's suffix); timm writes .safetensors, hf a folder",
+        help="format (default: from dst's suffix); timm writes .safetensors, hf a folder, peft a folder of "
+        "the --adapter-weights alone for Hugging Face peft (on the base written with --to hf)",
     )
+    adapter_argument(p)
     p.add_argument("--layout", choices=["prelinen", "linen"], default="prelinen", help="official key layout")
     p.add_argument(
         "--aoti",
@@ -59,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from .common import download_bar
 
     dst = Path(args.dst)
+    if args.to == "peft":
+        return _run_peft(args, dst)
     to = args.to or format_for(dst)  # .safetensors vitkit, .npz official, .onnx, .pt2; other names need --to
     check_destination(dst, to)  # before the weights are read: a name vitkit could not read back is refused
     if args.aoti and to != "pt2":
@@ -78,10 +84,32 @@ def run(args: argparse.Namespace) -> int:
         model = load_pretrained(args.src, name=args.name, num_heads=args.num_heads, progress=bar, **overrides)
     for note in model.load_report.notes:
         print(f"note: {note}")
+    if args.adapter_weights:
+        from ..checkpoint.adapters import load_adapters
+
+        load_adapters(model, args.adapter_weights, merge=True)
+        print(f"note: adapters {args.adapter_weights} merged into the weights")
     check = export_weights(model, dst, to, layout=args.layout, aoti=args.aoti)
     for line in export_lines(check):
         print(line)
     print(f"{model.load_report.source} {args.src} -> {to} {dst}")
+    return 0
+
+
+def _run_peft(args: argparse.Namespace, dst: Path) -> int:
+    """``--to peft``: the adapters of ``--adapter-weights`` on the base ``src``, written as a peft folder."""
+    from ..checkpoint.adapters import export_peft, load_adapters
+    from ..errors import UsageError
+    from .common import load_model
+
+    if not args.adapter_weights:
+        raise UsageError("--to peft writes adapters: give them with --adapter-weights FILE")
+    if args.img_size or args.num_classes is not None:
+        raise UsageError("--to peft writes the adapters alone; --img-size and --num-classes change the base")
+    model = load_model(args.src, name=args.name, num_heads=args.num_heads)
+    load_adapters(model, args.adapter_weights)
+    export_peft(model, dst)
+    print(f"{args.adapter_weights} -> peft {dst} (adapter_model.safetensors, adapter_config.json)")
     return 0
 
 

@@ -9,7 +9,16 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .common import WEIGHTS_HELP, chosen_precision, count, load_model, parse_device, parse_size, precision_argument
+from .common import (
+    WEIGHTS_HELP,
+    adapter_argument,
+    chosen_precision,
+    count,
+    load_model,
+    parse_device,
+    parse_size,
+    precision_argument,
+)
 from .common import progress as progress_bar
 
 if TYPE_CHECKING:
@@ -37,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
     precision_argument(p)
     p.add_argument("--workers", type=count(0, 256), default=4, help="threads that decode images (0: none)")
+    adapter_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_output(args.out)  # before the model loads (or downloads)
     files = image_files(args.folder)
-    model = load_model(args.ckpt)
+    model = load_model(args.ckpt, adapter=args.adapter_weights)
     precision = chosen_precision(args.precision, args.device)
     try:
         with progress_bar("embed", len(files)) as update:

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import UsageError, writing
 from ..files import slug
 from .common import (
+    adapter_argument,
     chosen_precision,
     count,
     describe,
@@ -38,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
     p.add_argument("--split", default="test")
+    adapter_argument(p)
     p.add_argument("--max-images", type=count(1), default=None, help="a random subset of the split")
     p.add_argument("--out", default=None, help="folder for the confusion matrix (default: RUN/eval or ./eval_out)")
     p.add_argument(
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.predict import stored_thresholds
 
     args.precision = chosen_precision(args.precision, args.device)  # auto: what this device computes fast
-    model = load_model(args.ckpt, args.img_size)
+    model = load_model(args.ckpt, args.img_size, adapter=args.adapter_weights)
     if is_labels_file(args.data) and stored_thresholds(model) is not None:
         return run_multilabel(args, model)
     dataset = build_dataset(args.data, args.split)

@@ -15,7 +15,13 @@ from .features import autocast
 
 
 def _stored_metadata(model: nn.Module) -> dict[str, str]:
-    """The metadata of the vitkit checkpoint a model was loaded from ({} for none)."""
+    """The metadata of the vitkit checkpoint a model was loaded from ({} for none), and over it
+    that of the adapter file applied onto it (a fine-tune's class names)."""
+    adapter = getattr(model, "adapter_metadata", None) or {}
+    return {**_checkpoint_metadata(model), **adapter}
+
+
+def _checkpoint_metadata(model: nn.Module) -> dict[str, str]:
     from ..checkpoint import resolve_checkpoint
     from ..checkpoint.io import read_safetensors_metadata
 

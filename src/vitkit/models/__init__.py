@@ -1,5 +1,13 @@
-"""vitkit models: ViT, R+ViT hybrids and BiT ResNets."""
+"""vitkit models: ViT, R+ViT hybrids and BiT ResNets; LoRA/DoRA adapters on a ViT."""
 
+from .adapters import (
+    AdapterSpec,
+    adapter_parameters,
+    adapter_spec_from_dict,
+    adapter_state_dict,
+    apply_adapters,
+    merge_adapters,
+)
 from .config import ResNetConfig, ViTConfig
 from .features import FeatureInfo, ResNetFeatures, ViTFeatures, features_model
 from .flops import count_params, model_flops
@@ -16,6 +24,7 @@ from .resnet import ResNetV2
 from .vit import VisionTransformer
 
 __all__ = [
+    "AdapterSpec",
     "FeatureInfo",
     "ResNetConfig",
     "ResNetFeatures",
@@ -23,6 +32,10 @@ __all__ = [
     "ViTConfig",
     "ViTFeatures",
     "VisionTransformer",
+    "adapter_parameters",
+    "adapter_spec_from_dict",
+    "adapter_state_dict",
+    "apply_adapters",
     "build_model",
     "canonical_name",
     "count_params",
@@ -30,6 +43,7 @@ __all__ = [
     "features_model",
     "learned_2d_pos_table",
     "list_models",
+    "merge_adapters",
     "model_config",
     "model_flops",
     "relative_offset_index",
