@@ -3,6 +3,7 @@ clicked in a real (headless) Chromium."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -192,38 +193,30 @@ def test_the_page_in_chromium_offline(page):
 
 
 @pytest.mark.slow
-def test_a_fashion_mnist_page_in_chromium_and_its_screenshot(tmp_path):
+def test_a_fashion_mnist_page_in_chromium_and_its_screenshot(tmp_path, monkeypatch):
     """The docs' screenshot: a demo-sized model (random weights) on Fashion-MNIST test images."""
     if not FASHION.is_dir():
         pytest.skip(f"no Fashion-MNIST at {FASHION}")
     from vitkit.data.idx import load_idx_dataset
 
     test = load_idx_dataset("fashion-mnist", "test", allow_download=False)
+    monkeypatch.chdir(tmp_path)  # the page names the files as the command line did
     for i in range(300):
-        path = tmp_path / "images" / test.classes[int(test.labels[i])].replace("/", "-") / f"{i:05d}.png"
+        path = Path("images") / test.classes[int(test.labels[i])].replace("/", "-") / f"{i:05d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(test.images[i, 0].numpy()).save(path)
     torch.manual_seed(0)
-    model = vitkit.create_model(
-        "vit_s16",
-        img_size=28,
-        patch_size=4,
-        width=128,
-        depth=6,
-        num_heads=4,
-        mlp_dim=256,
-        in_chans=1,
-        classifier="gap",
-        pos_embed="sincos2d",
-        num_classes=10,
-    )
-    ckpt = vitkit.save_checkpoint(model, tmp_path / "demo.safetensors")
+    demo = dict(img_size=28, patch_size=4, width=128, depth=6, num_heads=4, mlp_dim=256, in_chans=1)
+    model = vitkit.create_model("vit_s16", **demo, classifier="gap", pos_embed="sincos2d", num_classes=10)
+    ckpt = vitkit.save_checkpoint(model, tmp_path / "demo.safetensors", extra={"classes": json.dumps(test.classes)})
     out = tmp_path / "view.html"
-    assert main(["view", str(ckpt), str(tmp_path / "images"), "--out", str(out), "--max-images", "6"]) == 0
+    assert main(["view", str(ckpt), "images", "--out", str(out), "--max-images", "6"]) == 0
     with _browser() as b:
-        b.open(out, READY)
-        b.evaluate("document.getElementById('layer').value = 2")
-        assert b.errors() == []
+        seconds = b.open(out, READY)
+        assert seconds < 5
+        _slide(b, "layer", 2)
+        b.click(*_centre_of(b, "similarity", 0.55, 0.6))
+        assert b.errors() == [] and b.evaluate("window.vitkitErrors") == []
         if os.environ.get("VITKIT_WRITE_SCREENSHOT", "1") == "1":
             b.screenshot(SCREENSHOT)
     assert SCREENSHOT.stat().st_size > 10_000
