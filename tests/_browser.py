@@ -1,7 +1,8 @@
 """Headless Chromium driven over the DevTools protocol, for the tests of ``vitkit view``'s page.
 
 Debian's ``chromium`` (``.ci/run`` installs it) is started with a fresh profile, no network
-(an unreachable proxy, every host name unresolvable, and the DevTools network emulation offline)
+(an unreachable proxy, every host name unresolvable, and, while requests are recorded, the
+DevTools network emulation offline)
 and the flags that keep it from calling home; the page's console errors and uncaught exceptions
 are collected. Needs the ``websocket-client`` package.
 """
@@ -46,7 +47,7 @@ def chromium() -> str | None:
 class Browser:
     """One headless Chromium with one page; use as a context manager."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, record_requests: bool = True) -> None:
         import websocket
 
         self.profile = tempfile.mkdtemp(prefix="vitkit-chromium-")
@@ -61,11 +62,13 @@ class Browser:
         self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30, suppress_origin=True)
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
-        for domain in ("Page", "Runtime", "Log", "Network"):
+        for domain in ("Page", "Runtime", "Log"):
             self.send(f"{domain}.enable")
-        self.send(
-            "Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1, uploadThroughput=-1
-        )
+        if record_requests:  # each data: URL's request event carries the URL whole: seconds for a large page
+            self.send("Network.enable")
+            self.send(
+                "Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1, uploadThroughput=-1
+            )
 
     def _port(self) -> int:
         marker = Path(self.profile) / "DevToolsActivePort"
