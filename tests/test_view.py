@@ -220,3 +220,15 @@ def test_a_fashion_mnist_page_in_chromium_and_its_screenshot(tmp_path, monkeypat
         if os.environ.get("VITKIT_WRITE_SCREENSHOT", "1") == "1":
             b.screenshot(SCREENSHOT)
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_an_unreadable_file_in_a_folder_is_left_out(tmp_path, capsys):
+    ckpt = vitkit.save_checkpoint(_tiny(), tmp_path / "t.safetensors")
+    folder = _folder(tmp_path / "images", per_class=2, size=20)
+    (folder / "cat" / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "v.html"
+    assert main(["view", str(ckpt), str(folder), "--out", str(out), "--max-images", "10", "--workers", "0"]) == 0
+    data = embedded_data(out.read_text())
+    assert data["scatter"]["count"] == 6 and len(data["images"]) == 6
+    assert not any("broken" in p for p in data["scatter"]["paths"] + [im["path"] for im in data["images"]])
+    assert "skipped 1 unreadable file(s): " in capsys.readouterr().err

@@ -49,6 +49,7 @@ class Points:
         labels: each image's label (its class folder), or None.
         predictions: the index of each image's predicted class, or None for a model without a head.
         thumbnails: each image as uint8 pixels (h, w) or (h, w, 3), at most :data:`THUMB` a side.
+        skipped: (path, why) of each file that could not be read.
     """
 
     vectors: torch.Tensor
@@ -56,6 +57,7 @@ class Points:
     labels: list[str | None]
     predictions: list[int] | None
     thumbnails: list[np.ndarray] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def _image_details(model: nn.Module, report: Report, sources: list[str], batch_s
             {
                 "name": name,
                 "path": sources[i],
-                "src": _png(images.pixels[i], DETAIL_PIXELS),
+                "src": _png(images.pixels[i], DETAIL_PIXELS, "JPEG" if images.pixels.ndim == 4 else "PNG"),
                 "top5": top5[i] if top5 is not None else None,
                 "rollout": _rounded(report.rollout[i]),
                 "attention": _b64(maps.astype(np.float32)),
@@ -352,7 +354,7 @@ def collect_points(
         workers: threads that decode images.
 
     Returns:
-        The points; files that could not be read are left out.
+        The points; files that could not be read are left out and listed in ``skipped``.
     """
     from ..eval.embed import embed_folder, head_predictions
     from ..preprocessing import read_image
@@ -360,7 +362,7 @@ def collect_points(
     groups: dict[Path, list[tuple[str, str | None]]] = {}
     for root, rel, label in items:
         groups.setdefault(root, []).append((rel, label))
-    vectors, paths, labels, thumbs = [], [], [], []
+    vectors, paths, labels, thumbs, skipped = [], [], [], [], []
     gray = model.cfg.in_chans == 1 if hasattr(model, "cfg") else False
     for root, entries in groups.items():
         label_of = dict(entries)
@@ -369,6 +371,7 @@ def collect_points(
         )
         assert res.vectors is not None
         vectors.append(res.vectors)
+        skipped += [(str(root / rel), why) for rel, why in res.skipped]
         for rel in res.paths:
             paths.append(str(root / rel))
             labels.append(label_of[rel])
@@ -377,7 +380,7 @@ def collect_points(
             thumbs.append(np.asarray(im))
     pooled = torch.cat(vectors)
     predicted = head_predictions(model, pooled)
-    return Points(pooled, paths, labels, predicted.tolist() if predicted is not None else None, thumbs)
+    return Points(pooled, paths, labels, predicted.tolist() if predicted is not None else None, thumbs, skipped)
 
 
 def view_data(

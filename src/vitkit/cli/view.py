@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..errors import UsageError, writing
@@ -86,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     points = None
     if args.max_points and len(kept) >= 3:
         points = collect_points(model, kept, batch_size=args.batch_size, workers=args.workers)
-    shown = [kept[i] for i in _spread(len(kept), args.max_images)] if kept else items[: args.max_images]
-    paths = [str(root / rel) for root, rel, _ in shown]
+    readable = points.paths if points is not None else [str(root / rel) for root, rel, _ in kept]  # unreadable: skipped
+    paths = [readable[i] for i in _spread(len(readable), args.max_images)]
     images = load_images(paths, model.preprocessing, model.cfg.in_chans)
     data = view_data(model, images, paths, points=points, projections=projections)
     with writing(out):
@@ -98,5 +99,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  the scatter shows {len(kept)} of {len(items)} images (raise with --max-points)")
     if len(kept) > len(images):
         print(f"  {len(images)} of them shown one by one (raise with --max-images)")
+    if points is not None and points.skipped:
+        listed = "; ".join(f"{p} ({why})" for p, why in points.skipped[:5])
+        more = f"; and {len(points.skipped) - 5} more" if len(points.skipped) > 5 else ""
+        print(f"warning: skipped {len(points.skipped)} unreadable file(s): {listed}{more}", file=sys.stderr)
     print(f"wrote {out} ({size / 1e6:.1f} MB)")
     return 0
