@@ -232,3 +232,31 @@ def test_an_unreadable_file_in_a_folder_is_left_out(tmp_path, capsys):
     assert data["scatter"]["count"] == 6 and len(data["images"]) == 6
     assert not any("broken" in p for p in data["scatter"]["paths"] + [im["path"] for im in data["images"]])
     assert "skipped 1 unreadable file(s): " in capsys.readouterr().err
+
+
+def _two_groups() -> torch.Tensor:
+    x = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
+    x[:10, 0] += 10  # two groups along the first axis
+    return x
+
+
+def test_pca_projection_separates_groups_and_a_missing_umap_is_one_line(monkeypatch):
+    import sys
+
+    from vitkit.analysis.view import project
+    from vitkit.errors import UsageError
+
+    xy = project(_two_groups(), "pca")
+    first, second = xy[:10, 0], xy[10:, 0]
+    assert xy.shape == (20, 2) and (first.min() > second.max() or first.max() < second.min())
+    monkeypatch.setitem(sys.modules, "umap", None)
+    with pytest.raises(UsageError, match="pip install umap-learn"):
+        project(_two_groups(), "umap")
+
+
+@pytest.mark.slow
+def test_tsne_projection():
+    pytest.importorskip("sklearn")
+    from vitkit.analysis.view import project
+
+    assert project(_two_groups(), "tsne").shape == (20, 2)
