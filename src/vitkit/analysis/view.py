@@ -229,9 +229,8 @@ def _model_panels(report: Report) -> dict[str, Any]:
         lo = comps.amin(dim=(1, 2, 3), keepdim=True)
         hi = comps.amax(dim=(1, 2, 3), keepdim=True)
         scaled = ((comps - lo) / (hi - lo).clamp_min(1e-12) * 255).round().to(torch.uint8)
-        tiles = _b64(
-            scaled.permute(0, 2, 3, 1).expand(k, ph, pw, 3).numpy() if C == 1 else scaled.permute(0, 2, 3, 1).numpy()
-        )
+        rgb = scaled.permute(0, 2, 3, 1).expand(k, ph, pw, 3)  # (k, ph, pw, 3); grey filters repeat their channel
+        tiles = _b64(rgb.numpy())
     panels["filters"] = {
         "count": k,
         "size": [ph, pw],
