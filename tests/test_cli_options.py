@@ -96,6 +96,7 @@ def _positionals(cmd: str) -> list[str]:
         "finetune": ["--out", "o", "--from", "w"],
         "reproduce": ["--out", "o"],
         "embed": ["w", "folder", "--out", "o.safetensors"],
+        "view": ["w", "img.png", "--out", "o.html"],
     }.get(cmd, [])
 
 

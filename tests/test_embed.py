@@ -362,3 +362,27 @@ def test_bf16_on_the_cpu_computes_with_the_serving_copy_and_leaves_the_model_alo
     torch.testing.assert_close(res.vectors, own.float(), atol=0, rtol=0)
     fp32 = embed_folder(model, data / "val", pool="pooled", batch_size=4).vectors
     torch.testing.assert_close(res.vectors, fp32, atol=0.05 * float(fp32.abs().max()), rtol=0)
+
+
+def test_parquet_columns_open_in_pandas_and_pyarrow(ckpt, data, tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    pd = pytest.importorskip("pandas")
+    out = tmp_path / "e.parquet"
+    argv = ["embed", str(ckpt), str(data / "val"), "--out", str(out), "--format", "parquet", "--precision", "fp32"]
+    assert main(argv) == 0
+    table = pq.read_table(out)
+    assert table.column_names == ["path", "label", "prediction", "vector"]
+    frame = pd.read_parquet(out)
+    assert list(frame["label"]) == [p.split("/")[0] for p in frame["path"]]
+    model = vitkit.load_pretrained(ckpt)
+    ref = embed_folder(model, data / "val", pool="pooled")
+    assert list(frame["path"]) == ref.paths
+    assert np.allclose(np.stack(frame["vector"].to_numpy()), ref.vectors.numpy())
+    expected = model.head(ref.vectors).argmax(-1).tolist()  # the classes have no names: their indices
+    assert list(frame["prediction"]) == [str(i) for i in expected]
+    # patch tokens have no prediction; a --format that the name contradicts is refused
+    assert main([*argv[:-4], "--pool", "patch", "--precision", "fp32"]) == 0
+    assert pd.read_parquet(out)["prediction"].isna().all()
+    assert "--format parquet writes a .parquet file" in _one_line_error(
+        [*argv[:4], str(tmp_path / "e.safetensors"), *argv[5:]], capsys
+    )

@@ -444,3 +444,37 @@ def rollout_object_ratio(weights: torch.Tensor, fraction: torch.Tensor) -> torch
     mass = (w * f).sum(dim=-1)  # (B,)
     share = f.mean(dim=-1)  # (B,)
     return torch.where(share > 0, mass / share.clamp_min(torch.finfo(torch.float64).tiny), torch.nan)
+
+
+def register_attention_share(
+    attentions: list[torch.Tensor], num_prefix_tokens: int, num_registers: int
+) -> torch.Tensor:
+    """The share of attention that patch queries give the register tokens (the last
+    ``num_registers`` prefix tokens), per image and block: (B, layers), float64, in [0, 1].
+
+    Registers (Darcet et al., 2024) take over the attention that a model without them puts on a
+    few high-norm background patches; this is how much they take, averaged over heads and patch
+    queries.
+
+    Args:
+        attentions: softmax weights of each block, (B, heads, N, N), from :func:`collect_attention`.
+        num_prefix_tokens: all tokens before the patches, registers included.
+        num_registers: the register tokens among them, the last ones.
+
+    Returns:
+        (B, layers) shares.
+
+    Raises:
+        ValueError: weights not (B, heads, N, N) alike, or more registers than prefix tokens.
+    """
+    _check_attentions(attentions)
+    if not 0 <= num_registers <= num_prefix_tokens < attentions[0].shape[-1]:
+        raise ValueError(
+            f"{num_registers} register(s) among {num_prefix_tokens} prefix token(s) of {attentions[0].shape[-1]}"
+        )
+    start = num_prefix_tokens - num_registers
+    rows = [
+        w[..., num_prefix_tokens:, start:num_prefix_tokens].to(torch.float64).sum(-1).mean(dim=(1, 2))
+        for w in attentions
+    ]
+    return torch.stack(rows, dim=1).cpu()  # (B, L)

@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 
 from ..errors import RunStopped, VitkitError
-from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train
+from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train, view
 from . import eval as evaluate
 
 COMMANDS: dict[str, ModuleType] = {
@@ -27,6 +27,7 @@ COMMANDS: dict[str, ModuleType] = {
     "predict": predict,
     "embed": embed,
     "analyze": analyze,
+    "view": view,
     "reproduce": reproduce,
     "bench": bench,
     "convert": convert,

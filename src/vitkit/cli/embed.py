@@ -41,6 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the .safetensors (or .parquet, with pyarrow) file to write; finished batches wait in "
         "OUT.parts/, so that the same command run again after an interruption resumes",
     )
+    p.add_argument(
+        "--format",
+        choices=["safetensors", "parquet"],
+        default=None,
+        help="the file's format (default: from the --out name); parquet (needs pyarrow) has the columns path, "
+        "label (the class folder), prediction (the head's class, for --pool pooled) and vector, for pandas, "
+        "FiftyOne or Embedding Atlas",
+    )
     p.add_argument("--pool", choices=["pooled", "cls", "patch"], default="pooled", help=POOL_HELP)
     p.add_argument("--batch-size", type=count(1, 1 << 16), default=64, help="images per batch and per part")
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
@@ -52,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..eval.embed import check_output, embed_folder, image_files
 
+    if args.format and not str(args.out).lower().endswith(f".{args.format}"):
+        raise UsageError(f"{args.out}: --format {args.format} writes a .{args.format} file; name it so")
     out = check_output(args.out)  # before the model loads (or downloads)
     files = image_files(args.folder)
     model = load_model(args.ckpt, adapter=args.adapter_weights)

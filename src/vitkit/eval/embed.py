@@ -195,6 +195,33 @@ def pool_function(model: nn.Module, pool: str) -> Callable[[torch.Tensor], torch
     raise UsageError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
 
 
+def head_predictions(model: nn.Module, pooled: torch.Tensor) -> torch.Tensor | None:
+    """The class the model predicts from its pooled embeddings (pool "pooled", what the head
+    reads): the head applied to them, argmax.
+
+    Args:
+        model: a vitkit model.
+        pooled: its pre-logits (N, F), as :func:`pool_function` makes them for "pooled".
+
+    Returns:
+        (N,) int64 class indices; None for a model without a head, or one whose prediction is not
+        a function of the pooled vector alone (a distillation token's second head).
+
+    Raises:
+        UsageError: vectors whose width the head does not take.
+    """
+    if not _has_head(model):
+        return None
+    head = model.head
+    width = getattr(head, "in_features", None)
+    if width is not None and (pooled.ndim != 2 or pooled.shape[1] != width):
+        raise UsageError(f"pooled vectors of shape {tuple(pooled.shape)}; the head takes {width} values")
+    param = next(head.parameters(), None)
+    x = pooled.to(param.device, param.dtype) if param is not None else pooled
+    with torch.inference_mode():
+        return head(x).argmax(dim=-1).cpu()
+
+
 def model_digest(model: nn.Module) -> str:
     """The SHA-256 of a model's weights (names, dtypes, shapes and bytes of its state dict), so
     that embeddings name the exact weights that made them.
@@ -618,7 +645,7 @@ def _finish(run: _Run, parts: _Parts | None, out: Path | None, kept: list[Batch]
         return EmbeddingResult(torch.cat([v for v, p, _ in kept if p]), paths, skipped, meta)
     stored = {**meta, "paths": paths}
     if out.suffix.lower() == ".parquet":
-        _write_parquet(out, batches, tail, stored)
+        _write_parquet(out, batches, tail, stored, _parquet_predictor(run))
     else:
         _write_safetensors(out, lambda: (v for v, p, _ in batches() if p), (len(paths), *tail), crc, stored)
     parts.remove(n_batches)
@@ -656,26 +683,63 @@ def _write_safetensors(
     atomic_write(out, write)
 
 
+def _parquet_predictor(run: _Run) -> Callable[[torch.Tensor], list[str | None]]:
+    """The predicted class name of each row of a batch: the head on pooled vectors; None for
+    the other pools and for models without a head."""
+    if run.pool != "pooled" or not _has_head(run.model):
+        return lambda v: [None] * len(v)
+    from .predict import class_names
+
+    names = class_names(run.model)
+
+    def predict(vectors: torch.Tensor) -> list[str | None]:
+        found = head_predictions(run.model, vectors)
+        return [None] * len(vectors) if found is None else [names[i] for i in found.tolist()]
+
+    return predict
+
+
+def _has_head(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "head", None), nn.Module) and getattr(model, "dist_token", None) is None
+
+
+def _label(path: str) -> str | None:
+    head, sep, _ = path.partition("/")
+    return head if sep else None
+
+
 def _write_parquet(
-    out: Path, batches: Callable[[], Iterator[Batch]], tail: tuple[int, ...], meta: dict[str, Any]
+    out: Path,
+    batches: Callable[[], Iterator[Batch]],
+    tail: tuple[int, ...],
+    meta: dict[str, Any],
+    predict: Callable[[torch.Tensor], list[str | None]],
 ) -> None:
-    """A parquet table of columns ``path`` and ``embedding`` (each row's values flattened, float32;
-    its shape in the metadata ``shape``), the other metadata in the schema's; one row group per
+    """A parquet table of columns ``path``, ``label`` (the class folder: the first folder of the
+    path, null for a file directly in the folder), ``prediction`` (the class the head predicts
+    from a pooled vector, else null) and ``vector`` (each row's values flattened, float32; its
+    shape in the metadata ``shape``), the other metadata in the schema's; one row group per
     batch, so memory holds one batch."""
     pa = _pyarrow(out)
     import pyarrow.parquet as pq
 
     width = int(np.prod(tail))
     stored = {k: v for k, v in _string_metadata(meta).items() if k != "paths"}
-    schema = pa.schema([("path", pa.string()), ("embedding", pa.list_(pa.float32(), width))], metadata=stored)
+    columns = [("path", pa.string()), ("label", pa.string()), ("prediction", pa.string())]
+    schema = pa.schema([*columns, ("vector", pa.list_(pa.float32(), width))], metadata=stored)
 
     def write(f: Any) -> None:
         with pq.ParquetWriter(f, schema) as writer:
             for vectors, paths, _ in batches():
                 if paths:
                     flat = pa.array(vectors.reshape(-1).numpy(), type=pa.float32())  # (B * width,)
-                    column = pa.FixedSizeListArray.from_arrays(flat, width)
-                    writer.write_table(pa.table({"path": pa.array(paths, pa.string()), "embedding": column}, schema))
+                    table = {
+                        "path": pa.array(paths, pa.string()),
+                        "label": pa.array([_label(p) for p in paths], pa.string()),
+                        "prediction": pa.array(predict(vectors), pa.string()),
+                        "vector": pa.FixedSizeListArray.from_arrays(flat, width),
+                    }
+                    writer.write_table(pa.table(table, schema))
 
     atomic_write(out, write)
 
@@ -742,9 +806,10 @@ def _read_parquet(path: Path) -> tuple[torch.Tensor, dict[str, Any], list[str]]:
         raise UsageError(f"{path}: not a readable parquet file ({e})") from None
     meta = _decoded(path, raw)
     shape = meta.pop("shape", None)
-    if "embedding" not in table.column_names or "path" not in table.column_names or not isinstance(shape, list):
-        raise UsageError(f"{path}: no path and embedding columns with a shape; not an embeddings file")
-    flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    column = next((c for c in ("vector", "embedding") if c in table.column_names), None)  # "embedding": older files
+    if column is None or "path" not in table.column_names or not isinstance(shape, list):
+        raise UsageError(f"{path}: no path and vector columns with a shape; not an embeddings file")
+    flat = table.column(column).combine_chunks().flatten().to_numpy(zero_copy_only=False)
     try:
         vectors = torch.from_numpy(np.array(flat, dtype=np.float32).reshape(shape))  # a copy torch may write
     except ValueError:
@@ -885,6 +950,7 @@ __all__ = [
     "LabelledEmbeddings",
     "check_output",
     "embed_folder",
+    "head_predictions",
     "image_files",
     "labelled_embeddings",
     "labels_from_paths",
