@@ -266,3 +266,55 @@ def test_the_trainer_stays_small_and_takes_no_untyped_trainer():
                 for arg in node.args.args:
                     if arg.arg in ("t", "trainer") and (arg.annotation is None or ast.unparse(arg.annotation) == "Any"):
                         raise AssertionError(f"{path.name}:{node.lineno} {node.name} takes an untyped trainer")
+
+
+# -- adapters through the core ---------------------------------------------------------------------
+def _base(tmp_path: Path) -> Path:
+    import vitkit
+
+    torch.manual_seed(0)
+    overrides = TINY_VIT["model"]["overrides"]
+    vitkit.save_checkpoint(vitkit.create_model("vit_ti16", **overrides, num_classes=10), tmp_path / "base.safetensors")
+    return tmp_path / "base.safetensors"
+
+
+def test_a_lora_finetune_trains_only_the_adapters_and_the_head_and_resumes_exactly(tmp_path, monkeypatch):
+    import vitkit
+    from _recipes import stopped_and_resumed
+    from vitkit.checkpoint.adapters import load_adapters
+    from vitkit.checkpoint.native import read_native
+
+    base = _base(tmp_path)
+    adapter = {"kind": "lora", "rank": 2, "targets": ["q", "v", "fc1"]}
+    recipe = tiny_recipe(tmp_path, model__init_from=str(base), finetune__adapter=adapter, data__eval_split="test",
+                         log__eval_every=8, train__steps=8, optim__lr=0.01)  # fmt: skip
+    whole = train(recipe, tmp_path / "whole")
+    final = load_train_state(list_checkpoints(tmp_path / "whole" / "checkpoints")[-1]).model_state
+    start = read_native(base)[0]
+    frozen = [k for k in start if not k.startswith("head.")]
+    assert all(torch.equal(final[k], start[k]) for k in frozen)  # the base did not move
+    assert any(not torch.equal(final[k], torch.zeros_like(final[k])) for k in final if ".lora_B." in k)
+    # best.safetensors serves as plain weights: equal to the base with the adapter file applied
+    merged = vitkit.load_pretrained(tmp_path / "whole" / "best.safetensors").eval()
+    applied = vitkit.load_pretrained(base, num_classes=10).eval()
+    load_adapters(applied, tmp_path / "whole" / "adapter.safetensors")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(merged(x), applied(x), atol=1e-5)
+    resumed = stopped_and_resumed(recipe, tmp_path / "cut", 5, monkeypatch)
+    assert resumed.resumed_from == 4 and resumed.step == whole.step
+    again = load_train_state(list_checkpoints(tmp_path / "cut" / "checkpoints")[-1]).model_state
+    assert all(torch.equal(final[k], again[k]) for k in final)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({}, r"finetune.adapter adapts pretrained weights: set model.init_from"),
+        ({"train__ema_decay": 0.9, "model__init_from": "x.safetensors"}, r"does not take train.ema_decay"),
+        ({"model__init_from": "x.safetensors", "finetune__adapter__rank": 0}, r"finetune.adapter.rank must be"),
+    ],
+)
+def test_adapter_recipes_that_cannot_work_are_refused_in_one_line(tmp_path, changes, message):
+    with pytest.raises(RecipeError, match=message):
+        tiny_recipe(tmp_path, finetune__adapter={"kind": "lora"}, **changes)

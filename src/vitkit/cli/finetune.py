@@ -22,6 +22,11 @@ HELP = "fine-tune pretrained weights on a folder or labels file (a recipe fitted
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="init_from", required=True, help="weights: .npz, timm/HF files, vitkit file or run")
     p.add_argument("--img-size", type=count(1, 16384), help="fine-tuning resolution (position embeddings are resized)")
+    p.add_argument(
+        "--adapter",
+        choices=["lora", "dora"],
+        help="train LoRA or DoRA adapters on the frozen weights (finetune.adapter; rank 8 on q and v by default)",
+    )
     recipe_arguments(
         p,
         None,
@@ -39,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
 
     extra: list[tuple[str, Any]] = [("model.init_from", str(args.init_from))]
+    if args.adapter:
+        extra.append(("finetune.adapter.kind", args.adapter))
     if args.config is None:
         if not args.data:
             raise UsageError("finetune without --config fits its recipe to the data: give --data FOLDER or FILE")

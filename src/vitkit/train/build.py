@@ -8,6 +8,7 @@ import math
 from torch import nn
 
 from ..errors import RecipeError, VitkitError
+from ..models.adapters import adapter_spec_from_dict, apply_adapters
 from ..models.init import mimetic_init_
 from ..models.registry import create_model
 from .config import Recipe
@@ -16,7 +17,8 @@ from .config import Recipe
 def build_model(recipe: Recipe, num_classes: int, in_chans: int, notes: list[str] | None = None) -> nn.Module:
     """The recipe's model before its first step: built (or loaded from ``model.init_from``) with the
     recipe's overrides, initialised as the recipe says and with its head's bias set (0 for a softmax
-    head, ``-log K`` for a sigmoid one, or ``train.head_bias_init``). The caller seeds torch's
+    head, ``-log K`` for a sigmoid one, or ``train.head_bias_init``); with ``finetune.adapter``, its
+    weights frozen under LoRA or DoRA adapters. The caller seeds torch's
     generator first (``torch.manual_seed(recipe.seed)``) so that the weights are a function of it.
 
     Args:
@@ -61,6 +63,12 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int, notes: list[str
     for head in (getattr(model, "head", None), getattr(model, "head_dist", None)):
         if bias is not None and head is not None:
             nn.init.constant_(head.bias, bias)
+    if r.finetune.adapter:  # the base frozen, the adapters (and the head, the norms as asked) trained
+        spec = adapter_spec_from_dict(r.finetune.adapter)
+        try:
+            apply_adapters(model, spec, base_name=r.model.init_from)
+        except ValueError as e:
+            raise RecipeError(f"finetune.adapter: {e}") from None
     return model
 
 

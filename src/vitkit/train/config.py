@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from ..errors import RecipeError
+from ..models.adapters import adapter_spec_from_dict
 from ..models.attention import ATTENTION_IMPLS
 from ..precision import PRECISIONS
 from .trackers import TRACKERS
@@ -212,6 +213,13 @@ class LogSection:
 
 
 @dataclass
+class FinetuneSection:
+    # LoRA / DoRA adapters on the frozen weights of model.init_from, e.g. {kind: lora, rank: 8,
+    # alpha: 16, dropout: 0, targets: [q, v], train_head: true, train_norms: false}; {}: every weight trains
+    adapter: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Recipe:
     """A whole training recipe. The reference's "Recipe keys" page lists every key of each
     section with its type, default, allowed values and meaning.
@@ -225,6 +233,7 @@ class Recipe:
         optim: the optimiser and its schedule.
         train: the length, batch, precision and device of training.
         log: how often to log, evaluate and checkpoint.
+        finetune: adapters (LoRA, DoRA) instead of training every weight.
     """
 
     description: str = ""  # what the recipe trains and why, in words
@@ -235,6 +244,7 @@ class Recipe:
     optim: OptimSection = field(default_factory=OptimSection)
     train: TrainSection = field(default_factory=TrainSection)
     log: LogSection = field(default_factory=LogSection)
+    finetune: FinetuneSection = field(default_factory=FinetuneSection)
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as plain data, as YAML writes it (tuples as lists).
@@ -374,10 +384,23 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     optim = section if isinstance(section, OptimSection) else None
     if optim is not None and optim.nesterov and optim.name.lower() == "sgd" and optim.momentum == 0:
         raise RecipeError(f"{where}.nesterov needs {where}.momentum above 0, got 0")
+    if isinstance(section, FinetuneSection) and section.adapter:
+        adapter_spec_from_dict(section.adapter, f"{where}.adapter")
+    if isinstance(section, Recipe) and section.finetune.adapter:
+        check_adapter_recipe(section)
     if isinstance(section, Recipe) and section.optim.name.lower() == "muon" and section.train.fsdp:
         # FSDP holds a slice of each matrix per process; Muon's orthogonalisation needs it whole
         raise RecipeError("optim.name muon orthogonalises whole matrices, which train.fsdp splits: use adamw with fsdp")
     return section
+
+
+def check_adapter_recipe(r: Recipe) -> None:
+    """Adapters adapt weights that exist, and are saved alone: a model from scratch, or an EMA
+    (whose average would need merging) cannot take them."""
+    if not r.model.init_from:
+        raise RecipeError("finetune.adapter adapts pretrained weights: set model.init_from (vitkit finetune --from)")
+    if r.train.ema_decay:
+        raise RecipeError("finetune.adapter does not take train.ema_decay: set one of them")
 
 
 def check_distillation(t: TrainSection, where: str = "train") -> None:

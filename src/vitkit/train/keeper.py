@@ -7,6 +7,7 @@ main one writes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.adapters import save_adapters
 from ..checkpoint.native import save_weights
 from ..errors import TrainingError
+from ..models.adapters import adapted_layers, merge_adapters
 from . import dist as D
 from .config import dump_recipe
 from .optim import lr_at
@@ -251,7 +254,8 @@ class Keeper:
         return path
 
     def save_best(self, state: TrainState, thresholds: Any) -> None:
-        """Write ``best.safetensors``: the weights (the EMA's when kept), the classes and the score.
+        """Write ``best.safetensors``: the weights (the EMA's when kept; with adapters, merged into
+        them, the adapters also alone in ``adapter.safetensors``), the classes and the score.
 
         Args:
             state: the run's state, whose best metric and step are this evaluation's.
@@ -260,10 +264,16 @@ class Keeper:
         model_sd, _ = self._full_state()
         if not self.plan.env.info.is_main:
             return
+        classes = json.dumps(self.plan.train_ds.classes)
+        if adapted_layers(unwrap(self.model)):  # the adapters alone, and merged weights that serve as any
+            path = self.folder.out / "adapter.safetensors"
+            with self.folder.writing(path, "write the adapters", state.step, state.best_step):
+                save_adapters(unwrap(self.model), path, {"classes": classes, "step": str(state.step)})
+            model_sd = merge_adapters(copy.deepcopy(unwrap(self.model)).cpu()).state_dict()
         if self.ema is not None:
             model_sd = {k: v.to(model_sd[k].dtype).cpu() for k, v in self.ema.shadow.items()}
         extra = {
-            "classes": json.dumps(self.plan.train_ds.classes),
+            "classes": classes,
             "step": str(state.step),
             "top1": f"{state.best_metric:.6f}",
         }

@@ -16,6 +16,7 @@ the run keeps to use), on the evaluation split. Every file is written atomically
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import io
 import json
@@ -39,6 +40,7 @@ from ..eval.classify import (
 )
 from ..eval.multilabel import frequency_baseline, multilabel_metrics
 from ..files import write_text
+from ..models.adapters import adapted_layers, merge_adapters
 from .advice import class_counts, never_predicted_warning
 from .plan import RunPlan
 from .runfolder import METRICS, read_metrics
@@ -250,6 +252,8 @@ def _score_validation(o: RunOutcome, report: RunReport) -> None:
     """The best weights over the evaluation split: per-class scores, the confusion matrix and the
     worst images, into ``report`` and the run folder."""
     model, ds, classes = o.model, o.plan.eval_ds, o.plan.eval_ds.classes
+    if adapted_layers(model):  # best.safetensors holds the adapters merged into the weights
+        model = merge_adapters(copy.deepcopy(model))
     best = o.out / "best.safetensors"
     with best_weights(model, best):
         scored = scored_images(
