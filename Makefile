@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: venv data demo demo-5min reproduce reproduce-1 reproduce-2 reproduce-3 test test-all test-peers lint format bench docs clean
+.PHONY: venv data demo demo-5min reproduce reproduce-1 reproduce-2 reproduce-3 test test-slow test-all test-peers lint format bench docs clean
 
 $(BIN)/vitkit: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,8 +42,9 @@ reproduce-2: venv data
 reproduce-3: venv data
 	$(REPRODUCE) pos-embed
 
+# pytest-xdist runs a worker a core (tests/conftest.py gives each its share of the threads)
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 # The parity tests against timm's own models (they skip in `make test`: timm needs torchvision,
 # whose PyPI wheels need CUDA torch). timm and torchvision go into .peers/ without dependencies,
@@ -56,8 +57,12 @@ test-peers: venv
 	PYTHONPATH=.peers $(BIN)/python -c "import timm"
 	PYTHONPATH=.peers $(BIN)/python -m pytest -q -k timm tests
 
-test-all: venv
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+# The tests that take more than a few seconds each (whole runs, full-size models, the browser's
+# screenshot); test-all is both, as CI runs them.
+test-slow: venv
+	$(BIN)/python -m pytest -q -n auto -m slow
+
+test-all: test test-slow
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks docs/gen_reference.py

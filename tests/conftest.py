@@ -5,6 +5,11 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (make test runs a worker a core), each worker takes its share of the cores, set
+# before torch is imported: OpenMP threads of two workers on the same cores spin-wait on each other.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(os.environ.get("VITKIT_FIXTURES", REPO.parent / "shared" / "fixtures" / "official"))
 
