@@ -318,3 +318,13 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head_and_resumes_exact
 def test_adapter_recipes_that_cannot_work_are_refused_in_one_line(tmp_path, changes, message):
     with pytest.raises(RecipeError, match=message):
         tiny_recipe(tmp_path, finetune__adapter={"kind": "lora"}, **changes)
+
+
+def test_serving_export_and_bench_import_nothing_from_training():
+    import ast
+
+    for name in ("export.py", "bench.py", "inference.py"):
+        for node in ast.walk(ast.parse((SRC / name).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = "." * node.level + (node.module or "")
+                assert not target.startswith((".train", "vitkit.train")), f"{name} imports {target}"

@@ -14,7 +14,7 @@ import vitkit
 SRC = Path(vitkit.__file__).parent
 MAX_FUNCTION_LINES = 80
 # Modules every package may import: they import no other vitkit module but each other.
-NEUTRAL = {"cpu", "errors", "files", "precision", "preprocessing", "runtime"}
+NEUTRAL = {"allocator", "cpu", "errors", "files", "precision", "preprocessing", "runtime"}
 
 
 def _modules() -> dict[str, Path]:

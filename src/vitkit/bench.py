@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .allocator import keep_freed_memory
 from .inference import (
     _DTYPES,
     Int8Linear,
@@ -32,7 +33,6 @@ from .inference import (
 from .models.flops import check_memory, count_params, model_flops
 from .models.registry import create_model
 from .precision import resolve_precision
-from .train.allocator import keep_freed_memory
 
 
 def _sync(device: torch.device) -> None:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, ExportError, UsageError, writing
-from .files import atomic_write, write_text
+from .files import RUN_MARKER, atomic_write, write_text
 from .models.adapters import adapted_layers, merge_adapters
 
 FORMATS = ("vitkit", "official", "timm", "hf", "onnx", "pt2")
@@ -696,14 +696,12 @@ def run_model_card(model: nn.Module) -> str | None:
     Returns:
         The card's text.
     """
-    from .train.runfolder import MARKER
-
     path = getattr(getattr(model, "load_report", None), "path", None)
     if not path:
         return None
     folder = Path(path).parent
     card = folder / "README.md"
-    if not (folder / MARKER).exists() or not card.is_file():
+    if not (folder / RUN_MARKER).exists() or not card.is_file():
         return None
     try:
         return card.read_text(errors="replace")

@@ -16,6 +16,8 @@ from typing import Any
 from .errors import writing
 
 _TMP_SUFFIX = ".tmp"
+RUN_MARKER = ".vitkit-run"
+"""The file that marks a folder as a vitkit run folder (a training run writes it first)."""
 
 
 def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "wb") -> None:
@@ -128,4 +130,4 @@ def slug(text: str, default: str = "data") -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or default
 
 
-__all__ = ["atomic_write", "temporary_target", "write_json", "write_text"]
+__all__ = ["RUN_MARKER", "atomic_write", "temporary_target", "write_json", "write_text"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .allocator import keep_freed_memory
+from ..allocator import keep_freed_memory
 
 
 def configure_process(device: torch.device) -> dict[str, bool]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import TrainingError, UsageError
-from ..files import temporary_target, write_text
+from ..files import RUN_MARKER, temporary_target, write_text
 
 try:
     import fcntl
@@ -39,7 +39,7 @@ except ImportError:  # not on POSIX: runs go unlocked
 
 METRICS = "metrics.jsonl"
 LOCK = ".lock"
-MARKER = ".vitkit-run"
+MARKER = RUN_MARKER
 # What a run writes through atomic_write, in the run folder and in checkpoints/.
 _WRITTEN = re.compile(
     r"config\.yaml|metrics\.jsonl|curves\.png|best\.safetensors|step_\d+\.safetensors|\.vitkit-run"
