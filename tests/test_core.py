@@ -18,7 +18,7 @@ import yaml
 from _recipes import TINY_VIT, changed, tiny_recipe
 from vitkit.data.mix import MixConfig
 from vitkit.errors import RecipeError, RunStopped
-from vitkit.train import train
+from vitkit.train import load_recipe, train
 from vitkit.train.events import Background, Event, Events, Sink
 from vitkit.train.loop import Trainer
 from vitkit.train.objectives import Sigmoid, Softmax, loss_fn, objective_for
@@ -328,3 +328,37 @@ def test_serving_export_and_bench_import_nothing_from_training():
             if isinstance(node, ast.ImportFrom):
                 target = "." * node.level + (node.module or "")
                 assert not target.startswith((".train", "vitkit.train")), f"{name} imports {target}"
+
+
+def test_eval_of_a_runs_best_weights_gives_the_runs_own_validation_top1(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    import vitkit
+    from vitkit.data import build_dataset
+    from vitkit.eval.classify import model_outputs
+    from vitkit.eval.predict import stored_decoding
+
+    rng = np.random.default_rng(0)
+    for c in range(3):  # odd-sized photographs of three faintly different tints
+        (tmp_path / "photos" / f"class{c}").mkdir(parents=True)
+        for i in range(20):
+            a = rng.integers(0, 256, (40 + i, 57, 3)).astype(np.int16)
+            a[..., c] += 30
+            Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(tmp_path / "photos" / f"class{c}" / f"{i}.jpg")
+    data, run = str(tmp_path / "photos"), tmp_path / "run"
+    out = _vitkit("train", "--data", data, "--out", str(run), "--steps", "6", "--precision", "fp32")
+    assert out.returncode == 0, out.stderr
+    model = vitkit.load_pretrained(run / "best.safetensors").eval()
+    assert stored_decoding(model) == {"load_size": [74, 74]}
+    plan = RunPlan.from_recipe(load_recipe(run / "config.yaml"))
+    seen = model_outputs(
+        model, plan.eval_ds, "logits", 64, "cpu", "fp32", None, None, 0, None, transform=plan.transform
+    )
+    again = model_outputs(model, build_dataset(data, "val", **stored_decoding(model)), "logits", 64, "cpu", "fp32",
+                          None, None, 0, None)  # fmt: skip
+    assert torch.equal(seen.outputs, again.outputs)  # the same pixels, so the same logits
+    best = json.loads((run / "summary.json").read_text())["best_score"]
+    scored = _vitkit("eval", str(run / "best.safetensors"), "--data", data, "--split", "val", "--precision", "fp32")
+    assert scored.returncode == 0, scored.stderr
+    assert re.search(rf"top-1\s+{100 * best:.2f}%", scored.stdout), (best, scored.stdout)

@@ -92,6 +92,15 @@ def _class_order(model: Any, dataset: Any, args: argparse.Namespace) -> list[int
     return order
 
 
+def _decoding(model: Any, data: str) -> dict[str, Any]:
+    """A folder or labels file decoded as the run that made the weights decoded its validation
+    images, so that the top-1 is the run's own on the same images."""
+    from ..data.labels import is_labels_file
+    from ..eval.predict import stored_decoding
+
+    return stored_decoding(model) if Path(data).is_dir() or is_labels_file(data) else {}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -104,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.ckpt, args.img_size, adapter=args.adapter_weights)
     if is_labels_file(args.data) and stored_thresholds(model) is not None:
         return run_multilabel(args, model)
-    dataset = build_dataset(args.data, args.split)
+    dataset = build_dataset(args.data, args.split, **_decoding(model, args.data))
     if getattr(dataset, "multilabel", False):
         raise UsageError(
             f"{args.data}: rows with several labels need a multi-label model (trained with train.loss=sigmoid on "

@@ -74,6 +74,28 @@ def hf_label_metadata(folder: Path) -> dict[str, str]:
     return out
 
 
+DECODE_KEYS = ("load_size", "resize")
+"""The data options that decide how an image file becomes pixels, kept with a run's best weights."""
+
+
+def stored_decoding(model: nn.Module) -> dict[str, Any]:
+    """How the run that made a model's weights decoded its validation images (``load_size``,
+    ``resize``), so that scoring the same images again gives the same pixels and the same top-1.
+
+    Args:
+        model: a model loaded by vitkit.
+
+    Returns:
+        The data options (empty for weights that did not come from a run, or a run that kept
+        none of them).
+    """
+    try:
+        stored = json.loads(_stored_metadata(model).get("decoding") or "{}")
+    except (json.JSONDecodeError, RecursionError):
+        return {}
+    return {k: v for k, v in stored.items() if k in DECODE_KEYS} if isinstance(stored, dict) else {}
+
+
 def stored_thresholds(model: nn.Module) -> list[float] | None:
     """The per-class probability thresholds of a multi-label model, stored with its checkpoint.
 

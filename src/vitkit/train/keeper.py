@@ -272,7 +272,9 @@ class Keeper:
             model_sd = merge_adapters(copy.deepcopy(unwrap(self.model)).cpu()).state_dict()
         if self.ema is not None:
             model_sd = {k: v.to(model_sd[k].dtype).cpu() for k, v in self.ema.shadow.items()}
+        options = self.plan.recipe.data.options
         extra = {
+            "decoding": json.dumps({k: options[k] for k in ("load_size", "resize") if k in options}),
             "classes": classes,
             "step": str(state.step),
             "top1": f"{state.best_metric:.6f}",
