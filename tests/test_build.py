@@ -11,7 +11,7 @@ import torch
 from _recipes import TINY_VIT, changed
 from _standins import tiny_fashion_mnist
 from vitkit.errors import RecipeError
-from vitkit.reproduce.spec import DataInfo, Suite
+from vitkit.reproduce.core.spec import DataInfo, Suite
 from vitkit.train import load_recipe
 from vitkit.train.build import build_model
 from vitkit.train.config import recipe_from_dict

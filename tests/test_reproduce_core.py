@@ -11,10 +11,11 @@ import torch
 
 from vitkit.data import ArrayDataset, carve
 from vitkit.reproduce import EXPERIMENTS, _classes
-from vitkit.reproduce.experiments import Experiment
-from vitkit.reproduce.report import publish, source_commit
-from vitkit.reproduce.runner import SCORE_VERSION
-from vitkit.reproduce.spec import DataInfo, Suite
+from vitkit.reproduce.core.experiment import Experiment
+from vitkit.reproduce.core.provenance import source_commit
+from vitkit.reproduce.core.report import publish
+from vitkit.reproduce.core.results import SCORE_VERSION
+from vitkit.reproduce.core.spec import DataInfo, Suite
 
 INFO = DataInfo("fmnist-like", (28, 28), 1, [str(i) for i in range(10)], 60_000)
 
@@ -77,7 +78,7 @@ def test_a_choice_waits_for_its_runs_and_takes_the_best_minival(tmp_path):
 
 
 def suite_spec(suite: Suite, lr: float, seed: int):
-    from vitkit.reproduce.spec import RunSpec
+    from vitkit.reproduce.core.spec import RunSpec
 
     tree = suite.recipe("vit-tiny", seed, extra={"optim": {"lr": lr}})
     return RunSpec(label=f"lr {lr}", model="vit-tiny", recipe=tree)
@@ -98,7 +99,7 @@ def test_publish_copies_the_report_and_replaces_old_figures(tmp_path):
 
 
 def test_a_grid_goes_on_past_an_edge_in_its_own_pattern():
-    from vitkit.reproduce.experiments import _next_rate
+    from vitkit.reproduce.core.experiment import _next_rate
 
     paper = [0.001, 0.003, 0.01, 0.03]  # the fine-tuning grid: 1-3-10
     assert _next_rate(paper[::-1][:3]) == 0.1 and _next_rate([0.1, 0.03, 0.01]) == 0.3
@@ -131,8 +132,8 @@ def test_the_full_budget_plans_gpu_sized_pairs(tmp_path):
 
 
 def test_the_summary_shows_each_experiment_s_agreement_sentence():
-    from vitkit.reproduce.experiments import sentence_from
-    from vitkit.reproduce.report import headline_table
+    from vitkit.reproduce.core.experiment import sentence_from
+    from vitkit.reproduce.core.report import headline_table
 
     verdict = "By the minival, 2e-3. Against Figure 9: GAP's rate is not lower, unlike the paper. More follows."
     said = sentence_from(verdict, "Against Figure 9:")
