@@ -147,3 +147,42 @@ def test_the_summary_shows_each_experiment_s_agreement_sentence():
     )
     assert "| `pooling` | Figure 9 | 18 | Against Figure 9: GAP's rate is not lower, unlike the paper. |" in table
     assert "| `attention` | Figure 7 | 6 | Heads span 13.9 to 14.3 px. |" in table
+
+
+def test_every_experiment_registers_itself_in_order():
+    from vitkit.reproduce.core.registry import registered
+
+    assert list(registered()) == list(EXPERIMENTS)
+    assert all(cls.name == name for name, cls in registered().items())
+
+
+def test_the_published_report_renders_again_byte_for_byte():
+    """``report.md`` is a function of ``report.json`` alone: the published report regenerates
+    identical from its JSON (runs, numbers, prose), without training or scoring anything."""
+    from vitkit.reproduce.core.report import render
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "reproduce"
+    report = json.loads((docs / "report.json").read_bytes())
+    assert render(report).encode("utf-8") == (docs / "report.md").read_bytes()
+
+
+def test_a_written_report_renders_again_from_its_json(tmp_path):
+    """What :func:`write_report` writes reads back to the same markdown, a diverged run's nan
+    (``null`` in the JSON) included."""
+    from vitkit.reproduce.core.experiment import Section
+    from vitkit.reproduce.core.report import render, write_report
+
+    section = Section("pooling", "Figure 9", "claim", "paper", ["a", "b"], [["1", "2"]], {"x": float("nan")},
+                      "verdict. More.", caption="Measured (custom)", tables=[("more", ["c"], [["3"]])],
+                      runs=2, wall_seconds=90.0)  # fmt: skip
+    run = {"test_top1": float("nan"), "fewshot": {"mean": 0.5}, "wall_seconds": 60.0, "runs_at_once": 2}
+    meta = {"command": "vitkit reproduce", "date": "today", "budget": "smoke", "data": "synthetic", "seeds": 1,
+            "img_size": [28, 28], "fewshot": "10-shot digits", "seconds": 12.0,
+            "machine": {"cpu": "cpu", "cores": 2, "gpu": None, "torch": "2", "commit": None}}  # fmt: skip
+    md, js = write_report(tmp_path, [section], meta, {"k": run})
+    report = json.loads(js.read_text())
+    assert (
+        report["runs"]["k"]["test_top1"] is None and report["experiments"]["pooling"]["caption"] == "Measured (custom)"
+    )
+    assert render(report).encode("utf-8") == md.read_bytes()
+    assert "**Measured (custom):**" in md.read_text() and "**more:**" in md.read_text()
