@@ -75,7 +75,7 @@ def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list
     Returns:
         The suite and, per call, its runs' specs.
     """
-    from vitkit.reproduce import _classes, _unique, data_info
+    from vitkit.reproduce.app import _classes, _unique, data_info
     from vitkit.reproduce.core.spec import Suite
 
     suite = Suite(tempfile.mkdtemp(prefix="budget-plan-"), data, "desktop", None, data_info(data))

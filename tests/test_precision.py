@@ -114,7 +114,7 @@ def test_every_shipped_recipe_says_auto_and_resolves_by_the_cpu(branch):
 
 @pytest.mark.parametrize("budget", ["smoke", "desktop", "full"])
 def test_every_reproduce_run_resolves_by_the_cpu(tmp_path, monkeypatch, budget):
-    from vitkit.reproduce import _classes
+    from vitkit.reproduce.app import _classes
     from vitkit.reproduce.core.spec import DataInfo, Suite
 
     info = DataInfo("imagenet-like", (256, 256), 3, [str(i) for i in range(100)], 130_000)

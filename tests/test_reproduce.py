@@ -173,7 +173,7 @@ def test_smoke_budget_end_to_end(tmp_path):
 def _the_eta_counts_the_phases_not_yet_planned(out: Path) -> None:
     """The ETA's cost of a call counts the runs a grid's choice adds later: before the choice it
     exceeds what is planned; once every grid has chosen it is exactly the call's runs."""
-    from vitkit.reproduce import _classes, _planned_cost, _unique, data_info
+    from vitkit.reproduce.app import _classes, _planned_cost, _unique, data_info
     from vitkit.reproduce.core.runner import Runner
 
     def call_cost(folder: Path) -> tuple[float, float]:
@@ -232,7 +232,7 @@ def test_every_budget_plans_valid_runs(tmp_path, budget):
     """Each budget's recipes validate and its models build (no training): the full budget is
     sized for a GPU, so this is what a CPU-only test suite can check of it."""
     from vitkit.models.registry import model_config
-    from vitkit.reproduce import _classes
+    from vitkit.reproduce.app import _classes
 
     info = DataInfo("imagenet-like", (256, 256), 3, [str(i) for i in range(100)], 130_000)
     suite = Suite(tmp_path, "imagenet-like", budget, None, info)
@@ -314,7 +314,7 @@ def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
 def test_runs_trained_at_once_start_costliest_first(tmp_path):
     """Several runs at once start with the costliest, so that a phase does not end on one long
     run while the other cores idle; equal costs keep their order."""
-    from vitkit.reproduce import _classes, _unique, data_info
+    from vitkit.reproduce.app import _classes, _unique, data_info
     from vitkit.reproduce.core.runner import Runner
 
     suite = Suite(tmp_path, "synthetic", "smoke", None, data_info("synthetic"))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vitkit.data import ArrayDataset, carve
-from vitkit.reproduce import EXPERIMENTS, _classes
+from vitkit.reproduce import EXPERIMENTS
+from vitkit.reproduce.app import _classes
 from vitkit.reproduce.core.experiment import Experiment
 from vitkit.reproduce.core.provenance import source_commit
 from vitkit.reproduce.core.report import publish

@@ -462,7 +462,7 @@ def _made_up(specs: list[Any], bad: set[str], value: float) -> dict[str, dict[st
 @pytest.mark.parametrize("which", ["one", "half", "all"])
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
 def test_no_experiment_claims_from_numbers_that_are_not_finite(tmp_path, monkeypatch, name, which, value):
-    from vitkit.reproduce import _classes
+    from vitkit.reproduce.app import _classes
     from vitkit.reproduce.core.experiment import note_diverged
     from vitkit.reproduce.experiments.data_scaling import DataScaling
     from vitkit.reproduce.experiments.resolution import Resolution

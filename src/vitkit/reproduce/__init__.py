@@ -10,20 +10,31 @@ imports an experiment; the experiments (:mod:`.experiments`) register themselves
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .names import BUDGETS, EXPERIMENTS
 
-__all__ = ["ASSUMED_GPU_FLOPS", "BUDGETS", "EXPERIMENTS", "plan", "reproduce"]
+# The application imports torch: its names load it on first use, so that `vitkit --help` (which
+# lists EXPERIMENTS and BUDGETS) starts without it.
+_LAZY = {
+    "ASSUMED_GPU_FLOPS": "vitkit.reproduce.app",
+    "plan": "vitkit.reproduce.app",
+    "reproduce": "vitkit.reproduce.app",
+}
+
+if TYPE_CHECKING:
+    from .app import ASSUMED_GPU_FLOPS, plan, reproduce
+
+__all__ = ["BUDGETS", "EXPERIMENTS", "plan", "reproduce"]
 
 
 def __getattr__(name: str) -> Any:
-    # The application imports torch; loaded on first use, so that `vitkit --help` (which lists
-    # EXPERIMENTS and BUDGETS) starts without it.
-    if name.startswith("__") or name == "app":
-        raise AttributeError(name)
-    app = importlib.import_module(f"{__name__}.app")
-    try:
-        return getattr(app, name)
-    except AttributeError:
-        raise AttributeError(f"module 'vitkit.reproduce' has no attribute {name!r}") from None
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vitkit.reproduce' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
