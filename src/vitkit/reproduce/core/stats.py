@@ -35,7 +35,7 @@ def t_quantile(p: float, df: int) -> float:
     Returns:
         The quantile (``t_quantile(0.975, 2)`` is 4.303).
     """
-    from scipy.stats import t  # scipy is optional (the tests' extra): imported when an interval is computed
+    from scipy.stats import t  # scipy (with scikit-learn, the reproduce extra) is heavy and optional: loaded on use
 
     return float(t.ppf(p, df))
 
