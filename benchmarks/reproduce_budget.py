@@ -75,8 +75,8 @@ def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list
     Returns:
         The suite and, per call, its runs' specs.
     """
-    from vitkit.reproduce import _classes, _unique, data_info
-    from vitkit.reproduce.spec import Suite
+    from vitkit.reproduce.app import _classes, _unique, data_info
+    from vitkit.reproduce.core.spec import Suite
 
     suite = Suite(tempfile.mkdtemp(prefix="budget-plan-"), data, "desktop", None, data_info(data))
     suite.planning = True  # a grid's choice is taken as its first value: costs do not depend on it
@@ -103,7 +103,7 @@ def worker(tree_json: str, out: str, settings_json: str) -> None:
     """In a process of its own: train the recipe, score it as the suite does, print the seconds."""
     import torch
 
-    from vitkit.reproduce.runner import ScoreSettings, score
+    from vitkit.reproduce.core.scoring import ScoreSettings, score
     from vitkit.train import train
     from vitkit.train.config import recipe_from_dict
 
@@ -137,7 +137,7 @@ def measure(tree: dict[str, Any], settings: Any, jobs: int, threads: int, work: 
 
 
 def _cpu_line() -> dict[str, Any]:
-    from vitkit.reproduce.report import machine
+    from vitkit.reproduce.core.provenance import machine
 
     m = machine()
     m["isa_env"] = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if k in os.environ}
@@ -167,7 +167,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from vitkit.files import write_json
-    from vitkit.reproduce.runner import ScoreSettings, auto_jobs, usable_cores
+    from vitkit.reproduce.core.pool import auto_jobs, usable_cores
+    from vitkit.reproduce.core.scoring import ScoreSettings
 
     calls = make_calls()
     suite, per = planned(args.data, calls)

@@ -112,7 +112,7 @@ def readme_with_summary(readme: str) -> str:
     published reproduction report (``docs/reproduce/report.json``)."""
     import json
 
-    from vitkit.reproduce.report import headline_table, provenance
+    from vitkit.reproduce.core.report import headline_table, provenance
 
     if START not in readme or END not in readme:
         return readme

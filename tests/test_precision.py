@@ -114,8 +114,8 @@ def test_every_shipped_recipe_says_auto_and_resolves_by_the_cpu(branch):
 
 @pytest.mark.parametrize("budget", ["smoke", "desktop", "full"])
 def test_every_reproduce_run_resolves_by_the_cpu(tmp_path, monkeypatch, budget):
-    from vitkit.reproduce import _classes
-    from vitkit.reproduce.spec import DataInfo, Suite
+    from vitkit.reproduce.app import _classes
+    from vitkit.reproduce.core.spec import DataInfo, Suite
 
     info = DataInfo("imagenet-like", (256, 256), 3, [str(i) for i in range(100)], 130_000)
     suite = Suite(tmp_path, "imagenet-like", budget, None, info)

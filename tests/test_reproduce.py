@@ -18,8 +18,8 @@ from vitkit.data import ArrayDataset, ImageFolder, build_dataset, carve
 from vitkit.data.carve import balanced_quota, class_orders
 from vitkit.errors import DataError, UsageError
 from vitkit.reproduce import EXPERIMENTS, reproduce
-from vitkit.reproduce.runner import ScoreSettings, check_fewshot_data
-from vitkit.reproduce.spec import DataInfo, Suite, check_experiments
+from vitkit.reproduce.core.scoring import ScoreSettings, check_fewshot_data
+from vitkit.reproduce.core.spec import DataInfo, Suite, check_experiments
 
 pytest.importorskip("sklearn")  # the few-shot transfer task (scikit-learn's digits)
 pytest.importorskip("matplotlib")
@@ -173,8 +173,8 @@ def test_smoke_budget_end_to_end(tmp_path):
 def _the_eta_counts_the_phases_not_yet_planned(out: Path) -> None:
     """The ETA's cost of a call counts the runs a grid's choice adds later: before the choice it
     exceeds what is planned; once every grid has chosen it is exactly the call's runs."""
-    from vitkit.reproduce import _classes, _planned_cost, _unique, data_info
-    from vitkit.reproduce.runner import Runner
+    from vitkit.reproduce.app import _classes, _planned_cost, _unique, data_info
+    from vitkit.reproduce.core.runner import Runner
 
     def call_cost(folder: Path) -> tuple[float, float]:
         suite = Suite(folder, "synthetic", "smoke", None, data_info("synthetic"))
@@ -232,7 +232,7 @@ def test_every_budget_plans_valid_runs(tmp_path, budget):
     """Each budget's recipes validate and its models build (no training): the full budget is
     sized for a GPU, so this is what a CPU-only test suite can check of it."""
     from vitkit.models.registry import model_config
-    from vitkit.reproduce import _classes
+    from vitkit.reproduce.app import _classes
 
     info = DataInfo("imagenet-like", (256, 256), 3, [str(i) for i in range(100)], 130_000)
     suite = Suite(tmp_path, "imagenet-like", budget, None, info)
@@ -252,15 +252,15 @@ def test_every_budget_plans_valid_runs(tmp_path, budget):
 def test_auto_jobs_trains_one_run_a_core_on_a_cpu_for_the_desktop_budget(monkeypatch):
     """``--jobs auto``: the desktop budget's small models train one run a core on a CPU (the
     cores reported are overridden here); a GPU, the smoke budget and the full budget get 1."""
-    from vitkit.reproduce import runner
+    from vitkit.reproduce.core import pool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert runner.usable_cores() == 5
-    assert runner.auto_jobs("desktop") == 5
-    assert runner.auto_jobs("smoke") == 1 and runner.auto_jobs("full") == 1
+    assert pool.usable_cores() == 5
+    assert pool.auto_jobs("desktop") == 5
+    assert pool.auto_jobs("smoke") == 1 and pool.auto_jobs("full") == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert runner.auto_jobs("desktop") == 1
+    assert pool.auto_jobs("desktop") == 1
 
 
 def test_the_cli_takes_jobs_auto_by_default_and_the_api_refuses_a_bad_value(tmp_path):
@@ -314,8 +314,8 @@ def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
 def test_runs_trained_at_once_start_costliest_first(tmp_path):
     """Several runs at once start with the costliest, so that a phase does not end on one long
     run while the other cores idle; equal costs keep their order."""
-    from vitkit.reproduce import _classes, _unique, data_info
-    from vitkit.reproduce.runner import Runner
+    from vitkit.reproduce.app import _classes, _unique, data_info
+    from vitkit.reproduce.core.runner import Runner
 
     suite = Suite(tmp_path, "synthetic", "smoke", None, data_info("synthetic"))
     runner = Runner(suite, 2, lambda line: None)

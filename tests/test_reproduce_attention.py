@@ -18,18 +18,9 @@ from vitkit.analysis.attention import (
 )
 from vitkit.models.registry import create_model
 from vitkit.preprocessing import LoadedImages
-from vitkit.reproduce.attention import (
-    Attention,
-    layer_slope,
-    measure,
-    paired_claim,
-    seed_numbers,
-    sign_claim,
-    summarise_numbers,
-    table,
-    verdict,
-)
-from vitkit.reproduce.spec import DataInfo, Suite
+from vitkit.reproduce.core.spec import DataInfo, Suite
+from vitkit.reproduce.experiments.attention import Attention, paired_claim, sign_claim, table, verdict
+from vitkit.reproduce.experiments.attention_measure import layer_slope, measure, seed_numbers, summarise_numbers
 
 # -- the rollout's mass on the object ------------------------------------------------------------
 
@@ -251,7 +242,7 @@ def test_a_missing_object_mask_is_said():
 
 def test_figures_are_written(tmp_path):
     pytest.importorskip("matplotlib")
-    from vitkit.reproduce.figures import plot_attention
+    from vitkit.reproduce.experiments.attention_figures import plot_attention
 
     model, images = _tiny("vit"), _images()
     m = measure(model, images, object_fraction(images.pixels, tuple(model.cfg.grid_size)), keep=3)

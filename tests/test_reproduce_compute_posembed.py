@@ -12,17 +12,10 @@ from typing import Any
 
 import pytest
 
-from vitkit.reproduce.compute import (
-    Compute,
-    accuracy_at,
-    cost_to_reach,
-    frontier,
-    matched,
-    pareto_front,
-    scaled_length,
-)
-from vitkit.reproduce.pos_embed import PosEmbed, change, reading
-from vitkit.reproduce.spec import DataInfo, RunSpec, Suite
+from vitkit.reproduce.core.spec import DataInfo, RunSpec, Suite
+from vitkit.reproduce.experiments.compute import Compute, scaled_length
+from vitkit.reproduce.experiments.frontier import accuracy_at, cost_to_reach, frontier, matched, pareto_front
+from vitkit.reproduce.experiments.pos_embed import PosEmbed, change, reading
 
 pytest.importorskip("matplotlib")
 

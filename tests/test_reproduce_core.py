@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from vitkit.data import ArrayDataset, carve
-from vitkit.reproduce import EXPERIMENTS, _classes
-from vitkit.reproduce.experiments import Experiment
-from vitkit.reproduce.report import publish, source_commit
-from vitkit.reproduce.runner import SCORE_VERSION
-from vitkit.reproduce.spec import DataInfo, Suite
+from vitkit.reproduce import EXPERIMENTS
+from vitkit.reproduce.app import _classes
+from vitkit.reproduce.core.experiment import Experiment
+from vitkit.reproduce.core.provenance import source_commit
+from vitkit.reproduce.core.report import publish
+from vitkit.reproduce.core.results import SCORE_VERSION
+from vitkit.reproduce.core.spec import DataInfo, Suite
 
 INFO = DataInfo("fmnist-like", (28, 28), 1, [str(i) for i in range(10)], 60_000)
 
@@ -77,7 +79,7 @@ def test_a_choice_waits_for_its_runs_and_takes_the_best_minival(tmp_path):
 
 
 def suite_spec(suite: Suite, lr: float, seed: int):
-    from vitkit.reproduce.spec import RunSpec
+    from vitkit.reproduce.core.spec import RunSpec
 
     tree = suite.recipe("vit-tiny", seed, extra={"optim": {"lr": lr}})
     return RunSpec(label=f"lr {lr}", model="vit-tiny", recipe=tree)
@@ -98,7 +100,7 @@ def test_publish_copies_the_report_and_replaces_old_figures(tmp_path):
 
 
 def test_a_grid_goes_on_past_an_edge_in_its_own_pattern():
-    from vitkit.reproduce.experiments import _next_rate
+    from vitkit.reproduce.core.experiment import _next_rate
 
     paper = [0.001, 0.003, 0.01, 0.03]  # the fine-tuning grid: 1-3-10
     assert _next_rate(paper[::-1][:3]) == 0.1 and _next_rate([0.1, 0.03, 0.01]) == 0.3
@@ -131,8 +133,8 @@ def test_the_full_budget_plans_gpu_sized_pairs(tmp_path):
 
 
 def test_the_summary_shows_each_experiment_s_agreement_sentence():
-    from vitkit.reproduce.experiments import sentence_from
-    from vitkit.reproduce.report import headline_table
+    from vitkit.reproduce.core.experiment import sentence_from
+    from vitkit.reproduce.core.report import headline_table
 
     verdict = "By the minival, 2e-3. Against Figure 9: GAP's rate is not lower, unlike the paper. More follows."
     said = sentence_from(verdict, "Against Figure 9:")
@@ -146,3 +148,42 @@ def test_the_summary_shows_each_experiment_s_agreement_sentence():
     )
     assert "| `pooling` | Figure 9 | 18 | Against Figure 9: GAP's rate is not lower, unlike the paper. |" in table
     assert "| `attention` | Figure 7 | 6 | Heads span 13.9 to 14.3 px. |" in table
+
+
+def test_every_experiment_registers_itself_in_order():
+    from vitkit.reproduce.core.registry import registered
+
+    assert list(registered()) == list(EXPERIMENTS)
+    assert all(cls.name == name for name, cls in registered().items())
+
+
+def test_the_published_report_renders_again_byte_for_byte():
+    """``report.md`` is a function of ``report.json`` alone: the published report regenerates
+    identical from its JSON (runs, numbers, prose), without training or scoring anything."""
+    from vitkit.reproduce.core.report import render
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "reproduce"
+    report = json.loads((docs / "report.json").read_bytes())
+    assert render(report).encode("utf-8") == (docs / "report.md").read_bytes()
+
+
+def test_a_written_report_renders_again_from_its_json(tmp_path):
+    """What :func:`write_report` writes reads back to the same markdown, a diverged run's nan
+    (``null`` in the JSON) included."""
+    from vitkit.reproduce.core.experiment import Section
+    from vitkit.reproduce.core.report import render, write_report
+
+    section = Section("pooling", "Figure 9", "claim", "paper", ["a", "b"], [["1", "2"]], {"x": float("nan")},
+                      "verdict. More.", caption="Measured (custom)", tables=[("more", ["c"], [["3"]])],
+                      runs=2, wall_seconds=90.0)  # fmt: skip
+    run = {"test_top1": float("nan"), "fewshot": {"mean": 0.5}, "wall_seconds": 60.0, "runs_at_once": 2}
+    meta = {"command": "vitkit reproduce", "date": "today", "budget": "smoke", "data": "synthetic", "seeds": 1,
+            "img_size": [28, 28], "fewshot": "10-shot digits", "seconds": 12.0,
+            "machine": {"cpu": "cpu", "cores": 2, "gpu": None, "torch": "2", "commit": None}}  # fmt: skip
+    md, js = write_report(tmp_path, [section], meta, {"k": run})
+    report = json.loads(js.read_text())
+    assert (
+        report["runs"]["k"]["test_top1"] is None and report["experiments"]["pooling"]["caption"] == "Measured (custom)"
+    )
+    assert render(report).encode("utf-8") == md.read_bytes()
+    assert "**Measured (custom):**" in md.read_text() and "**more:**" in md.read_text()

@@ -11,11 +11,11 @@ import re
 import pytest
 
 from vitkit.files import write_json
-from vitkit.reproduce.data_scaling import DataScaling, error_ratios, log_errors
-from vitkit.reproduce.experiments import note_diverged
-from vitkit.reproduce.report import json_safe
-from vitkit.reproduce.runner import SCORE_VERSION
-from vitkit.reproduce.spec import DataInfo, Suite
+from vitkit.reproduce.core.experiment import note_diverged
+from vitkit.reproduce.core.report import json_safe
+from vitkit.reproduce.core.results import SCORE_VERSION
+from vitkit.reproduce.core.spec import DataInfo, Suite
+from vitkit.reproduce.experiments.data_scaling import DataScaling, error_ratios, log_errors
 
 CLASSES = [str(i) for i in range(10)]
 SIZES = [580, 1740, 5800, 17400]  # 0.01, 0.03, 0.1 and 0.3 of 60,000 - 2,000 (the minival)
@@ -303,7 +303,7 @@ def test_ratios_and_log_errors_leave_diverged_runs_out():
 def test_attention_of_a_checkpoint(tmp_path):
     """Locality and class-token share of a real (untrained) ViT checkpoint on the test images."""
     from vitkit.checkpoint.native import save_checkpoint
-    from vitkit.reproduce.runner import initial_model
+    from vitkit.reproduce.core.scoring import initial_model
 
     suite = _suite(tmp_path, "smoke", "synthetic")
     exp = DataScaling(suite)

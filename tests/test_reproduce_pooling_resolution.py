@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from vitkit.reproduce.experiments import note_diverged
-from vitkit.reproduce.pooling import Pooling, grid_position, rate_text
-from vitkit.reproduce.resolution import Resolution
-from vitkit.reproduce.runner import SCORE_VERSION
-from vitkit.reproduce.spec import DataInfo, Suite
+from vitkit.reproduce.core.experiment import note_diverged
+from vitkit.reproduce.core.results import SCORE_VERSION
+from vitkit.reproduce.core.spec import DataInfo, Suite
+from vitkit.reproduce.experiments.pooling import Pooling, grid_position, rate_text
+from vitkit.reproduce.experiments.resolution import Resolution
 
 NONFINITE = re.compile(r"\b(nan|inf|infinity)\b", re.IGNORECASE)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from vitkit.reproduce.runner import SCORE_VERSION, check_result, load_result, read_result
+from vitkit.reproduce.core.results import SCORE_VERSION, check_result, load_result, read_result
 
 pytest.importorskip("sklearn")  # the few-shot transfer task (scikit-learn's digits)
 pytest.importorskip("matplotlib")
@@ -58,7 +58,7 @@ def _children(pid: int) -> set[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == pid and b"vitkit.reproduce.runner import _worker" in cmdline:
+        if int(fields[1]) == pid and b"vitkit.reproduce.core.pool import _worker" in cmdline:
             out.add(int(stat.parent.name))
     return out
 
@@ -144,7 +144,7 @@ def _assert_stopped(done: subprocess.CompletedProcess, seconds: float, name: str
 def test_runs_trained_at_once_count_their_share_of_the_machine(finished):
     """Each result says how many runs trained at once and on how many threads; the report's
     minutes divide each run's wall time by the runs beside it."""
-    from vitkit.reproduce.runner import machine_seconds
+    from vitkit.reproduce.core.results import machine_seconds
 
     results = [json.loads(text) for text in _results(finished).values()]
     assert results and all(r["runs_at_once"] == 2 and r["threads"] >= 1 for r in results)
@@ -157,7 +157,8 @@ def test_runs_trained_at_once_count_their_share_of_the_machine(finished):
 def test_each_result_and_the_report_say_what_made_the_runs(finished):
     """A suite's runs may come from several calls, commits and machines: each result records
     its own, and the report counts the runs by what made them."""
-    from vitkit.reproduce.report import provenance, source_commit
+    from vitkit.reproduce.core.provenance import source_commit
+    from vitkit.reproduce.core.report import provenance
 
     results = [json.loads(text) for text in _results(finished).values()]
     made = results[0]["made_by"]
@@ -437,7 +438,7 @@ def test_a_diverged_run_is_named_and_left_out_of_the_report(tmp_path, finished, 
 
 
 def _suite(tmp_path: Path, seeds: int) -> Any:
-    from vitkit.reproduce.spec import DataInfo, Suite
+    from vitkit.reproduce.core.spec import DataInfo, Suite
 
     info = DataInfo("synthetic", (32, 32), 3, [str(i) for i in range(10)], 5000)
     return Suite(tmp_path, "synthetic", "smoke", seeds, info)
@@ -461,10 +462,10 @@ def _made_up(specs: list[Any], bad: set[str], value: float) -> dict[str, dict[st
 @pytest.mark.parametrize("which", ["one", "half", "all"])
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
 def test_no_experiment_claims_from_numbers_that_are_not_finite(tmp_path, monkeypatch, name, which, value):
-    from vitkit.reproduce import _classes
-    from vitkit.reproduce.data_scaling import DataScaling
-    from vitkit.reproduce.experiments import note_diverged
-    from vitkit.reproduce.resolution import Resolution
+    from vitkit.reproduce.app import _classes
+    from vitkit.reproduce.core.experiment import note_diverged
+    from vitkit.reproduce.experiments.data_scaling import DataScaling
+    from vitkit.reproduce.experiments.resolution import Resolution
 
     monkeypatch.setattr(DataScaling, "untrained_fewshot", lambda self, model, seed: 0.3)
     monkeypatch.setattr(Resolution, "zero_step_top1", lambda self, seed, pre: 0.3)
@@ -498,7 +499,7 @@ def test_no_experiment_claims_from_numbers_that_are_not_finite(tmp_path, monkeyp
 
 
 def test_statistics_use_finite_values_and_say_how_many_were_dropped():
-    from vitkit.reproduce.experiments import lead, mean_of, pct
+    from vitkit.reproduce.core.experiment import lead, mean_of, pct
 
     assert pct([0.5, math.nan, 0.7]) == "60.00 ± 14.14 (1 of 3 not finite, left out)"
     assert pct([math.inf]) == "diverged (not finite)"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from vitkit.reproduce.stats import (
+from vitkit.reproduce.core.stats import (
     Interval,
     compare,
     mcnemar,

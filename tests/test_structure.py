@@ -4,6 +4,7 @@ layer nothing else imports, and ``vitkit --help`` starts without torch."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections import defaultdict
@@ -13,10 +14,12 @@ import vitkit
 
 SRC = Path(vitkit.__file__).parent
 MAX_FUNCTION_LINES = 80
+MAX_REPRODUCE_MODULE_LINES = 500
 # Modules every package may import: they import no other vitkit module but each other.
 NEUTRAL = {"allocator", "cpu", "errors", "files", "precision", "preprocessing", "runtime"}
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for path in sorted(SRC.rglob("*.py")):
@@ -30,6 +33,7 @@ def _modules() -> dict[str, Path]:
 def _imports(module: str, path: Path) -> set[str]:
     """The vitkit modules ``module`` imports, at any depth of its code (lazy imports included)."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    modules = _modules()
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -41,9 +45,8 @@ def _imports(module: str, path: Path) -> set[str]:
             else:
                 target = node.module or ""
             if target.split(".")[0] == "vitkit":
-                found.add(target)
-                found.update(f"{target}.{a.name}" for a in node.names)  # `from . import x`: a module
-    modules = _modules()
+                for a in node.names:  # `from . import x` imports the module x when there is one, else a name of target
+                    found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target)
     return {t for t in found if t in modules and t != module}
 
 
@@ -84,6 +87,91 @@ def test_no_import_cycle_between_packages():
 
     cycles = sorted(f"{a} -> {b} -> ... -> {a}" for a in list(graph) for b in graph[a] if a in reach(b))
     assert not cycles, cycles
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each strongly connected set of two or more modules, as one
+    cycle through them (``a -> b -> ... -> a``), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while (w := stack.pop()) != v:
+                group.add(w)
+            if group:
+                groups.append(group | {v})
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(_cycle_through(graph, g) for g in groups)
+
+
+def _cycle_through(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """One cycle inside ``group`` (a strongly connected set), from its first module back to it."""
+    start = min(group)
+    paths, seen = {start: [start]}, {start}
+    todo = [start]
+    while todo:  # breadth first: the shortest way back to start
+        v = todo.pop(0)
+        for w in sorted(graph[v] & group):
+            if w == start:
+                return paths[v] + [start]
+            if w not in seen:
+                seen.add(w)
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    raise AssertionError(f"{sorted(group)} is not strongly connected")
+
+
+def test_no_import_cycle_between_modules():
+    """No module imports, at any depth of its code (lazy imports included), a module that imports
+    it back through any chain. ``from . import x`` counts as importing the module ``x``: a package
+    is always initialised before its modules, so that is no edge to the package's ``__init__``."""
+    graph = {m: _imports(m, p) for m, p in _modules().items()}
+    cycles = [" -> ".join(c) for c in _cycles(graph)]
+    assert not cycles, cycles
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c", "a"]]
+
+
+def test_no_reproduce_module_is_longer_than_the_limit():
+    long = []
+    for m, p in _modules().items():
+        n = len(p.read_text().splitlines())
+        if m.startswith("vitkit.reproduce") and n > MAX_REPRODUCE_MODULE_LINES:
+            long.append(f"{m}: {n} lines")
+    assert not long, long
+
+
+def test_the_reproduce_core_imports_no_experiment():
+    """``vitkit reproduce`` is an application on the library: its core (specs, results, runs, the
+    report) never imports an experiment, and no experiment imports the application that gathers them."""
+    offenders = []
+    for m, p in _modules().items():
+        for t in _imports(m, p):
+            if m.startswith("vitkit.reproduce.core") and t.startswith(
+                ("vitkit.reproduce.experiments", "vitkit.reproduce.app")
+            ):
+                offenders.append(f"{m} imports {t}")
+            if m.startswith("vitkit.reproduce.experiments") and t == "vitkit.reproduce.app":
+                offenders.append(f"{m} imports {t}")
+    assert not offenders, offenders
 
 
 def test_lower_layers_know_nothing_of_the_upper_ones():

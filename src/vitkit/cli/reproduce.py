@@ -106,7 +106,7 @@ def interrupted_line(e: KeyboardInterrupt, out: str, command: str) -> str:
     """The one line a stopped suite ends with: what stopped it, what is kept, how to resume.
 
     Args:
-        e: the interruption (:class:`vitkit.reproduce.runner.Interrupted` when a signal stopped
+        e: the interruption (:class:`vitkit.reproduce.core.signals.Interrupted` when a signal stopped
             the runs; a plain ``KeyboardInterrupt`` otherwise).
         out: the suite's folder.
         command: the command line that resumes the suite (the one that was run).

@@ -2,7 +2,7 @@
 learned 2-D (row and column tables), relative (a 1-D attention bias) and fixed 2-D sin-cos; some
 of them again at several times the steps, to tell learning speed from capacity.
 
-Every comparison is paired by seed (:mod:`.stats`): each kind against the learned 1-D (the
+Every comparison is paired by seed (:mod:`vitkit.reproduce.core.stats`): each kind against the learned 1-D (the
 paper's default), the learned 1-D against none, and, across the two lengths, the change of a gap
 (the difference of the per-seed differences).
 """
@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..errors import UsageError
+from ...errors import UsageError
+from ..core.experiment import Experiment, Section, lead, pct, sentence_from, shots_label
+from ..core.registry import register
+from ..core.spec import RunSpec
+from ..core.stats import Interval, paired_difference
 from .compute import scaled_length
-from .experiments import Experiment, Section, lead, pct, sentence_from, shots_label
-from .spec import RunSpec
-from .stats import Interval, paired_difference
+from .figures import plot_pos_embed
 
 
 def _diff(a: list[Any], b: list[Any]) -> dict[str, Any] | None:
@@ -116,6 +118,7 @@ def reading(
     return f"{other} overtakes {leader} at {more}"
 
 
+@register
 class PosEmbed(Experiment):
     name = "pos-embed"
 
@@ -178,8 +181,6 @@ class PosEmbed(Experiment):
         return short + [self.variant_spec(v, s, self.long_factor()) for v in self.long_variants() for s in self.seeds]
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
-        from .figures import plot_pos_embed
-
         shots, factor = shots_label(results), self.long_factor()
         header = ["position embedding", "steps", "test top-1", shots, "paper (Table 8, 5-shot ImageNet)"]
         numbers: dict[str, Any] = {

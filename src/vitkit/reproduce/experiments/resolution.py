@@ -15,13 +15,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .experiments import Experiment, Section, finite, grid_arms, lead, pct, sentence_from, shots_label
+from ...checkpoint.load import load_pretrained
+from ...data import build_dataset
+from ...eval import evaluate
+from ..core.experiment import Experiment, Section, finite, grid_arms, lead, pct, sentence_from, shots_label
+from ..core.registry import register
+from ..core.scoring import ScoreSettings
+from ..core.spec import RunSpec
+from ..core.stats import paired_difference
+from .figures import plot_resolution
 from .pooling import best_on_minival, grid_position, position_clause
-from .spec import RunSpec
 
 SIZES = ("low", "native")  # the pre-training size, the data's own
 
 
+@register
 class Resolution(Experiment):
     name = "resolution"
 
@@ -99,11 +107,6 @@ class Resolution(Experiment):
             The top-1; nan when the pre-training diverged; None when its run folder holds no
             checkpoint.
         """
-        from ..checkpoint.load import load_pretrained
-        from ..data import build_dataset
-        from ..eval import evaluate
-        from .runner import ScoreSettings
-
         if not finite([pretrained.get("test_top1")]):
             return math.nan
         spec = self.pretrain(seed)
@@ -117,8 +120,6 @@ class Resolution(Experiment):
         return float(metrics["top1"])
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
-        from .figures import plot_resolution
-
         shots, rates, first = shots_label(results), self.rates(), self.seeds[0]
         grid = self.grid()
         chosen = {w: best_on_minival({lr: results.get(s.key) for lr, s in cells.items()}) for w, cells in grid.items()}
@@ -187,8 +188,6 @@ class Resolution(Experiment):
         Returns:
             The sentence and ``{comparison: interval or None}``.
         """
-        from .stats import paired_difference
-
         low, native = self.size_text("low"), self.size_text("native")
         chosen, position, rates, arms = numbers["chosen"], numbers["position"], numbers["rates"], numbers["arms"]
         choice = "; ".join(

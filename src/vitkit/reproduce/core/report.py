@@ -1,56 +1,20 @@
 """``report.md`` and ``report.json``: per experiment the paper's claim and numbers, the measured
-numbers (mean and spread over seeds), the figure, and one sentence on whether they agree."""
+numbers (mean and spread over seeds), the figure, and one sentence on whether they agree.
+
+The markdown is rendered from the JSON alone (:func:`render`): the same ``report.json`` gives the
+same ``report.md``, byte for byte."""
 
 from __future__ import annotations
 
 import datetime
 import math
-import platform
+import shutil
 from pathlib import Path
 from typing import Any
 
-from ..files import write_json, write_text
-from .experiments import Section
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    from ..cpu import cpu_info
-    from ..precision import bf16_support
-
-    cpu, made = cpu_info(), run_provenance("auto")  # precision: what `train.precision: auto` computes in
-    return {
-        **made,
-        "cpu_flags": [f for f, on in cpu["flags"].items() if on],
-        "cores": cpu["cores"],
-        "bf16": bf16_support("cuda" if made["gpu"] else "cpu").reason,
-        "python": platform.python_version(),
-    }
-
-
-def run_provenance(precision: str) -> dict[str, Any]:
-    """What made one run: the vitkit commit, the CPU (and GPU), the precision it computed in and
-    torch; a report names these for its runs, which several calls and machines may have made.
-
-    Args:
-        precision: the recipe's ``train.precision`` ("auto", "fp32" or "bf16").
-
-    Returns:
-        ``commit``, ``cpu``, ``gpu``, ``precision`` (the one that computed) and ``torch``.
-    """
-    import torch
-
-    from ..cpu import cpu_info
-    from ..precision import resolve_precision
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {
-        "commit": source_commit(),
-        "cpu": cpu_info()["model"],
-        "gpu": gpu,
-        "precision": resolve_precision(precision, "cuda" if gpu else "cpu").name,
-        "torch": torch.__version__,
-    }
+from ...files import atomic_write, write_json, write_text
+from .experiment import Section, first_sentence
+from .results import machine_seconds
 
 
 def provenance(runs: dict[str, Any]) -> str:
@@ -86,28 +50,6 @@ def provenance(runs: dict[str, Any]) -> str:
     return f"What made the runs: {'; '.join(parts)}." if parts else ""
 
 
-def source_commit() -> str | None:
-    """The git commit of the vitkit source that ran, with ``+changes`` when the package's tracked
-    files have uncommitted changes (a report published into the checkout is not a change to the
-    code); None outside a git checkout."""
-    import subprocess
-
-    here = Path(__file__).resolve().parent
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "--short=12", "HEAD")
-    if not commit:
-        return None
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", str(here.parent))
-    return commit + ("+changes" if dirty else "")
-
-
 def publish(out: Path, dest: Path) -> Path:
     """Copy a suite's ``report.md``, ``report.json`` and ``figures/`` into ``dest`` (e.g. the
     documentation's ``docs/reproduce``), replacing what an earlier publication put there; each
@@ -120,9 +62,6 @@ def publish(out: Path, dest: Path) -> Path:
     Returns:
         The published ``report.md``.
     """
-    import shutil
-
-    from ..files import atomic_write
 
     dest.mkdir(parents=True, exist_ok=True)
     figures = dest / "figures"
@@ -142,29 +81,21 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _section_md(s: Section, out: Path) -> str:
-    figs = "\n".join(f"![{s.name}]({f.relative_to(out).as_posix()})" for f in s.figures)
+def _section_md(name: str, s: dict[str, Any]) -> str:
+    figs = "\n".join(f"![{name}]({f})" for f in s["figures"])
     return "\n\n".join(
         [
-            f"## `{s.name}`: {s.follows}",
-            f"{s.runs} training runs; run alone, this experiment takes {s.wall_seconds / 60:.1f} min "
+            f"## `{name}`: {s['follows']}",
+            f"{s['runs']} training runs; run alone, this experiment takes {s['wall_seconds'] / 60:.1f} min "
             "(the sum of its runs' wall times, training and scoring, each divided by the runs trained at once).",
-            f"**The paper's claim.** {s.claim}",
-            f"**The paper's numbers.** {s.paper}",
-            f"**{s.caption}:**\n\n" + _table(s.header, s.rows),
-            *(f"**{caption}:**\n\n" + _table(header, rows) for caption, header, rows in s.tables),
+            f"**The paper's claim.** {s['claim']}",
+            f"**The paper's numbers.** {s['paper']}",
+            f"**{s['caption']}:**\n\n" + _table(s["table"]["header"], s["table"]["rows"]),
+            *(f"**{t['caption']}:**\n\n" + _table(t["header"], t["rows"]) for t in s["tables"]),
             figs,
-            f"**Agreement.** {s.verdict}",
+            f"**Agreement.** {s['verdict']}",
         ]
     )
-
-
-def first_sentence(text: str) -> str:
-    """The first sentence of a verdict (up to the first full stop that ends a sentence)."""
-    import re
-
-    match = re.search(r"(?<!\d)\.(\s|$)", text)
-    return text if match is None else text[: match.start() + 1]
 
 
 def headline_table(experiments: dict[str, Any]) -> str:
@@ -187,8 +118,9 @@ def headline_table(experiments: dict[str, Any]) -> str:
 
 
 def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``out/report.md`` and ``out/report.json`` (atomically; a number that is not finite is
-    ``null`` in the JSON).
+    """Write ``out/report.json`` and ``out/report.md`` (atomically; a number that is not finite is
+    ``null`` in the JSON). The markdown is rendered from the JSON alone (:func:`render`), so a
+    report regenerates identical from its ``report.json``.
 
     Args:
         out: the suite's folder.
@@ -199,8 +131,47 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
     Returns:
         The paths of ``report.md`` and ``report.json``.
     """
+    payload = json_safe(
+        {
+            "meta": meta,
+            "experiments": {
+                s.name: {
+                    "runs": s.runs,
+                    "wall_seconds": s.wall_seconds,
+                    "follows": s.follows,
+                    "claim": s.claim,
+                    "paper": s.paper,
+                    "numbers": s.numbers,
+                    "verdict": s.verdict,
+                    "headline": s.headline,
+                    "caption": s.caption,
+                    "table": {"header": s.header, "rows": s.rows},
+                    "tables": [{"caption": c, "header": h, "rows": r} for c, h, r in s.tables],
+                    "figures": [f.relative_to(out).as_posix() for f in s.figures],
+                }
+                for s in sections
+            },
+            "runs": runs,
+        }
+    )
+    js, md = out / "report.json", out / "report.md"
+    write_json(js, payload)
+    write_text(md, render(payload))
+    return md, js
+
+
+def render(report: dict[str, Any]) -> str:
+    """``report.md`` from the contents of ``report.json``: the call's header, the summary table and
+    a section per experiment.
+
+    Args:
+        report: ``report.json`` as :func:`write_report` wrote it (``meta``, ``experiments``, ``runs``).
+
+    Returns:
+        The markdown.
+    """
+    meta, runs, experiments = report["meta"], report["runs"], report["experiments"]
     m = meta["machine"]
-    from .runner import machine_seconds
 
     minutes = sum(machine_seconds(r) for r in runs.values()) / 60
     size = "x".join(map(str, meta["img_size"]))
@@ -221,35 +192,9 @@ def write_report(out: Path, sections: list[Section], meta: dict[str, Any], runs:
         f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
         "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",
     ]
-    summary = {s.name: {"follows": s.follows, "runs": s.runs, "verdict": s.verdict, "headline": s.headline}
-               for s in sections}  # fmt: skip
-    body = ["## Summary\n\n" + headline_table(summary)] if sections else []
-    body += [_section_md(s, out) for s in sections]
-    md = out / "report.md"
-    write_text(md, "\n\n".join(head + body) + "\n")
-    payload = {
-        "meta": meta,
-        "experiments": {
-            s.name: {
-                "runs": s.runs,
-                "wall_seconds": s.wall_seconds,
-                "follows": s.follows,
-                "claim": s.claim,
-                "paper": s.paper,
-                "numbers": s.numbers,
-                "verdict": s.verdict,
-                "headline": s.headline,
-                "table": {"header": s.header, "rows": s.rows},
-                "tables": [{"caption": c, "header": h, "rows": r} for c, h, r in s.tables],
-                "figures": [f.relative_to(out).as_posix() for f in s.figures],
-            }
-            for s in sections
-        },
-        "runs": runs,
-    }
-    js = out / "report.json"
-    write_json(js, json_safe(payload))
-    return md, js
+    body = ["## Summary\n\n" + headline_table(experiments)] if experiments else []
+    body += [_section_md(name, s) for name, s in experiments.items()]
+    return "\n\n".join(head + body) + "\n"
 
 
 def json_safe(value: Any) -> Any:

@@ -35,7 +35,7 @@ def t_quantile(p: float, df: int) -> float:
     Returns:
         The quantile (``t_quantile(0.975, 2)`` is 4.303).
     """
-    from scipy.stats import t
+    from scipy.stats import t  # scipy (with scikit-learn, the reproduce extra) is heavy and optional: loaded on use
 
     return float(t.ppf(p, df))
 
@@ -154,7 +154,7 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, A
     Raises:
         ValueError: the two sequences differ in length.
     """
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # optional, as above
 
     if len(correct_a) != len(correct_b):
         raise ValueError(f"McNemar needs the same images for both models: {len(correct_a)} and {len(correct_b)}")

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.carve import image_count
-from ..errors import DataError, UsageError
-from ..train.config import CONFIG_DIR, read_yaml_mapping, recipe_from_dict
-from .names import BUDGETS, EXPERIMENTS
+from ...data.carve import image_count
+from ...errors import DataError, UsageError
+from ...train.config import CONFIG_DIR, read_yaml_mapping, recipe_from_dict
+from ..names import BUDGETS, EXPERIMENTS
 
 REPRODUCE_DIR = CONFIG_DIR / "reproduce"
 

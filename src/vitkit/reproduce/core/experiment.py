@@ -16,14 +16,17 @@ finished results, and :meth:`Experiment.planned` says whether that is the whole 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models.registry import model_config
+from ...models.registry import model_config
+from .results import load_result, nonfinite_fields
 from .spec import RunSpec, Suite, load_experiment
+from .stats import compare
 
 GridArms = Callable[[list[float]], list[dict[float, list[RunSpec]]]]
 """The runs of each arm of a learning-rate grid (a family, a pooling, a size) by rate, for a grid."""
@@ -186,8 +189,6 @@ def lead(name_a: str, a: list[Any], name_b: str, b: list[Any]) -> str:
     Returns:
         A clause: ``the ViT leads the ResNet by 1.2 points (95% CI 0.3 to 2.1, 3 seeds)``.
     """
-    from .stats import compare
-
     fa, fb = finite(a), finite(b)
     if not fa or not fb:
         empty = " and ".join(n for n, f in ((name_a, fa), (name_b, fb)) if not f)
@@ -209,8 +210,6 @@ def sentence_from(text: str, *starts: str) -> str:
     Returns:
         That sentence, up to its full stop.
     """
-    from .report import first_sentence
-
     for start in starts:
         i = text.find(start)
         if i >= 0:
@@ -227,8 +226,6 @@ def note_diverged(section: Section, specs: list[RunSpec], results: dict[str, dic
         specs: the experiment's runs.
         results: their results by key.
     """
-    from .runner import nonfinite_fields
-
     bad = {}
     for spec in specs:
         fields = nonfinite_fields(results[spec.key])
@@ -268,8 +265,6 @@ class Experiment:
 
     def result_of(self, spec: RunSpec) -> dict[str, Any] | None:
         """The finished result of ``spec``, or None (not run, not finished, or damaged)."""
-        from .runner import load_result
-
         return load_result(self.suite.run_dir(spec) / "result.json")[0]
 
     def choose_on_minival(self, specs: dict[Any, list[RunSpec]]) -> Any | None:
@@ -365,3 +360,9 @@ class Experiment:
 def shots_label(results: dict[str, dict[str, Any]]) -> str:
     first = next(iter(results.values()), None)
     return f"{first['fewshot']['shots']}-shot" if first else "few-shot"
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a verdict (up to the first full stop that ends a sentence)."""
+    match = re.search(r"(?<!\d)\.(\s|$)", text)
+    return text if match is None else text[: match.start() + 1]

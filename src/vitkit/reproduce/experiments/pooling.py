@@ -14,8 +14,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .experiments import Experiment, Section, grid_arms, lead, mean_of, pct, sentence_from, shots_label
-from .spec import RunSpec
+from ..core.experiment import Experiment, Section, grid_arms, lead, mean_of, pct, sentence_from, shots_label
+from ..core.registry import register
+from ..core.spec import RunSpec
+from ..core.stats import paired_difference
+from .figures import plot_pooling
 
 POOLINGS = {"token": "class token", "gap": "global average pooling"}
 NAMES = {"token": "the class token", "gap": "GAP"}  # in sentences
@@ -93,6 +96,7 @@ def position_clause(
     )
 
 
+@register
 class Pooling(Experiment):
     name = "pooling"
 
@@ -145,8 +149,6 @@ class Pooling(Experiment):
         return out
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
-        from .figures import plot_pooling
-
         shots, rates, first = shots_label(results), self.rates(), self.seeds[0]
         grid = self.grid()
         chosen = {p: best_on_minival({lr: results.get(s.key) for lr, s in cells.items()}) for p, cells in grid.items()}
@@ -194,8 +196,6 @@ class Pooling(Experiment):
         Returns:
             The sentence and ``{comparison: interval or None}``.
         """
-        from .stats import paired_difference
-
         chosen, position, rates = numbers["chosen"], numbers["position"], numbers["rates"]
         choice = "; ".join(position_clause(NAMES[p], chosen[p], position[p], rates) for p in POOLINGS)
         text = f"By the minival of seed {numbers['grid_seed']}, the best rate is: {choice}."

@@ -1,0 +1,289 @@
+"""Training and scoring one run: its recipe trained (or resumed) into its folder, then its best
+checkpoint scored once and the numbers written to ``result.json``.
+
+Scoring uses only the checkpoint the minival chose (``best.safetensors``): top-1 on the test
+split, and few-shot linear accuracy on a task the model never saw (:func:`fewshot_transfer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...checkpoint.io import read_safetensors_metadata
+from ...checkpoint.load import load_pretrained
+from ...data import build_dataset
+from ...data.carve import class_orders
+from ...errors import DataError, TrainingError
+from ...eval import evaluate, extract_features
+from ...eval.fewshot import DEFAULT_L2_GRID, fewshot_eval
+from ...files import temporary_target, write_json
+from ...models.flops import count_params, model_flops
+from ...train import train
+from ...train.build import build_model
+from ...train.config import recipe_from_dict
+from ...train.runfolder import LOCK, MARKER, read_metrics
+from .provenance import run_provenance
+from .results import SCORE_VERSION
+from .spec import RunSpec, Suite
+
+TRAIN_IMAGES = 10000  # training images (a seeded sample) the best checkpoint is scored on: the generalisation gap
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """How every run is scored (the same for all of a suite's runs).
+
+    Attributes:
+        data: the suite's data source (a ``--data`` value).
+        test_images: the test images scored (a seeded sample); None: all of them.
+        fewshot_data: the data of the few-shot transfer task.
+        shots: the training images per class of the few-shot task.
+        fewshot_seeds: the seeds of the few-shot samples.
+        data_options: the data source's options, as (name, value) pairs.
+    """
+
+    data: str
+    test_images: int | None
+    fewshot_data: str
+    shots: int
+    fewshot_seeds: int
+    data_options: tuple[tuple[str, Any], ...] = ()  # how the data source loads (hashable: cached per process)
+
+    @classmethod
+    def of(cls, suite: Suite) -> ScoreSettings:
+        """The scoring the suite's shared settings (``common.yaml`` at its budget) ask for.
+
+        Args:
+            suite: the suite.
+
+        Returns:
+            The settings; the few-shot task defaults to "digits", 10 shots, 5 seeds.
+        """
+        fs = suite.common.get("fewshot") or {}
+        return cls(
+            data=suite.data,
+            test_images=suite.common.get("test_images"),
+            fewshot_data=str(fs.get("data", "digits")),
+            shots=int(fs.get("shots", 10)),
+            fewshot_seeds=int(fs.get("seeds", 5)),
+            data_options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in suite.data_options().items()),
+        )
+
+
+def check_fewshot_data(settings: ScoreSettings) -> None:
+    """The few-shot task must have ``2 x shots`` training images of every class (half hold the
+    shots, half choose the l2 strength) and a test split.
+
+    Args:
+        settings: the suite's scoring, whose ``fewshot_data`` and ``shots`` are checked.
+
+    Raises:
+        DataError: a class has fewer than ``2 x shots`` training images, or the task's data or
+            its test split cannot be found.
+    """
+
+    train = build_dataset(settings.fewshot_data, "train")
+    build_dataset(settings.fewshot_data, "test")
+    counts = train.labels.bincount(minlength=train.num_classes).tolist()
+    need = 2 * settings.shots
+    short = [train.classes[c] for c, n in enumerate(counts) if n < need]
+    if short:
+        raise DataError(
+            f"{settings.fewshot_data}: {settings.shots}-shot transfer needs {need} training images of every class; "
+            f"{len(short)} classes have fewer (e.g. {short[0]!r} has {counts[train.classes.index(short[0])]})"
+        )
+
+
+_CACHE: dict[tuple[Any, ...], Any] = {}
+
+
+def _split(name: str, split: str, options: tuple[tuple[str, Any], ...] = ()) -> Any:
+
+    key = (name, split, options)
+    if key not in _CACHE:
+        _CACHE[key] = build_dataset(name, split, **dict(options))
+    return _CACHE[key]
+
+
+def fewshot_transfer(model: Any, settings: ScoreSettings, precision: str) -> dict[str, Any]:
+    """Few-shot linear accuracy (the closed form of :mod:`vitkit.eval.fewshot`) on the transfer
+    task. The l2 strength is chosen on the task's training images alone: half of each class
+    holds the shots, the other half scores them; then the shots come from all training images
+    and the test split scores them.
+
+    Args:
+        model: the model whose pre-logits features are scored.
+        settings: the suite's scoring (the task, the shots, the seeds).
+        precision: what the features are extracted in: "auto", "fp32" or "bf16".
+
+    Returns:
+        ``shots``, ``l2`` (the strength chosen), and the test accuracy over the seeds as ``mean``,
+        ``std`` and ``per_seed`` (fractions in [0, 1]).
+    """
+
+    train, test = _split(settings.fewshot_data, "train"), _split(settings.fewshot_data, "test")
+    train_x, train_y = extract_features(model, train, precision=precision)
+    test_x, test_y = extract_features(model, test, precision=precision)
+    halves = [o[: len(o) // 2] for o in class_orders(train_y, train.num_classes, seed=1)]
+    a = torch.cat(halves)
+    b = torch.ones(len(train_y), dtype=torch.bool)
+    b[a] = False
+    k, shots, seeds = train.num_classes, [settings.shots], settings.fewshot_seeds
+    pick = fewshot_eval(train_x[a], train_y[a], train_x[b], train_y[b], shots, seeds, DEFAULT_L2_GRID, num_classes=k)
+    l2 = pick["best"][0]["l2"]
+    res = fewshot_eval(train_x, train_y, test_x, test_y, shots, seeds, l2, num_classes=k)["results"][0]
+    return {"shots": settings.shots, "l2": l2, "mean": res["mean"], "std": res["std"], "per_seed": res["per_seed"]}
+
+
+def initial_model(tree: dict[str, Any], info: Any) -> torch.nn.Module:
+    """The model a run's recipe starts from, before any step: what the trainer builds
+    (:func:`vitkit.train.build.build_model`, seeded by the recipe's seed), in eval mode.
+
+    Args:
+        tree: the run's recipe tree (:attr:`RunSpec.recipe`).
+        info: the suite's :class:`~vitkit.reproduce.core.spec.DataInfo` (classes and channels).
+
+    Returns:
+        The model.
+    """
+    recipe = recipe_from_dict(copy.deepcopy(tree))
+    torch.manual_seed(recipe.seed)  # as the run plan seeds before it builds
+    return build_model(recipe, info.num_classes, info.in_chans).eval()
+
+
+def minival_curve(run_dir: Path) -> list[list[float]]:
+    """A run's minival top-1 at each evaluation, as ``[step, top1]`` pairs from its ``metrics.jsonl``."""
+    recs = read_metrics(run_dir / "metrics.jsonl", strict=False)
+    return [[int(r["step"]), float(r["top1"])] for _, r in recs if "top1" in r and "step" in r]
+
+
+def train_accuracy(model: Any, recipe: Any, precision: str) -> float:
+    """Top-1 of ``model`` on the images its run trained on (its subset, without the minival; a
+    seeded sample of :data:`TRAIN_IMAGES` where there are more), as the training split is read
+    for evaluation: no augmentation."""
+
+    d = recipe.data
+    train = build_dataset(d.name, d.train_split, minival=d.minival, subset=d.subset, subset_seed=d.subset_seed,
+                          **d.options)  # fmt: skip
+    return float(evaluate(model, train, precision=precision, max_images=TRAIN_IMAGES)["top1"])
+
+
+def score(run_dir: Path, settings: ScoreSettings, precision: str, recipe: Any = None) -> dict[str, Any]:
+    """Test top-1 and few-shot transfer of a finished run's best (minival) checkpoint; with the
+    run's ``recipe``, also its top-1 on its own training images (``train_top1``).
+
+    Args:
+        run_dir: the run's folder, holding ``best.safetensors`` and ``metrics.jsonl``.
+        settings: the suite's scoring.
+        precision: what the model is evaluated in: "auto", "fp32" or "bf16".
+        recipe: the run's recipe (a :class:`vitkit.train.Recipe`), or None to leave out
+            ``train_top1``.
+
+    Returns:
+        ``test_top1`` and ``test_images``, ``fewshot`` (:func:`fewshot_transfer`), ``best_step``
+        and ``minival_top1`` (of the checkpoint, None where it does not say), ``flops_per_image``,
+        ``params``, ``img_size``, ``train_top1`` (None without ``recipe``) and ``minival_curve``
+        (``[step, top1]`` pairs). Accuracies are fractions in [0, 1].
+
+    Raises:
+        TrainingError: the run has no ``best.safetensors``.
+    """
+
+    best = run_dir / "best.safetensors"
+    if not best.is_file():
+        raise TrainingError(f"{run_dir}: no best.safetensors (was the minival ever evaluated?)")
+    model = load_pretrained(best)
+    test = _split(settings.data, "test", settings.data_options)
+    metrics = evaluate(model, test, precision=precision, max_images=settings.test_images)
+    meta = read_safetensors_metadata(best)
+    return {
+        "test_top1": metrics["top1"],
+        "test_images": metrics["num_images"],
+        "fewshot": fewshot_transfer(model, settings, precision),
+        "best_step": int(meta["step"]) if "step" in meta else None,
+        "minival_top1": float(meta["top1"]) if "top1" in meta else None,
+        "flops_per_image": model_flops(model),
+        "params": count_params(model),
+        "img_size": list(model.cfg.img_size),
+        "train_top1": None if recipe is None else train_accuracy(model, recipe, precision),
+        "minival_curve": minival_curve(run_dir),
+    }
+
+
+def train_and_score(
+    spec: RunSpec, run_dir: Path, init_from: str | None, settings: ScoreSettings, runs_at_once: int = 1
+) -> dict[str, Any]:
+    """Train (or resume, or find finished) one run, score it and write its ``result.json``;
+    ``runs_at_once`` (the runs the suite trains beside it, itself included) and torch's threads
+    are written with its wall time, which they shape, and what made the run (commit, machine,
+    precision, torch)."""
+
+    tree = copy.deepcopy(spec.recipe)
+    if init_from is not None:
+        tree["model"]["init_from"] = init_from
+    recipe = recipe_from_dict(tree)
+    start = time.perf_counter()
+    _clear_interrupted_start(run_dir)
+    train(recipe, run_dir)
+    out = {
+        "key": spec.key,
+        "label": spec.label,
+        "model": spec.model,
+        "score_version": SCORE_VERSION,
+        "steps": recipe.train.steps,
+        "batch_size": recipe.train.batch_size,
+        "seed": recipe.seed,
+        "train_seconds": _train_seconds(run_dir),
+        **score(run_dir, settings, recipe.train.precision, recipe),
+    }
+    out["train_flops"] = 3 * out["flops_per_image"] * out["steps"] * out["batch_size"]  # forward + backward ~ 3x
+    out["wall_seconds"] = time.perf_counter() - start
+    out["runs_at_once"], out["threads"] = runs_at_once, torch.get_num_threads()
+    out["made_by"] = run_provenance(recipe.train.precision)
+    write_json(run_dir / "result.json", out)
+    return out
+
+
+def _clear_interrupted_start(run_dir: Path) -> None:
+    """A run stopped while it claimed its folder leaves the lock file alone there (with at most the
+    temporary of the folder's marker), which a run refuses as not a run folder. Under a suite's
+    ``runs/`` nothing else makes such a folder: it is emptied, unless a live run holds the lock."""
+
+    try:
+        names = {p.name for p in run_dir.iterdir()}
+    except OSError:
+        return
+    if LOCK not in names or any(n != LOCK and temporary_target(n) != MARKER for n in names):
+        return
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        try:
+            import fcntl  # POSIX only: elsewhere the lock is not checked
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:
+            pass
+        except OSError:
+            return  # held: a live run is starting there, and says so itself
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                (run_dir / name).unlink()
+    finally:
+        os.close(fd)
+
+
+def _train_seconds(run_dir: Path) -> float | None:
+    """Training time of the whole run, over every call that resumed it (the last ``train_s`` logged)."""
+    logged = [rec["train_s"] for _, rec in read_metrics(run_dir / "metrics.jsonl", strict=False) if "train_s" in rec]
+    return float(logged[-1]) if logged else None

@@ -1,0 +1,355 @@
+"""The prose and tables of ``data-scaling`` (Figures 3 and 4), from its numbers alone
+(:meth:`vitkit.reproduce.experiments.data_scaling.DataScaling.measure`): the headline table, the
+learning-rate grid and the control's tables, and the verdict, each claim made only where its
+interval (paired by seed) excludes zero."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..core import stats
+from ..core.experiment import finite, lead, mean_of, mean_std, pct
+from .pooling import grid_position, position_clause
+
+FAMILIES = ("cnn", "vit")  # the roles with a learning-rate grid; the larger ViT takes the ViT's rate
+NAMES = {"cnn": "the ResNet", "vit": "the ViT", "larger_vit": "the larger ViT"}
+SHORT = {"cnn": "ResNet", "vit": "ViT", "larger_vit": "larger ViT"}
+PAPER_CROSSOVER = (30e6, 90e6)  # JFT images between which ViT-B/32 passes ResNet50x1 (Figure 4)
+_NOT = {"flat": "not distinguishable", "not weighed (too few finite results)": "not weighed"}  # for figure4
+
+
+def direction(interval: stats.Interval | None, down: str, up: str, flat: str) -> str:
+    """Which way an interval points, said only where it excludes zero.
+
+    Args:
+        interval: an estimate with its interval, or None (too few finite values).
+        down: what to say when it lies below zero.
+        up: what to say when it lies above zero.
+        flat: what to say when it holds zero.
+
+    Returns:
+        The clause.
+    """
+    if interval is None:
+        return "not weighed (too few finite results)"
+    if not interval.excludes_zero:
+        return flat
+    return down if interval.estimate < 0 else up
+
+
+def _ci_cell(entry: dict[str, Any], digits: int, scale: float = 1.0) -> str:
+    """A table cell for per-seed values (:func:`_per_seed`): their mean with its 95% interval, or
+    the plain mean when there is no interval (one seed)."""
+    interval = _iv(entry["interval"])
+    if interval is not None:
+        iv = interval.scaled(scale)
+        f = f"{{:.{digits}f}}"
+        return f"{f.format(iv.estimate)} ({f.format(iv.low)} to {f.format(iv.high)})"
+    m = mean_of(entry["per_seed"])
+    return "—" if m is None else f"{m * scale:.{digits}f} (no interval: 1 seed)"
+
+
+def _cells(cell: Callable[[list[Any]], str], by_size: dict[int, list[Any]]) -> Callable[[int], str]:
+    return lambda n: cell(by_size[n])
+
+
+def _spread_cell(values: list[Any], digits: int, scale: float = 1.0) -> str:
+    ok = finite(values)
+    if not ok:
+        return "—"
+    m, s = mean_std(ok)
+    return f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}" if len(ok) > 1 else f"{m * scale:.{digits}f}"
+
+
+def _interval_text(interval: stats.Interval | None, digits: int, unit: str) -> str:
+    return "not weighed (too few finite results)" if interval is None else interval.text(digits, unit)
+
+
+def _ratio_text(interval: stats.Interval | None) -> str:
+    """A ratio with its interval, unsigned: ``1.42 (95% CI 1.30 to 1.55)``."""
+    if interval is None:
+        return "not weighed (too few finite results)"
+    return f"{interval.estimate:.2f} ({100 * interval.level:.0f}% CI {interval.low:.2f} to {interval.high:.2f})"
+
+
+def _g(lr: float) -> str:
+    return f"{lr:g}"
+
+
+def _iv(data: dict[str, Any] | None) -> stats.Interval | None:
+    """An interval back from its :meth:`~.stats.Interval.to_dict` form."""
+    return None if data is None else stats.Interval(**data)
+
+
+def rows(num: dict[str, Any]) -> list[list[str]]:
+    """The headline table: one row per quantity, one column per size."""
+    sizes, models, att = num["sizes"], num["models"], num["attention"]
+
+    def row(label: str, cell: Callable[[int], str], where: Iterable[int] = sizes) -> list[str]:
+        return [label, *(cell(n) if n in where else "—" for n in sizes)]
+
+    def ci(numbers: dict[int, Any], digits: int, scale: float = 1.0) -> Callable[[int], str]:
+        return lambda n: _ci_cell(numbers[n], digits, scale)
+
+    rows = [row(f"{m['title']}: test top-1 (%)", _cells(pct, m["test_top1"]), m["sizes"]) for m in models.values()]
+    rows += [
+        row("ViT / ResNet test error (ratio)", ci(num["error_ratio"], 2)),
+        row("larger ViT − ViT, test top-1 (points)", ci(num["larger_minus_vit"], 1, 100), num["larger_minus_vit"]),
+        row("steps (passes over the subset)", lambda n: f"{num['steps'][n]:,} ({num['epochs'][n]:.0f})"),
+    ]
+    rows += [
+        row(f"best step: {SHORT[r]}", _cells(lambda v: _spread_cell(v, 0), m["best_step"]), m["sizes"])
+        for r, m in models.items()
+    ]
+    rows += [row(f"train − test top-1: {SHORT[r]} (points)", _cells(pct, models[r]["gap"])) for r in FAMILIES]
+    rows += [
+        row("train − test top-1, ViT − ResNet (points)", ci(num["gap_vit_minus_cnn"], 1, 100)),
+        row("ViT attention distance, layer 1 (px)", lambda n: _spread_cell(att[n]["distance_first"], 2)),
+        row("ViT attention distance, last layer (px)", lambda n: _spread_cell(att[n]["distance_last"], 2)),
+        row("ViT patch attention to the class token (%)", lambda n: _spread_cell(att[n]["cls_share"], 1, 100)),
+    ]
+    return rows
+
+
+def grid_table(num: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """The learning-rate grid as a secondary table."""
+    g = num["learning_rate"]
+    header = ["model", *[f"lr {lr:g}" for lr in g["rates"]]]
+    rows = []
+    for role in FAMILIES:
+        cells = []
+        for lr in g["rates"]:
+            v = g["minival_top1"][role][f"{lr:g}"]
+            mark = " (chosen)" if lr == g["chosen"][role] else ""
+            cells.append(("diverged" if v is None else f"{100 * v:.2f}") + mark)
+        rows.append([num["models"][role]["title"], *cells])
+    caption = f"Learning-rate grid: minival top-1 (%) at {g['size']:,} images, seed 0 (the test split is not used)"
+    return caption, header, rows
+
+
+def control_table(num: dict[str, Any], shots: str) -> tuple[str, list[str], list[list[str]]]:
+    """Few-shot transfer beside the same models untrained: a control, not a headline result."""
+    sizes = num["sizes"]
+    header = ["model", "untrained (control)", *[f"{n:,} images" for n in sizes]]
+    rows = [
+        [
+            m["title"],
+            pct(m["fewshot_untrained"]),
+            *[pct(m["fewshot"][n]) if n in m["fewshot"] else "—" for n in sizes],
+        ]
+        for m in num["models"].values()
+    ]
+    caption = (
+        f"Control, not a headline result: {shots} linear transfer to the digits task (%), after pre-training "
+        "on each subset and for the same models untrained (random features)"
+    )
+    return caption, header, rows
+
+
+def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
+    """The section's sentences, each computed from ``num``."""
+    sizes, models, g = num["sizes"], num["models"], num["learning_rate"]
+    small, large = sizes[0], sizes[-1]
+    top1 = {r: m["test_top1"] for r, m in models.items()}
+    fallback = " (every rate of its grid diverged: the smallest is used)"
+    rates = "; ".join(
+        f"{NAMES[r]} {g['chosen'][r]:g}{fallback}"
+        if g["fallback"][r]
+        else position_clause(NAMES[r], g["chosen"][r], grid_position(g["chosen"][r], g["rates"]), g["rates"], _g)
+        for r in FAMILIES
+    )
+    leads = "; ".join(f"at {n:,} images {lead('the ViT', top1['vit'][n], 'the ResNet', top1['cnn'][n])}" for n in sizes)
+    ratio_iv = {n: _iv(num["error_ratio"][n]["interval"]) for n in sizes}
+    ratios = (
+        ", ".join(f"{_ratio_text(ratio_iv[n])} at {n:,}" for n in sizes) + " images"
+        if any(ratio_iv.values())
+        else "not weighed at any size (too few finite results)"
+    )
+    change = _iv(num["error_ratio_change"])
+    sl = {k: _iv(v) for k, v in num["slopes"].items()}
+    faster = direction(
+        sl["vit_minus_cnn"],
+        "the ViT's error falls faster with data",
+        "the ViT's error falls more slowly with data",
+        "the two slopes are not distinguishable",
+    )
+    best = ", ".join(f"{NAMES[r]} {m['best_before_last'][0]} of {m['best_before_last'][1]}" for r, m in models.items())
+    moves = (
+        f"; from {small:,} to {large:,} images it changes by {_interval_text(change, 2, '')}, "
+        + direction(change, "so it falls", "so it rises", "not distinguishable from no change")
+        if change is not None
+        else ""
+    )
+    paired = seeds >= 2
+    out = [
+        f"Learning rates chosen on the minival at {g['size']:,} images (seed 0): {rates}; the larger ViT trains "
+        "at the ViT's."
+    ]
+    if paired:
+        out += [
+            f"Test top-1, ViT against ResNet (paired by seed): {leads}.",
+            f"The ViT/ResNet test-error ratio (mean of the per-seed ratios): {ratios}{moves}.",
+        ]
+    else:
+        out.append(
+            "With one seed no paired comparison is weighed (each needs two seeds): the table gives single runs, "
+            "and only the slopes, fitted over the sizes, carry an interval."
+        )
+    if all(v is None for v in sl.values()):
+        out.append("The log-log slopes of test error against images are not weighed (fewer than 3 finite points).")
+    else:
+        out.append(
+            "Log-log slopes of test error against images (least squares over every seed's point): the ResNet "
+            f"{_interval_text(sl['cnn'], 3, '')}, the ViT {_interval_text(sl['vit'], 3, '')}; their difference "
+            "(ViT minus ResNet: the slope of the per-seed log error ratio) "
+            f"{_interval_text(sl['vit_minus_cnn'], 3, '')}: {faster}."
+        )
+    out.append(figure4(sl["vit_minus_cnn"], change, large))
+    if paired:
+        out += [larger(num), overfitting(num)]
+    out += [
+        "Runs whose best minival checkpoint came before their last step (limited by their data, not their "
+        f"steps): {best}.",
+        attention_text(num),
+    ]
+    if paired:
+        out.append(control(num, shots))
+    return " ".join(out)
+
+
+def figure4(slope: stats.Interval | None, ratio: stats.Interval | None, large: int) -> str:
+    """The sentences against Figure 4: does the ViT's error relative to the ResNet's fall with data?
+
+    Args:
+        slope: the difference of the log-log slopes, ViT minus ResNet.
+        ratio: the change of the error ratio from the smallest to the largest size.
+        large: the largest size.
+
+    Returns:
+        The verdict, then where the paper's crossover lies.
+    """
+    said = {
+        "the slopes": direction(slope, "falls", "rises", "flat"),
+        "the ratio at the two ends": direction(ratio, "falls", "rises", "flat"),
+    }
+    weighed = {k: v for k, v in said.items() if v in ("falls", "rises", "flat")}
+    falls = [k for k, v in weighed.items() if v == "falls"]
+    rises = [k for k, v in weighed.items() if v == "rises"]
+    relative = "the ViT's test error relative to the ResNet's"
+    if not weighed:
+        text = "the trend is not weighed (too few seeds with finite results)"
+    elif falls and rises:
+        text = f"the measures disagree ({relative} falls by {falls[0]} and rises by {rises[0]})"
+    elif falls or rises:
+        moved = falls or rises
+        other = next((k for k in said if k not in moved), None)
+        by = "both measures" if other is None else f"{moved[0]} (by {other}: {_NOT[said[other]]})"
+        text = (
+            f"{relative} falls with data by {by}: Figure 4's direction"
+            if falls
+            else f"{relative} rises with data by {by}: against Figure 4's direction"
+        )
+    else:
+        text = (
+            f"no change of {relative} with data is distinguishable (slopes and end-to-end ratio): "
+            "Figure 4's direction is not shown at this scale"
+        )
+    low, high = PAPER_CROSSOVER
+    return (
+        f"Against Figure 4: {text}. The paper's crossover (ViT-B/32 past ResNet50x1) lies between "
+        f"{low / 1e6:.0f}M and {high / 1e6:.0f}M pre-training images, {low / large:,.0f} times the largest subset "
+        "here or more: these runs speak to the direction of the trend, not to a crossover."
+    )
+
+
+def larger(num: dict[str, Any]) -> str:
+    """The larger ViT against the ViT at the two ends, and whether the difference grows with data (Figure 3)."""
+    top1 = {r: num["models"][r]["test_top1"] for r in ("vit", "larger_vit")}
+    ends = sorted(num["larger_minus_vit"])
+    said = "; ".join(
+        f"at {n:,} images {lead('the larger ViT', top1['larger_vit'][n], 'the ViT', top1['vit'][n])}" for n in ends
+    )
+    change = _iv(num["larger_minus_vit_change"])
+    if change is None:
+        return f"The larger ViT against the ViT: {said}."
+    scaled = change.scaled(100)
+    trend = direction(
+        scaled,
+        "the larger ViT gains less from the data than the ViT, unlike Figure 3",
+        "the larger ViT gains more from the data than the ViT, as in Figure 3",
+        "no change is distinguishable",
+    )
+    return (
+        f"The larger ViT against the ViT: {said}; the difference (larger ViT minus ViT) from {ends[0]:,} to "
+        f"{ends[-1]:,} images (the difference of the differences, paired by seed) changes by "
+        f"{_interval_text(scaled, 1, ' points')}: {trend}."
+    )
+
+
+def overfitting(num: dict[str, Any]) -> str:
+    """The generalisation gap, ViT minus ResNet, at each size (the paper: ViTs overfit more)."""
+    parts, tally = [], {"the ViT": 0, "the ResNet": 0, "neither": 0}
+    for n in num["sizes"]:
+        iv = _iv(num["gap_vit_minus_cnn"][n]["interval"])
+        scaled = None if iv is None else iv.scaled(100)
+        who = direction(scaled, "the ResNet", "the ViT", "neither")
+        if who in tally:
+            tally[who] += 1
+        parts.append(f"{_interval_text(scaled, 1, ' points')} at {n:,}")
+    head = "Generalisation gap (train minus test top-1 of the best checkpoint), ViT minus ResNet, paired by seed"
+    if not sum(tally.values()):
+        return f"{head}: not weighed at any size (fewer than 2 seeds with finite results on both sides)."
+    return (
+        f"{head}: {'; '.join(parts)} images: the ViT's gap is the larger at {tally['the ViT']} of "
+        f"{len(num['sizes'])} sizes, the ResNet's at {tally['the ResNet']}, not distinguishable at "
+        f"{tally['neither']}."
+    )
+
+
+def attention_text(num: dict[str, Any]) -> str:
+    """The ViT's attention locality and class-token share at the smallest and the largest size."""
+    sizes = num["sizes"]
+    small, large = sizes[0], sizes[-1]
+    att, change = num["attention"], num["attention_change"]
+
+    def ends(key: str, scale: float, unit: str, difference_unit: str) -> str:
+        a, b = mean_of(att[small][key]), mean_of(att[large][key])
+        if a is None or b is None:
+            return "not measured (no finite run at an end)"
+        said = f"{scale * a:.2f}{unit} at {small:,} images and {scale * b:.2f}{unit} at {large:,}"
+        iv = _iv(change[key])
+        if iv is None:
+            return said
+        scaled = iv.scaled(scale)
+        trend = direction(scaled, "it falls", "it rises", "no change is distinguishable")
+        moved = _interval_text(scaled, 2, difference_unit)
+        return f"{said} (larger minus smaller subset, paired by seed: {moved}; {trend})"
+
+    return (
+        f"The ViT's attention at its best checkpoint ({num['attention_images']} test images): mean attention "
+        f"distance of the first layer {ends('distance_first', 1, ' px', ' px')}; of the last layer "
+        f"{ends('distance_last', 1, ' px', ' px')}; share of patch attention on the class token "
+        f"{ends('cls_share', 100, '%', ' points')}."
+    )
+
+
+def control(num: dict[str, Any], shots: str) -> str:
+    """The transfer control: what pre-training on the largest subset adds to the same models untrained."""
+    large = num["sizes"][-1]
+    parts, no_gain = [], []
+    for role, m in num["models"].items():
+        trained, untrained = m["fewshot"][large], m["fewshot_untrained"]
+        parts.append(lead(f"the pre-trained {SHORT[role]}", trained, f"the untrained {SHORT[role]}", untrained))
+        gain = stats.paired_difference(trained, untrained)
+        if gain is not None and not (gain.excludes_zero and gain.estimate > 0):
+            no_gain.append(NAMES[role])
+    tail = (
+        f"; for {' and '.join(no_gain)} pre-training adds nothing distinguishable to random features on this task"
+        if no_gain
+        else ""
+    )
+    return (
+        f"Control (its own table, not part of the comparison): {shots} transfer to the digits task after "
+        f"pre-training on {large:,} images against the same models untrained: {'; '.join(parts)}{tail}."
+    )
