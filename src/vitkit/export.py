@@ -822,12 +822,151 @@ def _write_hf(
         raise
 
 
+class ExportedModel(nn.Module):
+    """An ONNX file or ``torch.export`` program that vitkit wrote, as a module that runs it:
+    what :func:`load_exported` returns. It takes the model's input batch (B, C, H, W) and
+    returns its logits, and carries what the file records: ``cfg``, ``preprocessing`` and
+    ``class_names``, so :func:`vitkit.predict` and ``vitkit predict`` use it as the model.
+
+    Attributes:
+        cfg: the model's config, as recorded.
+        preprocessing: the preprocessing its inputs need.
+        class_names: one name per class, or None where the weights had none.
+        load_report: the file read and its format ("onnx" or "pt2").
+    """
+
+    def __init__(self, run: Any, cfg: Any, preprocessing: Any, class_names: list[str] | None, report: Any) -> None:
+        super().__init__()
+        self._run = run
+        self.cfg, self.preprocessing, self.class_names, self.load_report = cfg, preprocessing, class_names, report
+
+    @property
+    def num_classes(self) -> int:
+        """The outputs of the head."""
+        return int(getattr(self.cfg, "num_classes", 0) or 0)
+
+    def train(self, mode: bool = True) -> ExportedModel:
+        """An exported graph has no training mode: this records ``mode`` only.
+
+        Args:
+            mode: the mode asked for.
+
+        Returns:
+            The module.
+        """
+        self.training = mode
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of a preprocessed batch.
+
+        Args:
+            x: (B, C, H, W) float32.
+
+        Returns:
+            (B, K) logits.
+        """
+        return self._run(x.float())
+
+
+def _exported_metadata(meta: dict[str, str], path: Path) -> tuple[Any, Any, list[str] | None]:
+    """(config, preprocessing, class names) of a serving file's vitkit metadata (:func:`_metadata`)."""
+    from .checkpoint.load import stored_names
+    from .checkpoint.native import config_from_meta
+    from .preprocessing import Preprocessing
+
+    if "vitkit.config" not in meta:
+        raise CheckpointError(
+            f"{path}: carries no vitkit metadata (its config and preprocessing): not written by vitkit"
+        )
+    cfg = config_from_meta({"arch": meta.get("vitkit.arch", "vit"), "config": meta["vitkit.config"]}, path)
+    try:
+        pre = Preprocessing.from_dict(json.loads(meta["vitkit.preprocessing"]))
+    except (KeyError, ValueError, TypeError):
+        pre = Preprocessing.for_config(cfg)
+    names = stored_names({"classes": meta.get("vitkit.classes", "null")}, int(getattr(cfg, "num_classes", 0) or 0))
+    return cfg, pre, names
+
+
+def load_exported(path: str | Path) -> ExportedModel:
+    """An ``.onnx`` file (run in onnxruntime) or a ``.pt2`` ``torch.export`` program that
+    :func:`export_weights` wrote, with the config, preprocessing and class names recorded in it.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The module that runs it (:class:`ExportedModel`).
+
+    Raises:
+        CheckpointError: a file that is missing, cannot be read, or carries no vitkit metadata
+            (an AOTInductor package does not).
+        ExportError: onnxruntime is not installed, for an ONNX file.
+    """
+    from .checkpoint.load import LoadReport
+
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"{p}: no such file")
+    fmt = p.suffix.lower().lstrip(".")
+    if fmt == "onnx":
+        run, meta = _onnx_runner(p)
+    elif fmt == "pt2":
+        run, meta = _pt2_runner(p)
+    else:
+        raise UsageError(f"{p}: not an exported model (.onnx or .pt2)")
+    cfg, pre, names = _exported_metadata(meta, p)
+    return ExportedModel(run, cfg, pre, names, LoadReport(str(p), fmt)).eval()
+
+
+def _onnx_runner(p: Path) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:
+    try:
+        import onnx
+        import onnxruntime as ort
+    except ImportError:
+        raise ExportError(
+            f"{p}: running ONNX needs onnx and onnxruntime: pip install 'vitkit[onnx]' onnxruntime"
+        ) from None
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{p}: not an ONNX file onnxruntime can run ({_reason(e)})") from None
+    name = sess.get_inputs()[0].name
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(sess.run(None, {name: x.detach().cpu().numpy()})[0])
+
+    return run, {e.key: e.value for e in proto.metadata_props}
+
+
+def _pt2_runner(p: Path) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:
+    extra = {"vitkit.json": ""}
+    try:
+        with _quiet():
+            module = torch.export.load(str(p), extra_files=extra).module()
+        meta = json.loads(extra["vitkit.json"] or "{}")
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise CheckpointError(
+            f"{p}: not a torch.export program vitkit can read ({_reason(e)}); an AOTInductor package carries no "
+            "vitkit metadata"
+        ) from None
+    if not isinstance(meta, dict):
+        meta = {}
+    return module, {str(k): str(v) for k, v in meta.items()}
+
+
 __all__ = [
     "FORMATS",
     "ONNX_ATOL",
     "ONNX_OPSET",
     "PT2_ATOL",
     "SUFFIXES",
+    "ExportedModel",
     "aoti_available",
     "check_destination",
     "check_exportable",
@@ -836,4 +975,5 @@ __all__ = [
     "export_program",
     "export_weights",
     "format_for",
+    "load_exported",
 ]
