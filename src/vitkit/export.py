@@ -828,6 +828,13 @@ class ExportedModel(nn.Module):
     returns its logits, and carries what the file records: ``cfg``, ``preprocessing`` and
     ``class_names``, so :func:`vitkit.predict` and ``vitkit predict`` use it as the model.
 
+    Args:
+        run: what runs the graph: a batch in, logits out.
+        cfg: the model's config, as recorded.
+        preprocessing: the preprocessing its inputs need.
+        class_names: one name per class, or None where the weights had none.
+        report: the file read and its format ("onnx" or "pt2").
+
     Attributes:
         cfg: the model's config, as recorded.
         preprocessing: the preprocessing its inputs need.
