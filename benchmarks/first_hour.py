@@ -85,16 +85,15 @@ def timed(args: list[str], cwd: Path) -> float:
     return seconds
 
 
+PROBE_ARGS = ["--train-embeddings", "train.safetensors", "--test-embeddings", "val.safetensors", "--json", "probe.json"]
+
+
 def run_probe(weights: str, folder: Path, work: Path) -> dict[str, object]:
     """The quick start's embed + probe, timed; the probe's accuracies."""
     seconds = {
         "embed_train": timed(["embed", weights, str(folder / "train"), "--out", "train.safetensors"], work),
         "embed_val": timed(["embed", weights, str(folder / "val"), "--out", "val.safetensors"], work),
-        "probe": timed(
-            ["probe", "--train-embeddings", "train.safetensors", "--test-embeddings", "val.safetensors"]
-            + ["--json", "probe.json"],
-            work,
-        ),
+        "probe": timed(["probe", *PROBE_ARGS], work),
     }
     result = json.loads((work / "probe.json").read_text())
     top1 = {"linear_probe": result["linear_probe"]["top1"], "knn": result["knn"]["top1"]}
