@@ -103,6 +103,11 @@ def test_the_site_builds_strictly(tmp_path):
     assert "load_pretrained" in api and not re.search(r":(func|meth|class|attr|mod|data):<code>", api)
     assert api.index('id="vitkit.create_model"') < api.index('id="vitkit.VitkitError"')  # by use, errors last
     assert not list(site.rglob("*.py")) and not (site / "gen_reference").exists()  # build tools are not pages
+    for page in site.rglob("index.html"):  # a list whose items Markdown took for one paragraph's lines
+        unrendered = [p[:80] for p in re.findall(r"<p>(.*?)</p>", page.read_text(), re.S) if re.search(r"\n\s*- ", p)]
+        assert not unrendered, f"{page.relative_to(site)}: a list rendered as a paragraph: {unrendered[0]}"
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    assert cli.count('<div class="highlight wrap">') == cli.count('<div class="highlight')  # --help wraps
 
 
 @pytest.mark.slow

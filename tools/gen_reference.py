@@ -28,7 +28,7 @@ def cli_page() -> str:
     """The command line's reference: the top-level help, then each command's."""
     from vitkit.cli import COMMANDS, build_parser
 
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal; the page must not depend on it
+    os.environ["COLUMNS"] = "80"  # argparse wraps to the terminal; the page must not depend on it, and fit it
     parser = build_parser()
     out = ["# Command line\n", "Generated from the parsers (`python tools/gen_reference.py`).\n"]
     out += ["```text", parser.format_help().rstrip(), "```\n"]
