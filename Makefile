@@ -60,12 +60,12 @@ test-all: venv
 	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks tools/gen_reference.py
-	$(BIN)/ruff format --check src tests benchmarks tools/gen_reference.py
+	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff format --check src tests benchmarks tools
 
 format: venv
-	$(BIN)/ruff format src tests benchmarks tools/gen_reference.py
-	$(BIN)/ruff check --fix src tests benchmarks tools/gen_reference.py
+	$(BIN)/ruff format src tests benchmarks tools
+	$(BIN)/ruff check --fix src tests benchmarks tools
 
 # The documentation site (docs/, mkdocs.yml) into site/, with --strict: a broken link or reference fails.
 # Not --quiet: with it, mkdocs does not count warnings, and --strict passes a broken link.
