@@ -112,3 +112,20 @@ def test_a_gap_sincos_model_is_refused_for_hf_in_one_line_naming_what_to_export_
     assert "\n" not in text and not (tmp_path / "hf").exists()
     assert "global average pooling (classifier='gap') and 2-D sin-cos positions (pos_embed='sincos2d')" in text
     assert "vitkit (.safetensors) or ONNX (.onnx)" in text
+
+
+@pytest.mark.parametrize("crop", [{"crop_pct": 0.875}, {"crop_mode": "center"}, {}])
+def test_the_preprocessor_config_reads_back_as_the_same_preprocessing(tmp_path, crop):
+    import dataclasses
+
+    import vitkit
+    from vitkit.preprocessing import load_images
+
+    model = create_model("vit_s16", num_classes=3, **TINY)
+    model.preprocessing = dataclasses.replace(
+        vitkit.Preprocessing((0.4, 0.5, 0.6), (0.2, 0.3, 0.25), (16, 16), "bicubic"), **crop
+    )
+    export_weights(model, tmp_path / "hf", "hf")
+    back = load_pretrained(tmp_path / "hf").preprocessing
+    paths = _photos(tmp_path)
+    torch.testing.assert_close(load_images(paths, back, 3).inputs, load_images(paths, model.preprocessing, 3).inputs)
