@@ -106,8 +106,10 @@ def run_finetune(weights: str, folder: Path, work: Path) -> dict[str, object]:
     seconds = timed(
         ["finetune", "--from", weights, "--data", str(folder), "--img-size", "112", "--out", str(run)], work
     )
-    summary = run / "summary.json"
-    return {"total_s": seconds, "summary": json.loads(summary.read_text()) if summary.is_file() else None}
+    path = run / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    kept = ("best_score", "score", "best_epoch", "best_step", "steps", "train_seconds")
+    return {"total_s": seconds, **{k: summary.get(k) for k in kept}}
 
 
 def main() -> None:
