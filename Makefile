@@ -65,18 +65,19 @@ test-slow: venv
 test-all: test test-slow
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks docs/gen_reference.py
-	$(BIN)/ruff format --check src tests benchmarks docs/gen_reference.py
+	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff format --check src tests benchmarks tools
 
 format: venv
-	$(BIN)/ruff format src tests benchmarks docs/gen_reference.py
-	$(BIN)/ruff check --fix src tests benchmarks docs/gen_reference.py
+	$(BIN)/ruff format src tests benchmarks tools
+	$(BIN)/ruff check --fix src tests benchmarks tools
 
 # The documentation site (docs/, mkdocs.yml) into site/, with --strict: a broken link or reference fails.
+# Not --quiet: with it, mkdocs does not count warnings, and --strict passes a broken link.
 docs: venv
 	$(BIN)/pip install -q -e ".[docs]"
-	$(BIN)/python docs/gen_reference.py
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/python tools/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: venv
 	$(BIN)/python benchmarks/demo_fmnist.py

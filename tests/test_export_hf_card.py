@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from vitkit.checkpoint import save_checkpoint
@@ -48,11 +49,83 @@ def test_hf_export_carries_the_card_and_the_labels(tmp_path):
     torch.testing.assert_close(back.eval()(x), model.eval()(x), atol=1e-5, rtol=1e-5)
 
 
-def test_a_single_label_file_outside_a_run_folder_has_no_card_or_problem_type(tmp_path):
+def test_a_single_label_file_outside_a_run_folder_gets_a_card_of_its_own(tmp_path):
     run = _run_folder(tmp_path, multilabel=False)
     (run / MARKER).unlink()  # a README.md beside weights that no run wrote is not taken for a card
     out = tmp_path / "hf"
     export_weights(load_pretrained(run / "best.safetensors"), out, "hf")
     cfg = json.loads((out / "config.json").read_text())
     assert "problem_type" not in cfg and cfg["id2label"]["1"] == "dog"
-    assert not (out / "README.md").exists()
+    card = (out / "README.md").read_text()  # not the README.md beside the weights: one made from them
+    assert card.startswith("# vitkit model") and "classes (3): cat, dog, fox" in card and "16x16 px" in card
+
+
+def _photos(folder, sizes=((50, 37), (41, 64), (33, 33), (80, 45))) -> list[str]:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (w, h) in enumerate(sizes):
+        path = folder / f"{i}.png"
+        coarse = Image.fromarray((rng.random((6, 6, 3)) * 255).astype(np.uint8))
+        coarse.resize((w, h), Image.Resampling.BILINEAR).save(path)  # smooth, as photographs are
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.slow  # imports transformers (seconds)
+@pytest.mark.parametrize("crop_pct", [1.0, 0.875])
+def test_a_run_folder_exported_to_hf_runs_in_the_transformers_pipeline(tmp_path, crop_pct):
+    transformers = pytest.importorskip("transformers")
+    import dataclasses
+
+    from vitkit.cli import main
+
+    run = _run_folder(tmp_path, multilabel=False)
+    model = load_pretrained(run / "best.safetensors")
+    torch.nn.init.normal_(model.head.weight, std=1.0)  # clear winners: the head starts at zero
+    model.preprocessing = dataclasses.replace(model.preprocessing, crop_pct=crop_pct, interpolation="bicubic")
+    save_checkpoint(model, run / "best.safetensors")
+    assert main(["convert", str(run), str(tmp_path / "hf"), "--to", "hf"]) == 0  # the run folder, not the file
+    out = tmp_path / "hf"
+    assert (out / "README.md").read_text().startswith("# a fine-tuned ViT")
+    processor = transformers.AutoImageProcessor.from_pretrained(out)
+    assert list(processor.image_mean) == [0.5, 0.5, 0.5]
+    paths = _photos(tmp_path)
+    assert main(["predict", str(run), *paths, "--top-k", "1", "--json", str(tmp_path / "p.json")]) == 0
+    ours = json.loads((tmp_path / "p.json").read_text())["predictions"]
+    pipe = transformers.pipeline("image-classification", model=str(out))
+    for path, mine in zip(paths, ours):
+        theirs = pipe(path, top_k=1)[0]
+        assert theirs["label"] == mine["top_k"][0]["class"]
+        assert abs(theirs["score"] - mine["top_k"][0]["prob"]) < 1e-2
+
+
+def test_a_gap_sincos_model_is_refused_for_hf_in_one_line_naming_what_to_export_to(tmp_path):
+    from vitkit.errors import CheckpointError
+
+    model = create_model("vit_s16", num_classes=3, classifier="gap", pos_embed="sincos2d", **TINY)
+    with pytest.raises(CheckpointError) as e:
+        export_weights(model, tmp_path / "hf", "hf")
+    text = str(e.value)
+    assert "\n" not in text and not (tmp_path / "hf").exists()
+    assert "global average pooling (classifier='gap') and 2-D sin-cos positions (pos_embed='sincos2d')" in text
+    assert "vitkit (.safetensors) or ONNX (.onnx)" in text
+
+
+@pytest.mark.parametrize("crop", [{"crop_pct": 0.875}, {"crop_mode": "center"}, {}])
+def test_the_preprocessor_config_reads_back_as_the_same_preprocessing(tmp_path, crop):
+    import dataclasses
+
+    import vitkit
+    from vitkit.preprocessing import load_images
+
+    model = create_model("vit_s16", num_classes=3, **TINY)
+    model.preprocessing = dataclasses.replace(
+        vitkit.Preprocessing((0.4, 0.5, 0.6), (0.2, 0.3, 0.25), (16, 16), "bicubic"), **crop
+    )
+    export_weights(model, tmp_path / "hf", "hf")
+    back = load_pretrained(tmp_path / "hf").preprocessing
+    paths = _photos(tmp_path)
+    torch.testing.assert_close(load_images(paths, back, 3).inputs, load_images(paths, model.preprocessing, 3).inputs)

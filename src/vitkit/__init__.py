@@ -24,10 +24,12 @@ _LAZY = {
     "model_config": "vitkit.models",
     "load_pretrained": "vitkit.hub",
     "save_checkpoint": "vitkit.checkpoint",
+    "predict": "vitkit.eval",
 }
 
 if TYPE_CHECKING:
     from .checkpoint import save_checkpoint
+    from .eval.predict import predict
     from .hub import create_model, load_pretrained
     from .models import ResNetConfig, ViTConfig, list_models, model_config
     from .preprocessing import Preprocessing, load_images
@@ -45,21 +47,23 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = [
-    "CheckpointError",
-    "DataError",
-    "Preprocessing",
-    "RecipeError",
-    "ResNetConfig",
-    "TrainingError",
-    "UsageError",
-    "ViTConfig",
-    "VitkitError",
-    "__version__",
+# In the order of use: the API page lists them so, the errors last.
+__all__ = [  # noqa: RUF022
     "create_model",
-    "list_models",
-    "load_images",
     "load_pretrained",
+    "predict",
+    "load_images",
+    "Preprocessing",
+    "list_models",
     "model_config",
     "save_checkpoint",
+    "ViTConfig",
+    "ResNetConfig",
+    "__version__",
+    "VitkitError",
+    "UsageError",
+    "DataError",
+    "CheckpointError",
+    "RecipeError",
+    "TrainingError",
 ]

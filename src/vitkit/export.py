@@ -173,17 +173,24 @@ def _compare(
 
 def _metadata(model: nn.Module) -> dict[str, str]:
     """What a serving file records of the model besides its graph: its architecture and config,
-    and the preprocessing its inputs need (``vitkit.preprocessing``, JSON)."""
+    the preprocessing its inputs need (``vitkit.preprocessing``, JSON) and, where the weights
+    stored them, its class names (``vitkit.classes``, a JSON list): what :func:`load_exported`
+    reads back."""
     from .checkpoint.native import config_to_meta
+    from .eval.predict import stored_class_names
     from .preprocessing import Preprocessing
 
     meta = config_to_meta(model.cfg)
     pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(model.cfg)
-    return {
+    out = {
         "vitkit.arch": meta["arch"],
         "vitkit.config": meta["config"],
         "vitkit.preprocessing": json.dumps(pre.to_dict(), sort_keys=True),
     }
+    names = stored_class_names(model)
+    if names is not None:
+        out["vitkit.classes"] = json.dumps(names, ensure_ascii=False)
+    return out
 
 
 def _prepare(model: nn.Module) -> nn.Module:
@@ -573,7 +580,12 @@ def check_exportable(model: nn.Module, to: str) -> None:
     elif to == "hf":
         check_hf(cfg)
     pre = getattr(model, "preprocessing", None)
-    if to in ("official", "hf") and pre is not None:
+    if to == "hf" and pre is not None and pre.crop_pct < 1.0 and pre.img_size[0] != pre.img_size[1]:
+        raise CheckpointError(
+            f"Hugging Face's image processors crop squares: this model's preprocessing crops {pre.crop_pct:g} of a "
+            f"{pre.img_size[0]}x{pre.img_size[1]} image; export to vitkit (.safetensors) or ONNX (.onnx) instead"
+        )
+    if to == "official" and pre is not None:
         default = Preprocessing.for_config(cfg)
         if (tuple(pre.mean), tuple(pre.std), pre.interpolation) != (default.mean, default.std, default.interpolation):
             raise CheckpointError(
@@ -657,7 +669,9 @@ def export_weights(
             write_safetensors(dst, tensors, meta)
     elif to == "hf":
         cfg = hf_config_for(model.cfg) | hf_labels(model)
-        _write_hf(dst, to_hf(sd, model.cfg), cfg, model.cfg.num_classes, run_model_card(model))
+        files = {"preprocessor_config.json": json.dumps(hf_preprocessor_config(model), indent=2)}
+        files["README.md"] = run_model_card(model) or weights_card(model)
+        _write_hf(dst, to_hf(sd, model.cfg), cfg, model.cfg.num_classes, files)
     return {"format": to, "max_abs_diff": None, "onnxruntime": None}
 
 
@@ -687,11 +701,12 @@ def hf_labels(model: nn.Module) -> dict[str, Any]:
 
 
 def run_model_card(model: nn.Module) -> str | None:
-    """The model card (``README.md``) of the run folder a model was loaded from, or None when the
-    file is not in a vitkit run folder or the run wrote no card.
+    """The model card (``README.md``) of the run folder a model was loaded from: the run folder
+    itself, its best or last weights, or a step checkpoint under its ``checkpoints/``; None when
+    the weights are not in a vitkit run folder or the run wrote no card.
 
     Args:
-        model: a model loaded by vitkit (``model.load_report.path`` names its file).
+        model: a model loaded by vitkit (``model.load_report.path`` names its file or folder).
 
     Returns:
         The card's text.
@@ -699,22 +714,94 @@ def run_model_card(model: nn.Module) -> str | None:
     path = getattr(getattr(model, "load_report", None), "path", None)
     if not path:
         return None
-    folder = Path(path).parent
-    card = folder / "README.md"
-    if not (folder / RUN_MARKER).exists() or not card.is_file():
-        return None
-    try:
-        return card.read_text(errors="replace")
-    except OSError:
-        return None
+    p = Path(path)
+    for folder in (p, p.parent, p.parent.parent):
+        card = folder / "README.md"
+        if (folder / RUN_MARKER).exists() and card.is_file():
+            try:
+                return card.read_text(errors="replace")
+            except OSError:
+                return None
+    return None
+
+
+def weights_card(model: nn.Module) -> str:
+    """A short model card for weights that come without a run's: what the model is, the file it
+    was loaded from, its classes and its preprocessing.
+
+    Args:
+        model: a vitkit model.
+
+    Returns:
+        The card, Markdown.
+    """
+    from .eval.predict import stored_class_names
+    from .preprocessing import Preprocessing
+
+    report = getattr(model, "load_report", None)
+    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(model.cfg)
+    names = stored_class_names(model)
+    lines = ["# vitkit model", "", f"- model: {describe_model(model)}"]
+    if report is not None and report.path:
+        lines.append(f"- converted from: `{Path(report.path).name}` ({report.source})")
+    if names:
+        lines.append(f"- classes ({len(names)}): {', '.join(names)}")
+    lines.append(
+        f"- preprocessing: {pre.img_size[0]}x{pre.img_size[1]} px, {pre.interpolation}, mean {list(pre.mean)}, "
+        f"std {list(pre.std)}" + (f", centre crop {pre.crop_pct:g}" if pre.crop_pct < 1.0 else "")
+    )
+    return "\n".join(lines) + "\n"
+
+
+_PIL_CODES = {"bilinear": 2, "bicubic": 3}  # Pillow's resampling codes, as transformers writes them
+
+
+def hf_preprocessor_config(model: nn.Module) -> dict[str, Any]:
+    """The ``preprocessor_config.json`` of a Hugging Face folder for a vitkit model: its own
+    preprocessing, as ``AutoImageProcessor`` and ``pipeline("image-classification")`` read it. A
+    plain resize is a ``ViTImageProcessor``; a centre crop (``crop_pct`` below 1, or
+    ``crop_mode`` "center") a ``BitImageProcessor``: the shorter side to ``img_size / crop_pct``,
+    then the centre ``img_size``, as :func:`vitkit.preprocessing.prepare_images` does.
+
+    Args:
+        model: a vitkit model (its ``preprocessing``, else the paper's [-1, 1] at its size).
+
+    Returns:
+        The JSON object.
+    """
+    import math
+
+    from .preprocessing import Preprocessing
+
+    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(model.cfg)
+    h, w = pre.img_size
+    common = {
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(pre.mean),
+        "image_std": list(pre.std),
+        "resample": _PIL_CODES.get(pre.interpolation, 2),
+        "do_resize": True,
+    }
+    if pre.crop_pct >= 1.0 and pre.crop_mode != "center":
+        return {"image_processor_type": "ViTImageProcessor", "size": {"height": h, "width": w}, **common}
+    return {
+        "image_processor_type": "BitImageProcessor",
+        "size": {"shortest_edge": math.floor(h / pre.crop_pct)},
+        "do_center_crop": True,
+        "crop_size": {"height": h, "width": w},
+        "do_convert_rgb": True,
+        **common,
+    }
 
 
 def _write_hf(
-    dst: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], num_classes: int, card: str | None = None
+    dst: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], num_classes: int, files: dict[str, str]
 ) -> None:
-    """The files of a Hugging Face folder (weights, config, and the run's model card where there
-    is one); if a later one cannot be written, the weights are removed again (a folder of weights
-    without config.json does not load)."""
+    """The files of a Hugging Face folder: the weights, ``config.json`` and ``files`` (name ->
+    text: the preprocessor config, the model card); if a later one cannot be written, the weights
+    are removed again (a folder of weights without config.json does not load)."""
     from .checkpoint.io import write_safetensors
 
     cfg["architectures"] = ["ViTForImageClassification" if num_classes else "ViTModel"]
@@ -726,9 +813,9 @@ def _write_hf(
             write_safetensors(weights, tensors, {"format": "pt"})
         with writing(config):
             write_text(config, json.dumps(cfg, indent=2))
-        if card is not None:
-            with writing(dst / "README.md"):
-                write_text(dst / "README.md", card)
+        for name, text in files.items():
+            with writing(dst / name):
+                write_text(dst / name, text)
     except BaseException:
         if not had_weights:
             weights.unlink(missing_ok=True)
@@ -738,12 +825,158 @@ def _write_hf(
         raise
 
 
+class ExportedModel(nn.Module):
+    """An ONNX file or ``torch.export`` program that vitkit wrote, as a module that runs it:
+    what :func:`load_exported` returns. It takes the model's input batch (B, C, H, W) and
+    returns its logits, and carries what the file records: ``cfg``, ``preprocessing`` and
+    ``class_names``, so :func:`vitkit.predict` and ``vitkit predict`` use it as the model.
+
+    Args:
+        run: what runs the graph: a batch in, logits out.
+        cfg: the model's config, as recorded.
+        preprocessing: the preprocessing its inputs need.
+        class_names: one name per class, or None where the weights had none.
+        report: the file read and its format ("onnx" or "pt2").
+
+    Attributes:
+        cfg: the model's config, as recorded.
+        preprocessing: the preprocessing its inputs need.
+        class_names: one name per class, or None where the weights had none.
+        load_report: the file read and its format ("onnx" or "pt2").
+    """
+
+    def __init__(self, run: Any, cfg: Any, preprocessing: Any, class_names: list[str] | None, report: Any) -> None:
+        super().__init__()
+        self._run = run
+        self.cfg, self.preprocessing, self.class_names, self.load_report = cfg, preprocessing, class_names, report
+
+    @property
+    def num_classes(self) -> int:
+        """The outputs of the head."""
+        return int(getattr(self.cfg, "num_classes", 0) or 0)
+
+    def train(self, mode: bool = True) -> ExportedModel:
+        """An exported graph has no training mode: this records ``mode`` only.
+
+        Args:
+            mode: the mode asked for.
+
+        Returns:
+            The module.
+        """
+        self.training = mode
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of a preprocessed batch.
+
+        Args:
+            x: (B, C, H, W) float32.
+
+        Returns:
+            (B, K) logits.
+        """
+        return self._run(x.float())
+
+
+def _exported_metadata(meta: dict[str, str], path: Path) -> tuple[Any, Any, list[str] | None]:
+    """(config, preprocessing, class names) of a serving file's vitkit metadata (:func:`_metadata`)."""
+    from .checkpoint.load import stored_names
+    from .checkpoint.native import config_from_meta
+    from .preprocessing import Preprocessing
+
+    if "vitkit.config" not in meta:
+        raise CheckpointError(
+            f"{path}: carries no vitkit metadata (its config and preprocessing): not written by vitkit"
+        )
+    cfg = config_from_meta({"arch": meta.get("vitkit.arch", "vit"), "config": meta["vitkit.config"]}, path)
+    try:
+        pre = Preprocessing.from_dict(json.loads(meta["vitkit.preprocessing"]))
+    except (KeyError, ValueError, TypeError):
+        pre = Preprocessing.for_config(cfg)
+    names = stored_names({"classes": meta.get("vitkit.classes", "null")}, int(getattr(cfg, "num_classes", 0) or 0))
+    return cfg, pre, names
+
+
+def load_exported(path: str | Path) -> ExportedModel:
+    """An ``.onnx`` file (run in onnxruntime) or a ``.pt2`` ``torch.export`` program that
+    :func:`export_weights` wrote, with the config, preprocessing and class names recorded in it.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The module that runs it (:class:`ExportedModel`).
+
+    Raises:
+        CheckpointError: a file that is missing, cannot be read, or carries no vitkit metadata
+            (an AOTInductor package does not).
+        ExportError: onnxruntime is not installed, for an ONNX file.
+    """
+    from .checkpoint.load import LoadReport
+
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"{p}: no such file")
+    fmt = p.suffix.lower().lstrip(".")
+    if fmt == "onnx":
+        run, meta = _onnx_runner(p)
+    elif fmt == "pt2":
+        run, meta = _pt2_runner(p)
+    else:
+        raise UsageError(f"{p}: not an exported model (.onnx or .pt2)")
+    cfg, pre, names = _exported_metadata(meta, p)
+    return ExportedModel(run, cfg, pre, names, LoadReport(str(p), fmt)).eval()
+
+
+def _onnx_runner(p: Path) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:
+    try:
+        import onnx
+        import onnxruntime as ort
+    except ImportError:
+        raise ExportError(
+            f"{p}: running ONNX needs onnx and onnxruntime: pip install 'vitkit[onnx]' onnxruntime"
+        ) from None
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{p}: not an ONNX file onnxruntime can run ({_reason(e)})") from None
+    name = sess.get_inputs()[0].name
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(sess.run(None, {name: x.detach().cpu().numpy()})[0])
+
+    return run, {e.key: e.value for e in proto.metadata_props}
+
+
+def _pt2_runner(p: Path) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:
+    extra = {"vitkit.json": ""}
+    try:
+        with _quiet():
+            module = torch.export.load(str(p), extra_files=extra).module()
+        meta = json.loads(extra["vitkit.json"] or "{}")
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise CheckpointError(
+            f"{p}: not a torch.export program vitkit can read ({_reason(e)}); an AOTInductor package carries no "
+            "vitkit metadata"
+        ) from None
+    if not isinstance(meta, dict):
+        meta = {}
+    return module, {str(k): str(v) for k, v in meta.items()}
+
+
 __all__ = [
     "FORMATS",
     "ONNX_ATOL",
     "ONNX_OPSET",
     "PT2_ATOL",
     "SUFFIXES",
+    "ExportedModel",
     "aoti_available",
     "check_destination",
     "check_exportable",
@@ -752,4 +985,5 @@ __all__ = [
     "export_program",
     "export_weights",
     "format_for",
+    "load_exported",
 ]

@@ -9,6 +9,7 @@ Formats are detected from the file: vitkit safetensors (config in the metadata),
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -90,6 +91,26 @@ class _Loaded:
     assumed: dict[str, tuple[Any, str]] = field(default_factory=dict)  # field -> (value assumed, on what grounds)
     metadata: dict[str, str] = field(default_factory=dict)  # a vitkit file's metadata to keep (carried_metadata)
     name: str | None = None  # the vitkit model the file's own config names (a timm hub folder's architecture)
+
+
+def stored_names(metadata: dict[str, str], num_classes: int) -> list[str] | None:
+    """The class names in a file's metadata (key "classes", a JSON list), when they name each
+    of ``num_classes`` outputs.
+
+    Args:
+        metadata: the file's metadata.
+        num_classes: the outputs of the model's head.
+
+    Returns:
+        The names, or None.
+    """
+    try:
+        names = json.loads(metadata.get("classes") or "null")
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(names, list) and num_classes and len(names) == num_classes and all(isinstance(n, str) for n in names):
+        return names
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -487,7 +508,8 @@ def load_pretrained(
     LayerNorm epsilon) is assumed, and a warning (logger ``vitkit``) names each value assumed and
     how to give it; they are in ``load_report.assumed``. Weights holding NaN or inf are refused
     unless ``allow_nonfinite``.
-    The returned model has ``.load_report`` (a :class:`LoadReport`) and ``.preprocessing``.
+    The returned model has ``.load_report`` (a :class:`LoadReport`), ``.preprocessing`` and
+    ``.class_names`` (the names stored with the weights, one per class, or None).
     ``features_only`` (with ``out_indices``) returns it wrapped as
     ``create_model(..., features_only=True)`` does: a list of NCHW feature maps and ``feature_info``.
     Whatever is wrong with the file is a :class:`CheckpointError` naming it.
@@ -504,7 +526,7 @@ def load_pretrained(
         **overrides: config fields to change (``img_size``, ``num_classes``, dropout rates...).
 
     Returns:
-        The model in eval mode, with ``.load_report`` and ``.preprocessing``.
+        The model in eval mode, with ``.load_report``, ``.preprocessing`` and ``.class_names``.
 
     Raises:
         CheckpointError: a file that cannot be read, does not fit ``name``, holds non-finite
@@ -543,10 +565,15 @@ def load_pretrained(
         pre = dataclasses.replace(pre, img_size=tuple(cfg.img_size))
     model.preprocessing = pre
     metadata = dict(loaded.metadata)
+    if loaded.source == "hf" and "classes" not in metadata and p.exists():
+        from .peers import hf_label_metadata
+
+        metadata.update(hf_label_metadata(p if p.is_dir() else p.parent))  # config.json's id2label
     if new_classes != loaded.cfg.num_classes:
         metadata.pop("classes", None)  # the names of the replaced head's classes
     said = {k: v for k, (v, _) in assumed.items()}
     model.load_report = LoadReport(str(p), loaded.source, notes, assumed=said, metadata=metadata)
+    model.class_names = stored_names(metadata, new_classes)
     for note in notes:
         log.info("%s: %s", p, note)
     if assumed:
@@ -556,5 +583,6 @@ def load_pretrained(
 
         wrapped = features_model(model.eval(), out_indices)
         wrapped.preprocessing, wrapped.load_report = model.preprocessing, model.load_report
+        wrapped.class_names = model.class_names
         return wrapped.eval()
     return model.eval()

@@ -11,6 +11,7 @@ ViT does not have is refused, named.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -931,33 +932,49 @@ def _hf_settings(
     return heads, _HF_ACTS.get(act, "gelu"), eps, img
 
 
+_POSITIONS = {
+    "sincos2d": "2-D sin-cos positions",
+    "learned2d": "a 2-D position table",
+    "relative": "relative positions",
+    "rope_axial": "rotary positions",
+    "rope_dinov3": "rotary positions",
+    "none": "no position embedding",
+}
+
+
+def _hf_cannot_hold(cfg: ViTConfig) -> list[str]:
+    """The parts of a ViT that Hugging Face's ViT has no place for, in words with their config
+    values (``global average pooling (classifier='gap')``...)."""
+    parts = []
+    if cfg.classifier != "token":
+        pooling = "global average pooling" if cfg.classifier == "gap" else "attention pooling"
+        parts.append(f"{pooling} (classifier={cfg.classifier!r})")
+    if cfg.pos_embed != "learned":
+        parts.append(f"{_POSITIONS.get(cfg.pos_embed, 'other positions')} (pos_embed={cfg.pos_embed!r})")
+    elif not cfg.cls_pos_embed and cfg.classifier == "token":
+        parts.append("a class token without a position (cls_pos_embed=False)")
+    if cfg.resnet_units is not None:
+        parts.append("a hybrid's ResNet stem")
+    if cfg.distill_token:
+        parts.append("a distillation token (DeiT's distilled models are another model type there)")
+    return parts
+
+
 def check_hf(cfg: Any, has_head: bool | None = None, has_pre_logits: bool | None = None) -> None:
     """Refuse a model Hugging Face's ``ViTModel`` / ``ViTForImageClassification`` cannot be:
     only plain class-token ViTs with one learned 1-D position table that the class token shares,
     and a pre-logits layer only without a head (as ``ViTModel``'s pooler). ``has_head`` and
     ``has_pre_logits`` default to what ``cfg`` says."""
     if not isinstance(cfg, ViTConfig):
-        raise CheckpointError(f"Hugging Face ViT holds ViTs, not a {type(cfg).__name__}; export to vitkit instead")
-    if cfg.pos_embed != "learned":
         raise CheckpointError(
-            f"Hugging Face ViT holds one learned 1-D position table, not pos_embed={cfg.pos_embed!r}; "
-            "export to vitkit instead"
+            f"Hugging Face's ViT holds ViTs, not a {type(cfg).__name__}: export to vitkit (.safetensors) or ONNX "
+            "(.onnx) instead"
         )
-    if cfg.distill_token:
+    parts = _hf_cannot_hold(cfg)
+    if parts:
         raise CheckpointError(
-            "Hugging Face ViT has no distillation token (DeiT's distilled models are another model type there); "
-            "export to vitkit or timm instead"
-        )
-    if cfg.classifier != "token" or cfg.resnet_units is not None:
-        what = "a hybrid" if cfg.resnet_units is not None else f"classifier={cfg.classifier!r}"
-        raise CheckpointError(
-            f"Hugging Face ViT holds only plain, class-token models with learned position embeddings, not {what}; "
-            "export to vitkit instead"
-        )
-    if not cfg.cls_pos_embed:
-        raise CheckpointError(
-            "Hugging Face ViT gives the class token a position embedding; this model has cls_pos_embed=False: "
-            "export to vitkit instead"
+            f"Hugging Face's ViT cannot hold {' and '.join(parts)}: it has a class token and one learned 1-D "
+            "position table the class token shares; export to vitkit (.safetensors) or ONNX (.onnx) instead"
         )
     used = sorted(f for f, default in OPTIONAL_FIELDS.items() if getattr(cfg, f) != default)
     if used or cfg.act == "quick_gelu":
@@ -1059,6 +1076,39 @@ def read_hf_dir(path: Path) -> dict[str, Any] | None:
     if not isinstance(d, dict):
         raise CheckpointError(f"{cfg}: expected a JSON object, got {type(d).__name__}")
     return d
+
+
+def hf_label_metadata(folder: Path) -> dict[str, str]:
+    """A Hugging Face folder's class names (``id2label`` of its ``config.json``) and, for a
+    multi-label model vitkit exported, its thresholds, as vitkit checkpoint metadata; {} where
+    the config has none or they do not list classes 0..K-1.
+
+    Args:
+        folder: the folder of ``config.json``.
+
+    Returns:
+        ``classes`` (a JSON list, names made printable), and ``multilabel``/``thresholds``.
+    """
+    from .io import CLASSES_KEY, printable_class_names
+
+    try:
+        cfg = read_hf_dir(folder)
+    except CheckpointError:
+        return {}
+    labels = (cfg or {}).get("id2label")
+    if not isinstance(labels, dict) or not labels:
+        return {}
+    names = [labels.get(str(i)) for i in range(len(labels))]
+    if not all(isinstance(n, str) for n in names):
+        return {}
+    try:
+        out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
+    except CheckpointError:
+        return {}
+    thresholds = cfg.get("vitkit_thresholds") if cfg.get("problem_type") == "multi_label_classification" else None
+    if isinstance(thresholds, list) and len(thresholds) == len(names):
+        out.update(multilabel="true", thresholds=json.dumps(thresholds))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from types import ModuleType
 from ..errors import RunStopped, VitkitError
 from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train, view
 from . import eval as evaluate
+from .common import check_paths
 
 COMMANDS: dict[str, ModuleType] = {
     "train": train,
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     try:
+        check_paths(args)  # a mistyped path is said at once, not after torch has loaded
         return COMMANDS[args.command].run(args)
     except RunStopped as e:  # a checkpoint was written: the same command resumes
         print(f"vitkit {args.command}: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -116,6 +117,8 @@ def real(minimum: float = float("-inf"), above: float | None = None) -> Callable
 def parse_device(text: str) -> str:
     """An argument type: ``cpu``, ``cuda`` or ``cuda:N`` that this torch can run on (checked when
     the command line is read, not when the first tensor moves)."""
+    if text == "cpu":  # the default: no need to load torch (seconds) to know it
+        return text
     import torch
 
     try:
@@ -130,6 +133,57 @@ def parse_device(text: str) -> str:
     elif device.type != "cpu":
         raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
     return text
+
+
+_ADDRESSES = ("hf-hub:", "gs://", "https://", "http://")
+_WEIGHT_SUFFIXES = (".safetensors", ".npz", ".bin", ".pth", ".pt", ".onnx", ".pt2")
+_PATH_STARTS = ("/", "./", "../", "~")
+
+
+def _surely_a_path(text: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether ``text`` can only be a path (not a weights or data set name): it ends in one of
+    ``suffixes``, starts as a path does, or names a file in a folder that exists."""
+    if text.startswith(_ADDRESSES) or any(c in text for c in "{}*?["):
+        return False
+    if text.lower().endswith(suffixes) or text.startswith(_PATH_STARTS):
+        return True
+    parent = os.path.dirname(text)
+    return bool(parent) and os.path.isdir(parent)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse a path argument that names nothing, before the command loads torch (which takes
+    seconds): weights (a file or run folder, where the text cannot be a weights name), image
+    files, folders, embedding files, a recipe file and a data folder.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: the first path that does not exist, named.
+    """
+    from ..errors import UsageError
+
+    def missing(value: object, suffixes: tuple[str, ...] | None) -> bool:
+        if not isinstance(value, str) or not value or os.path.exists(os.path.expanduser(value)):
+            return False
+        return suffixes is None or _surely_a_path(value, suffixes)
+
+    for dest in ("ckpt", "src", "init_from"):
+        if missing(value := getattr(args, dest, None), _WEIGHT_SUFFIXES):
+            raise UsageError(f"{value}: no such file or folder")
+    for dest, what in (("images", "image file"), ("folder", "folder")):
+        values = getattr(args, dest, None)
+        for value in [values] if isinstance(values, str) else values or []:
+            if missing(value, None):
+                raise UsageError(f"{value}: no such {what}")
+    for dest in ("train_embeddings", "test_embeddings"):
+        if missing(value := getattr(args, dest, None), None):
+            raise UsageError(f"{value}: no such embeddings file")
+    if missing(value := getattr(args, "config", None), (".yaml", ".yml")):
+        raise UsageError(f"{value}: no such recipe file")
+    if missing(value := getattr(args, "data", None), (".tar",)):
+        raise UsageError(f"{value}: no such data folder or file")
 
 
 def note(text: str) -> None:

@@ -19,7 +19,7 @@ HELP = "top-k classes of image files (a multi-label model: every class above its
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("ckpt", help=WEIGHTS_HELP)
+    p.add_argument("ckpt", help=f"{WEIGHTS_HELP}; or an .onnx or .pt2 file vitkit exported")
     p.add_argument("images", nargs="+", help="image files (anything Pillow reads)")
     p.add_argument("--top-k", type=count(1, 1_000_000), default=5)
     p.add_argument("--device", type=parse_device, default="cpu")
@@ -32,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..eval import predict
     from ..eval.predict import stored_thresholds
+    from ..export import load_exported
     from ..preprocessing import load_images
 
-    model = load_model(args.ckpt, adapter=args.adapter_weights)
+    exported = args.ckpt.lower().endswith((".onnx", ".pt2"))
+    model = load_exported(args.ckpt) if exported else load_model(args.ckpt, adapter=args.adapter_weights)
     if not model.cfg.num_classes:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work

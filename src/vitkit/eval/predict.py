@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError, UsageError
 from .features import autocast
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 def _stored_metadata(model: nn.Module) -> dict[str, str]:
@@ -36,42 +39,10 @@ def _checkpoint_metadata(model: nn.Module) -> dict[str, str]:
     except CheckpointError:
         return {}
     if p.name == "model.safetensors" and "classes" not in meta:
+        from ..checkpoint.peers import hf_label_metadata
+
         meta.update(hf_label_metadata(p.parent))
     return meta
-
-
-def hf_label_metadata(folder: Path) -> dict[str, str]:
-    """A Hugging Face folder's class names (``id2label`` of its ``config.json``) and, for a
-    multi-label model vitkit exported, its thresholds, as vitkit checkpoint metadata; {} where
-    the config has none or they do not list classes 0..K-1.
-
-    Args:
-        folder: the folder of ``config.json``.
-
-    Returns:
-        ``classes`` (a JSON list, names made printable), and ``multilabel``/``thresholds``.
-    """
-    from ..checkpoint.io import CLASSES_KEY, printable_class_names
-    from ..checkpoint.peers import read_hf_dir
-
-    try:
-        cfg = read_hf_dir(folder)
-    except CheckpointError:
-        return {}
-    labels = (cfg or {}).get("id2label")
-    if not isinstance(labels, dict) or not labels:
-        return {}
-    names = [labels.get(str(i)) for i in range(len(labels))]
-    if not all(isinstance(n, str) for n in names):
-        return {}
-    try:
-        out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
-    except CheckpointError:
-        return {}
-    thresholds = cfg.get("vitkit_thresholds") if cfg.get("problem_type") == "multi_label_classification" else None
-    if isinstance(thresholds, list) and len(thresholds) == len(names):
-        out.update(multilabel="true", thresholds=json.dumps(thresholds))
-    return out
 
 
 DECODE_KEYS = ("load_size", "resize")
@@ -122,29 +93,33 @@ def stored_thresholds(model: nn.Module) -> list[float] | None:
 
 
 def stored_class_names(model: nn.Module) -> list[str] | None:
-    """The class names stored with the checkpoint a model was loaded from, or None.
+    """The class names of a model: its ``class_names`` attribute (which
+    :func:`vitkit.load_pretrained` sets from the file, and a caller may set), else those stored
+    with the checkpoint it was loaded from, or None.
 
     Args:
-        model: a model loaded by vitkit (its ``load_report`` names the file).
+        model: a model, loaded by vitkit or not.
 
     Returns:
-        The names of a vitkit checkpoint's metadata key "classes" (written by training), one per
-        output of the head; None for a model that was not loaded from a file, a file that stores
-        none, or names that do not fit the head.
+        One name per output of the head: the attribute, or the names of a vitkit checkpoint's
+        metadata key "classes" (written by training), or a Hugging Face folder's ``id2label``;
+        None where there are none, or names that do not fit the head.
     """
     k = int(getattr(model, "num_classes", 0) or 0)
-    try:
-        names = json.loads(_stored_metadata(model).get("classes") or "null")
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    if isinstance(names, list) and len(names) == k and all(isinstance(n, str) for n in names):
-        return names
+    names = getattr(model, "class_names", None)
+    if names is None:
+        try:
+            names = json.loads(_stored_metadata(model).get("classes") or "null")
+        except (json.JSONDecodeError, RecursionError):
+            return None
+    if isinstance(names, (list, tuple)) and len(names) == k and all(isinstance(n, str) for n in names):
+        return list(names)
     return None
 
 
 def class_names(model: nn.Module) -> list[str]:
-    """The class names a loaded model was trained with: those stored with a vitkit checkpoint
-    (metadata key "classes", written by training), else the class indices as strings.
+    """The class names a loaded model was trained with (:func:`stored_class_names`), else the
+    class indices as strings.
 
     Args:
         model: a model with a classification head.
@@ -156,35 +131,82 @@ def class_names(model: nn.Module) -> list[str]:
     return stored if stored is not None else [str(i) for i in range(int(getattr(model, "num_classes", 0) or 0))]
 
 
+ImageInput = Union[str, Path, "Image.Image"]
+"""One image for :func:`predict`: a file (anything Pillow reads) or a Pillow image."""
+
+
+def as_inputs(model: nn.Module, images: Any) -> torch.Tensor:
+    """What :func:`predict` is given, as the model's input batch (B, C, H, W): a tensor as it
+    is; image files and Pillow images (one, or a sequence) read and preprocessed with the model's
+    own ``preprocessing`` (the paper's [-1, 1] at its size where it has none), every file read
+    before any is used.
+
+    Args:
+        model: the model the images are for (its ``preprocessing`` and ``cfg.in_chans``).
+        images: a preprocessed batch, or an image file or Pillow image, or a sequence of them.
+
+    Returns:
+        The preprocessed batch.
+
+    Raises:
+        DataError: a file that cannot be read as an image, or no images.
+        UsageError: something that is neither a tensor, a path nor a Pillow image.
+    """
+    from PIL import Image
+
+    from ..preprocessing import Preprocessing, prepare_images, read_image
+
+    if isinstance(images, torch.Tensor):
+        return images
+    items = [images] if isinstance(images, (str, Path, Image.Image)) else list(images)
+    named = []
+    for i, item in enumerate(items):
+        if isinstance(item, (str, Path)):
+            named.append((Path(item).stem, read_image(item)))
+        elif isinstance(item, Image.Image):
+            named.append((f"image {i + 1}", item))
+        else:
+            raise UsageError(f"image {i + 1}: expected a file path or a PIL image, got {type(item).__name__}")
+    cfg = getattr(model, "cfg", None)
+    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(cfg)
+    return prepare_images(named, pre, int(getattr(cfg, "in_chans", 3))).inputs
+
+
 @torch.inference_mode()
 def predict(
     model: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | ImageInput | Sequence[ImageInput],
     top_k: int = 5,
     classes: Sequence[str] | None = None,
     device: str | torch.device = "cpu",
     precision: str = "fp32",
-    thresholds: Sequence[float] | None = None,
+    thresholds: Sequence[float] | str | None = "stored",
 ) -> list[list[dict[str, Any]]]:
-    """The ``top_k`` most probable classes of each image of a preprocessed batch (B, C, H, W)
-    (:func:`vitkit.load_images` makes one): per image, ``{"class", "index", "prob"}`` rows, most
-    probable first. ``classes`` names the classes (default: :func:`class_names` of the model).
-    ``precision``: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
+    """The ``top_k`` most probable classes of each image, named by the model's class names, as
+    ``vitkit predict`` prints them: per image, ``{"class", "index", "prob"}`` rows, most probable
+    first.
 
-    ``thresholds`` (a multi-label model: :func:`stored_thresholds`): each class is scored by its
-    own sigmoid, and an image gets every class whose probability reaches the class's threshold
-    (``top_k`` at most, most probable first; none may reach it), each row with its
-    ``threshold``.
+    ``images`` are image files or Pillow images (one, or a list), which are read and preprocessed
+    with the model's own ``preprocessing`` (:func:`as_inputs`), or a batch (B, C, H, W) already
+    preprocessed (:func:`vitkit.load_images` makes one). ``classes`` names the classes (default:
+    :func:`class_names` of the model: the names stored with its weights). ``precision``: "fp32",
+    "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
+
+    A multi-label model (``thresholds`` "stored": the ones stored with its weights,
+    :func:`stored_thresholds`; or given) scores each class by its own sigmoid, and an image gets
+    every class whose probability reaches the class's threshold (``top_k`` at most, most probable
+    first; none may reach it), each row with its ``threshold``.
 
     Args:
-        model: a classifier with a head.
-        images: the preprocessed batch (B, C, H, W).
+        model: a classifier with a head (:func:`vitkit.load_pretrained` gives it its class names
+            and preprocessing).
+        images: image files or Pillow images, one or a sequence, or a preprocessed batch.
         top_k: the most classes given per image.
         classes: one name per output of the head; None: :func:`class_names` of the model.
         device: where the model runs; it is moved there and left there.
         precision: "fp32", "bf16" or "auto".
-        thresholds: one probability threshold per class, for a multi-label model; None: the
-            softmax's top classes.
+        thresholds: "stored" (a multi-label model's own; none: the softmax), one probability
+            threshold per class, or None: the softmax's top classes.
 
     Returns:
         Per image, its rows ``{"class", "index", "prob"}`` (and ``"threshold"``), most probable
@@ -192,8 +214,14 @@ def predict(
 
     Raises:
         UsageError: a model without a head, ``top_k`` below 1, class names or thresholds that
-            do not match the head, or outputs that are not finite.
+            do not match the head, images of another type, or outputs that are not finite.
+        DataError: an image file that cannot be read.
     """
+    if isinstance(thresholds, str):
+        if thresholds != "stored":
+            raise UsageError(f"thresholds: 'stored', a list of probabilities or None, got {thresholds!r}")
+        thresholds = stored_thresholds(model)
+    images = as_inputs(model, images)
     k_model = int(getattr(model, "num_classes", 0) or 0)
     if not k_model:
         raise UsageError("the model has no classification head (num_classes=0); nothing to predict")

@@ -23,7 +23,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from .app import ASSUMED_GPU_FLOPS, plan, reproduce
+    from .app import ASSUMED_GPU_FLOPS, plan, reproduce  # noqa: F401
 
 __all__ = ["BUDGETS", "EXPERIMENTS", "plan", "reproduce"]
 

@@ -101,7 +101,7 @@ def _section_md(name: str, s: dict[str, Any]) -> str:
 def headline_table(experiments: dict[str, Any]) -> str:
     """The report's summary: per experiment what it follows, its runs and its headline (the
     sentence on its agreement with the paper; the verdict's first sentence where it has none).
-    The README shows the published report's (``docs/gen_reference.py`` writes it there).
+    The README shows the published report's (``tools/gen_reference.py`` writes it there).
 
     Args:
         experiments: ``report.json``'s ``experiments`` (name to its entry).

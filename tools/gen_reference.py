@@ -4,8 +4,8 @@
 - ``docs/reference/recipe.md``: every recipe key with its type, default, allowed range or choices and
   meaning, from the recipe's field declarations (``vitkit.train.config``) and their comments.
 
-    python docs/gen_reference.py          # rewrite the pages
-    python docs/gen_reference.py --check  # exit 1 if a page is out of date (the tests run this)
+    python tools/gen_reference.py          # rewrite the pages
+    python tools/gen_reference.py --check  # exit 1 if a page is out of date (the tests run this)
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import tokenize
 import typing
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def cli_page() -> str:
     """The command line's reference: the top-level help, then each command's."""
     from vitkit.cli import COMMANDS, build_parser
 
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal; the page must not depend on it
+    os.environ["COLUMNS"] = "80"  # argparse wraps to the terminal; the page must not depend on it, and fit it
     parser = build_parser()
-    out = ["# Command line\n", "Generated from the parsers (`python docs/gen_reference.py`).\n"]
+    out = ["# Command line\n", "Generated from the parsers (`python tools/gen_reference.py`).\n"]
     out += ["```text", parser.format_help().rstrip(), "```\n"]
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name in COMMANDS:
@@ -73,7 +73,7 @@ def recipe_page() -> str:
     out = [
         "# Recipe keys\n",
         "Generated from the recipe's field declarations (`vitkit.train.config`; `python "
-        "docs/gen_reference.py`). A recipe is a YAML file of these sections; `--set section.key=value` "
+        "tools/gen_reference.py`). A recipe is a YAML file of these sections; `--set section.key=value` "
         "changes one key on the command line. A value outside its range, or a key that is not here, "
         "is refused in one line naming the key.\n",
     ]
@@ -152,7 +152,7 @@ def main() -> int:
     elif not check and fresh != text:
         readme.write_text(fresh)
     if stale:
-        print(f"out of date: {', '.join(stale)} (run python docs/gen_reference.py)")
+        print(f"out of date: {', '.join(stale)} (run python tools/gen_reference.py)")
         return 1
     return 0
 
