@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,40 +31,40 @@ def _stored_metadata(model: nn.Module) -> dict[str, str]:
     except CheckpointError:
         return {}
     if p.name == "model.safetensors" and "classes" not in meta:
-        meta.update(hf_label_metadata(p.parent))
+        with contextlib.suppress(CheckpointError):  # loading checked them against the file's head: one
+            meta.update(hf_label_metadata(p.parent, int(getattr(model, "num_classes", 0) or 0)))  # replaced since
     return meta
 
 
-def hf_label_metadata(folder: Path) -> dict[str, str]:
+def hf_label_metadata(folder: Path, num_classes: int | None = None) -> dict[str, str]:
     """A Hugging Face folder's class names (``id2label`` of its ``config.json``) and, for a
     multi-label model vitkit exported, its thresholds, as vitkit checkpoint metadata; {} where
-    the config has none or they do not list classes 0..K-1.
+    the config has none.
 
     Args:
         folder: the folder of ``config.json``.
+        num_classes: the outputs of the model's head; None: as many as ``id2label`` names.
 
     Returns:
         ``classes`` (a JSON list, names made printable), and ``multilabel``/``thresholds``.
+
+    Raises:
+        CheckpointError: class names or thresholds that do not fit the head
+            (:func:`vitkit.checkpoint.peers.hf_labels`: loading the folder refuses them too).
     """
     from ..checkpoint.io import CLASSES_KEY, printable_class_names
-    from ..checkpoint.peers import read_hf_dir
+    from ..checkpoint.peers import hf_labels, read_hf_dir
 
-    try:
-        cfg = read_hf_dir(folder)
-    except CheckpointError:
-        return {}
+    cfg = read_hf_dir(folder)
     labels = (cfg or {}).get("id2label")
-    if not isinstance(labels, dict) or not labels:
+    if cfg is None or labels is None:
         return {}
-    names = [labels.get(str(i)) for i in range(len(labels))]
-    if not all(isinstance(n, str) for n in names):
+    k = num_classes if num_classes is not None else len(labels) if isinstance(labels, (dict, list)) else 1
+    names, thresholds = hf_labels(cfg, k, str(folder / "config.json"))
+    if names is None:
         return {}
-    try:
-        out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
-    except CheckpointError:
-        return {}
-    thresholds = cfg.get("vitkit_thresholds") if cfg.get("problem_type") == "multi_label_classification" else None
-    if isinstance(thresholds, list) and len(thresholds) == len(names):
+    out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
+    if thresholds is not None:
         out.update(multilabel="true", thresholds=json.dumps(thresholds))
     return out
 
