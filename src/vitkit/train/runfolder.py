@@ -266,7 +266,8 @@ def check_saved_recipe(saved: Path) -> None:
     """Refuse, in one line naming it, the ``config.yaml`` of a run to resume when it was emptied
     or cut: no text, only comments, or a mapping without a section every saved recipe has
     (:data:`RECIPE_SECTIONS`; its top-level keys are found line by line, nothing is parsed). Text
-    that is not such a mapping is left to the resume's own check, which names it too. A missing file is left alone (a run from before recipes were saved).
+    that is not such a mapping is left to the resume's own check, which names it too. A missing
+    file is left alone (a run from before recipes were saved).
 
     Args:
         saved: the run folder's ``config.yaml``.
