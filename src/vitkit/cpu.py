@@ -107,3 +107,41 @@ def available_memory() -> int | None:
 
 
 __all__ = ["CPU_FLAGS", "available_memory", "best_seconds", "cpu_info"]
+
+
+def device_problem(name: str) -> str | None:
+    """Why vitkit cannot run on the device ``name`` here, or None when it can: ``cpu``, and
+    ``cuda`` or ``cuda:N`` where this torch build and machine have that CUDA device. Any other
+    device torch names (``mps``, ``xpu``, ``meta``...) is named as absent from this build or
+    machine, or as one vitkit does not run on; text torch does not take is named as such. Asked
+    when a command line or a recipe is read, before a tensor moves (where torch's own failure
+    would be a traceback from deep inside it).
+
+    Args:
+        name: a device as a user writes it (``cpu``, ``cuda:1``, ``mps``).
+
+    Returns:
+        One phrase naming the device and what to use instead, or None.
+    """
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        return f"expected cpu, cuda or cuda:N, got {name!r}"
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"{name!r}: this torch build or machine has no CUDA device; use cpu"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            return f"{name!r}: there are {count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        return None
+    backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
+    try:
+        present = bool(backend is not None and backend.is_available())
+    except Exception:  # a backend that cannot even say: absent
+        present = False
+    where = (
+        "is present, but vitkit runs on cpu and cuda only" if present else "is absent from this torch build or machine"
+    )
+    return f"{name!r}: a {device.type} device {where}; use cpu, cuda or cuda:N"

@@ -125,9 +125,66 @@ def write_json(path: str | Path, payload: Any) -> None:
     write_text(path, json.dumps(payload, indent=2))
 
 
+# The characters a YAML stream may not hold (YAML 1.1's printable set, as PyYAML's reader checks it).
+_YAML_UNPRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_YAML_KEY = re.compile(r"\s*(?:-\s+)?([^\s:#'\"][^:#]*?)\s*:(?:\s|$)")
+
+
+def yaml_text_problem(text: str, source: str) -> str | None:
+    """Why ``text`` cannot be YAML because of a character in it, or None: a control character
+    (other than tab and newline), a lone surrogate or another code point YAML does not allow,
+    which PyYAML refuses with a traceback before it parses anything. The phrase names ``source``,
+    the line, the key on that line where there is one, and the character as an escape.
+
+    Args:
+        text: the YAML text (a recipe file, a ``--set`` value).
+        source: what it came from, for the message (the file, ``--set train.steps``).
+
+    Returns:
+        One line for an error, or None when every character may be in YAML.
+    """
+    m = _YAML_UNPRINTABLE.search(text)
+    if m is None:
+        return None
+    line_no = text.count("\n", 0, m.start()) + 1
+    line = text.splitlines()[line_no - 1] if text.splitlines() else ""
+    key = _YAML_KEY.match(line[: m.start() - (text.rfind("\n", 0, m.start()) + 1)])
+    where = f"line {line_no}" + (f", key {key.group(1)!r}" if key else "")
+    shown = m.group().encode("unicode_escape").decode("ascii")
+    return (
+        f"{source}: {where} holds the character {shown}, which YAML does not allow: remove it, or write it "
+        f'as the escape "{shown}" inside double quotes'
+    )
+
+
+def check_yaml_text(text: str, source: str, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` with :func:`yaml_text_problem`'s line when ``text`` holds a character YAML
+    does not allow (call it before a YAML parser sees ``text``).
+
+    Args:
+        text: the YAML text.
+        source: what it came from, for the message.
+        error: the exception class to raise (``vitkit.errors.RecipeError`` for recipes).
+
+    Raises:
+        error: naming ``source``, the line and the key.
+    """
+    problem = yaml_text_problem(text, source)
+    if problem is not None:
+        raise error(problem)
+
+
 def slug(text: str, default: str = "data") -> str:
     """``text`` as a safe file-name part: runs of other characters become one underscore."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or default
 
 
-__all__ = ["RUN_MARKER", "atomic_write", "temporary_target", "write_json", "write_text"]
+__all__ = [
+    "RUN_MARKER",
+    "atomic_write",
+    "check_yaml_text",
+    "temporary_target",
+    "write_json",
+    "write_text",
+    "yaml_text_problem",
+]

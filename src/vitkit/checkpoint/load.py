@@ -34,6 +34,7 @@ from .peers import (
     convert_timm,
     heads_for,
     hf_family,
+    hf_labels,
     hf_preprocessing,
     is_hf,
     is_timm,
@@ -247,6 +248,8 @@ def _read_hf(
             "or pytorch_model.bin): the number of attention heads is not in the tensors; pass num_heads"
         )
     sd, cfg, notes = convert_hf(tensors, config, p, num_heads=num_heads)
+    if config is not None:  # class names and thresholds that do not fit the head are refused, not dropped
+        hf_labels(config, cfg.num_classes, str(p.parent / "config.json"))
     proc = read_json_beside(p, "preprocessor_config.json") if in_folder else None
     pre = hf_preprocessing(proc, p.parent / "preprocessor_config.json") if proc is not None else None
     loaded = _Loaded(sd, cfg, "hf", pre or Preprocessing.for_config(cfg), notes, heads_known=True)

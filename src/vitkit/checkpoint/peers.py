@@ -602,6 +602,8 @@ def convert_hf(
         theta = (vision or {}).get("rope_theta", 100.0)
         fields["rope_theta"] = values.number(theta, where, "rope_theta", 1.0, 1e9, lo_open=True)
     out, prefix = reader.out, reader.prefix_rows
+    if vision is not None:
+        check_hf_shapes(vision, out, reader.depth, where)
     heads, act, eps, img = _hf_settings(vision, out, num_heads, where, path, family, prefix)
     width, cin, ph, pw = out["patch_embed.proj.weight"].shape
     try:
@@ -879,6 +881,103 @@ def _hf_siglip(r: _HFReader) -> dict[str, Any]:
     return {"classifier": "map"}
 
 
+def check_hf_shapes(config: dict[str, Any], sd: dict[str, torch.Tensor], depth: int, where: str) -> None:
+    """A Hugging Face ``config.json`` against the weights it came with, in vitkit's names: each size
+    the config states (``hidden_size``, ``num_hidden_layers``, ``intermediate_size``,
+    ``patch_size``, ``num_channels``) must be the one the tensors have. The weights decide the
+    model; a config that says otherwise describes other weights (or was edited), and whatever
+    else it says (heads, activation, epsilon) cannot be trusted for these.
+
+    Args:
+        config: the ``config.json`` (its ``vision_config`` for CLIP and SigLIP).
+        sd: the weights in vitkit's names.
+        depth: the encoder layers the weights hold.
+        where: the config's path, for the message.
+
+    Raises:
+        CheckpointError: naming ``where``, the first key that disagrees, its value and the weights'.
+    """
+    width, cin, ph, pw = sd["patch_embed.proj.weight"].shape
+    found: dict[str, Any] = {
+        "hidden_size": width,
+        "num_hidden_layers": depth,
+        "num_channels": cin,
+        "patch_size": ph if ph == pw else [ph, pw],
+    }
+    if "blocks.0.mlp.fc2.weight" in sd:
+        found["intermediate_size"] = sd["blocks.0.mlp.fc2.weight"].shape[1]
+    for key, actual in found.items():
+        if key not in config:
+            continue  # Hugging Face's default would apply: the weights' value is used, as it always was
+        said = config[key]
+        if key == "patch_size" and isinstance(said, (list, tuple)) and len(said) == 2 and said[0] == said[1]:
+            said = said[0]
+        if isinstance(said, bool) or said != actual:
+            shown = repr(said) if len(repr(said)) <= 40 else repr(said)[:37] + "..."
+            raise CheckpointError(
+                f"{where}: {key} is {shown}, but the weights have {actual}: the config does not describe these "
+                "weights (use the config.json that came with them)"
+            )
+
+
+def hf_labels(config: dict[str, Any], num_classes: int, where: str) -> tuple[list[str] | None, list[float] | None]:
+    """The class names (``id2label``) and multi-label thresholds (``vitkit_thresholds`` with
+    ``problem_type`` "multi_label_classification") of a Hugging Face ``config.json``, checked
+    against the head they describe: ``id2label`` an object whose keys are the integers 0..K-1 as
+    strings, each naming a class, K the head's outputs; the thresholds one number in [0, 1] per
+    output. A model without a head (``num_classes`` 0) has no classes: Hugging Face writes a
+    default ``id2label`` into every config, and it is ignored there.
+
+    Args:
+        config: the parsed ``config.json``.
+        num_classes: the outputs of the head the weights hold (0: none).
+        where: the config's path, for messages.
+
+    Returns:
+        The names (None where the config gives none) and the thresholds (None where it gives
+        none, or the model is not multi-label).
+
+    Raises:
+        CheckpointError: naming ``where`` and the key, for the first value that does not fit.
+    """
+    if num_classes <= 0:
+        return None, None
+    names, labels = None, config.get("id2label")
+    if labels is not None:
+        if not isinstance(labels, dict):
+            raise CheckpointError(
+                f'{where}: id2label must be an object {{"0": name, ...}}, got a {type(labels).__name__}'
+            )
+        keys = {str(k): v for k, v in labels.items()}
+        odd = sorted(k for k in keys if not (k.isdigit() and str(int(k)) == k))
+        if odd:
+            raise CheckpointError(f"{where}: id2label key {values.printable(odd[0], 40)!r} is not a class index 0..K-1")
+        if len(keys) != num_classes:
+            raise CheckpointError(
+                f"{where}: id2label names {len(keys)} classes, but the head has {num_classes} outputs"
+            )
+        missing = [i for i in range(num_classes) if str(i) not in keys]
+        if missing:
+            raise CheckpointError(
+                f"{where}: id2label has no class {missing[0]} (its keys must be 0..{num_classes - 1})"
+            )
+        names = [keys[str(i)] for i in range(num_classes)]
+        bad = next((i for i, n in enumerate(names) if not isinstance(n, str)), None)
+        if bad is not None:
+            raise CheckpointError(f"{where}: id2label[{str(bad)!r}] must be a name (a string), got {names[bad]!r:.40}")
+    thresholds = None
+    if config.get("problem_type") == "multi_label_classification" and "vitkit_thresholds" in config:
+        given = config["vitkit_thresholds"]
+        if not isinstance(given, list) or len(given) != num_classes:
+            what = f"{len(given)} values" if isinstance(given, list) else f"a {type(given).__name__}"
+            raise CheckpointError(
+                f"{where}: vitkit_thresholds must be a list of {num_classes} numbers (one per output of the head), "
+                f"got {what}"
+            )
+        thresholds = [values.number(v, where, f"vitkit_thresholds[{i}]", 0.0, 1.0) for i, v in enumerate(given)]
+    return names, thresholds
+
+
 def _hf_settings(
     hf_config: dict[str, Any] | None,
     out: dict[str, torch.Tensor],
@@ -1078,35 +1177,33 @@ def read_hf_dir(path: Path) -> dict[str, Any] | None:
     return d
 
 
-def hf_label_metadata(folder: Path) -> dict[str, str]:
+def hf_label_metadata(folder: Path, num_classes: int | None = None) -> dict[str, str]:
     """A Hugging Face folder's class names (``id2label`` of its ``config.json``) and, for a
     multi-label model vitkit exported, its thresholds, as vitkit checkpoint metadata; {} where
-    the config has none or they do not list classes 0..K-1.
+    the config has none.
 
     Args:
         folder: the folder of ``config.json``.
+        num_classes: the outputs of the model's head; None: as many as ``id2label`` names.
 
     Returns:
         ``classes`` (a JSON list, names made printable), and ``multilabel``/``thresholds``.
+
+    Raises:
+        CheckpointError: class names or thresholds that do not fit the head (:func:`hf_labels`).
     """
     from .io import CLASSES_KEY, printable_class_names
 
-    try:
-        cfg = read_hf_dir(folder)
-    except CheckpointError:
-        return {}
+    cfg = read_hf_dir(folder)
     labels = (cfg or {}).get("id2label")
-    if not isinstance(labels, dict) or not labels:
+    if cfg is None or labels is None:
         return {}
-    names = [labels.get(str(i)) for i in range(len(labels))]
-    if not all(isinstance(n, str) for n in names):
+    k = num_classes if num_classes is not None else len(labels) if isinstance(labels, (dict, list)) else 1
+    names, thresholds = hf_labels(cfg, k, str(folder / "config.json"))
+    if names is None:
         return {}
-    try:
-        out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
-    except CheckpointError:
-        return {}
-    thresholds = cfg.get("vitkit_thresholds") if cfg.get("problem_type") == "multi_label_classification" else None
-    if isinstance(thresholds, list) and len(thresholds) == len(names):
+    out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
+    if thresholds is not None:
         out.update(multilabel="true", thresholds=json.dumps(thresholds))
     return out
 

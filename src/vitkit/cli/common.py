@@ -116,22 +116,15 @@ def real(minimum: float = float("-inf"), above: float | None = None) -> Callable
 
 def parse_device(text: str) -> str:
     """An argument type: ``cpu``, ``cuda`` or ``cuda:N`` that this torch can run on (checked when
-    the command line is read, not when the first tensor moves)."""
+    the command line is read, not when the first tensor moves; :func:`vitkit.cpu.device_problem`
+    names any other device, ``mps`` included, in one line)."""
     if text == "cpu":  # the default: no need to load torch (seconds) to know it
         return text
-    import torch
+    from ..cpu import device_problem
 
-    try:
-        device = torch.device(text)
-    except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text!r}: this torch build or machine has no CUDA device; use cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"{text!r}: there are {torch.cuda.device_count()} CUDA devices")
-    elif device.type != "cpu":
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    problem = device_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -10,6 +10,12 @@ early-stops on a validation set, never on the test set. Both come from the train
 Each class's images are put in one random order fixed by ``seed``; the minival takes the first of
 each class, the subset the next ones. A smaller subset is therefore always contained in a larger
 one (nested, as the paper's JFT subsets are), and the minival never overlaps any of them.
+
+Multi-label data (a labels file whose rows carry several labels: a class and attribute tags) has
+no one class per image, so its minival is carved by iterative stratification (Sechidis, Tsoumakas
+and Vlahavas, 2011; :func:`multilabel_minival`): every label, tags included, gets about its share
+of the minival, whichever label of a row it is. The subset of what is left is taken as for
+single-label data, each image counted under its rarest label.
 """
 
 from __future__ import annotations
@@ -78,6 +84,47 @@ def class_orders(labels: torch.Tensor, num_classes: int, seed: int) -> list[torc
         idx = (labels == c).nonzero().flatten()
         orders.append(idx[torch.randperm(len(idx), generator=g)])
     return orders
+
+
+def multilabel_minival(rows: torch.Tensor, n_val: int, seed: int) -> torch.Tensor:
+    """The images of a multi-label minival, by iterative stratification: each label is to have
+    ``n_val / N`` of its images in the minival. The label with the fewest images not yet placed
+    goes first; its images, in a random order fixed by ``seed``, each go to the side (minival or
+    training) that still wants the most of that label, ties to the side that wants the most images,
+    then to training; a side that is full takes no more. Every label is counted, not only a row's
+    first or rarest one, so tags that are never the first label of a row get their share too.
+
+    Args:
+        rows: multi-hot rows (N, K), one per image (images without a label fill the room left).
+        n_val: the images to hold out, at most N.
+        seed: the seed of the order images of one label are placed in.
+
+    Returns:
+        The int64 positions (sorted) of the ``n_val`` minival images.
+    """
+    n = rows.shape[0]
+    has = rows > 0
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=g)  # one random order, so ties fall the same way on every machine
+    placed = torch.zeros(n, dtype=torch.bool)
+    side = torch.zeros(n, dtype=torch.bool)  # True: minival
+    counts = has.sum(0).double()
+    want = [counts * (n_val / n), counts * (1 - n_val / n)]  # per label: minival, training
+    room = [n_val, n - n_val]
+    while (has & ~placed[:, None]).any():
+        left = (has & ~placed[:, None]).sum(0)
+        label = int(torch.where(left > 0, left, n + 1).argmin())  # fewest images left; ties: lowest index
+        for i in order[has[order, label] & ~placed[order]].tolist():
+            pick = 0 if (want[0][label], room[0]) > (want[1][label], room[1]) else 1
+            pick = pick if room[pick] > 0 else 1 - pick
+            placed[i], side[i] = True, pick == 0
+            room[pick] -= 1
+            want[pick] -= has[i].double()
+    for i in order[~placed[order]].tolist():  # images without a label fill what room is left
+        pick = 0 if room[0] > room[1] else 1
+        side[i] = pick == 0
+        room[pick] -= 1
+    return side.nonzero().flatten()
 
 
 def balanced_quota(available: list[int], total: int) -> list[int]:
@@ -149,6 +196,8 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
     n_val = image_count(minival, len(train), "minival")
     if n_val > len(train):
         raise DataError(f"{train.name}: data.minival of {n_val} images is more than its {len(train)} images")
+    if getattr(train, "multilabel", False) and n_val:
+        return _carve_multilabel(train, split, orders, n_val, subset, seed)
     available = [len(o) for o in orders]
     val_quota = balanced_quota(available, n_val) if n_val else [0] * k
     if n_val and min(val_quota) == 0:
@@ -166,7 +215,36 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
         if not n_val:
             raise DataError(f"{train.name}: split 'minival' needs data.minival, the number of images to hold out")
         return train.subset(torch.cat([o[:q] for o, q in zip(orders, val_quota)]), name=f"{train.name}:minival")
-    rest = [o[q:] for o, q in zip(orders, val_quota)]
+    return _training_subset(train, [o[q:] for o, q in zip(orders, val_quota)], n_val, subset)
+
+
+def _carve_multilabel(
+    train: Dataset, split: str, orders: list[torch.Tensor], n_val: int, subset: float | None, seed: int
+) -> Dataset:
+    """:func:`carve` for multi-label data: the minival by :func:`multilabel_minival`; every label
+    must keep an image to train on; the subset from the rest, each image under its rarest label."""
+    rows = train.label_rows
+    val = multilabel_minival(rows, n_val, seed)
+    in_val = torch.zeros(len(train), dtype=torch.bool)
+    in_val[val] = True
+    left = (rows[~in_val] > 0).sum(0)
+    emptied = [c for c in range(train.num_classes) if left[c] == 0]
+    if emptied:
+        available = (rows > 0).sum(0).tolist()
+        raise DataError(
+            f"{train.name}: data.minival of {n_val} images takes every image of label "
+            f"{_named(train, available, lambda c: c in emptied)}, leaving none to train on; lower data.minival "
+            "or add images"
+        )
+    if split == MINIVAL:
+        return train.subset(val, name=f"{train.name}:minival")
+    return _training_subset(train, [o[~in_val[o]] for o in orders], n_val, subset)
+
+
+def _training_subset(train: Dataset, rest: list[torch.Tensor], n_val: int, subset: float | None) -> Dataset:
+    """The training images: ``subset`` of those the minival left (``rest``, each class's in its
+    order), balanced over the classes (:func:`balanced_quota`)."""
+    k = train.num_classes
     n_rest = sum(len(r) for r in rest)
     n_sub = n_rest if subset is None else image_count(subset, n_rest, "subset")
     if n_sub > n_rest:
@@ -183,4 +261,4 @@ def carve(train: Dataset, split: str, minival: float = 0, subset: float | None =
     return train.subset(keep, name=f"{train.name}[{n_sub}]")
 
 
-__all__ = ["MINIVAL", "balanced_quota", "carve", "class_orders", "image_count"]
+__all__ = ["MINIVAL", "balanced_quota", "carve", "class_orders", "image_count", "multilabel_minival"]

@@ -146,9 +146,10 @@ class LabelsFile(FileImages):
         mode: "RGB" or "L".
 
     Labels: class indices (B,) int64 for a single-label file, multi-hot rows (B, K) float32 for a
-    multi-label one; :attr:`label_rows` holds every image's row either way, and :attr:`strata` the
-    class each image counts as when a minival is carved (its rarest label; also :attr:`labels` of
-    a multi-label file).
+    multi-label one; :attr:`label_rows` holds every image's row either way (a multi-label minival is
+    carved from them, every label counted: :func:`vitkit.data.carve.multilabel_minival`), and
+    :attr:`strata` the class each image counts as when a training subset is carved (its rarest
+    label; also :attr:`labels` of a multi-label file).
     """
 
     def __init__(
@@ -194,7 +195,7 @@ class LabelsFile(FileImages):
             targets[i, [index[x] for x in labels]] = 1.0
         self._rows = targets  # (N, K) multi-hot, in file order
         counts = targets.sum(0)
-        # the class each image counts as when a minival is carved: its rarest label
+        # the class each image counts as when a training subset is carved: its rarest label
         rarest = [min((index[x] for x in labels), key=lambda c: (counts[c], c)) for _, _, labels in rows]
         if self.multilabel:
             self.samples = [(full, i) for i, (_, full, _) in enumerate(rows)]
@@ -209,7 +210,7 @@ class LabelsFile(FileImages):
 
     @property
     def strata(self) -> torch.Tensor:
-        """The class each image counts as when a minival is carved (stratified by label)."""
+        """The class each image counts as when a subset is carved (a single-label minival too)."""
         if not self.multilabel:
             return torch.tensor([label for _, label in self.samples], dtype=torch.int64)
         return torch.tensor([self._strata[i] for _, i in self.samples], dtype=torch.int64)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import itertools
+import logging
 import os
 import random
 import re
@@ -53,6 +54,7 @@ SPLIT_NAMES = {"train": ("train",), "val": ("val", "test"), "test": ("test", "va
 # WebDataset's conventions: the key is the path up to the first dot of the file name, the rest
 # (lower-cased) is the field; names like ``__meta__`` are skipped.
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+log = logging.getLogger("vitkit")
 _META = re.compile(r"__[^/]*__($|/)")
 
 Sample = dict[str, Any]
@@ -487,6 +489,7 @@ class ShardDataset(StreamingDataset):
         self.num_samples = num_samples
         self.shuffle_buffer = max(0, int(shuffle_buffer))
         self._read = _reader(reader)
+        self._warned: set[str] = set()  # the damaged shards already said
         self.classes, self.classes_from = self._find_classes(classes, num_classes)
         if len(self.classes) < 2:
             raise DataError(
@@ -569,9 +572,18 @@ class ShardDataset(StreamingDataset):
             if empty:
                 raise DataError(f"{self.name}: rank {rank} found no readable samples in {', '.join(map(str, mine))}")
 
+    def _damaged(self, problem: str) -> None:
+        """A shard that is damaged or cut short (``problem`` names it and where): counted with the
+        skipped samples, and said once, as a warning of its own, the first time a run reads it,
+        for the samples after the damage are lost on every pass, not one image."""
+        self.skips.add(problem)
+        if problem not in self._warned:
+            self._warned.add(problem)
+            log.warning("warning: shard %s", problem)
+
     def _items(self, path: Path) -> Iterator[Item]:
         """(image bytes, label, name) for each well-formed sample of one shard."""
-        for sample in self._read(path, self.skips.add):
+        for sample in self._read(path, self._damaged):
             name = f"{path}:{sample['__key__']}"
             image = next((sample[s] for s in IMAGE_SUFFIXES if s in sample), None)
             if image is None or "cls" not in sample:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +42,8 @@ def _checkpoint_metadata(model: nn.Module) -> dict[str, str]:
     if p.name == "model.safetensors" and "classes" not in meta:
         from ..checkpoint.peers import hf_label_metadata
 
-        meta.update(hf_label_metadata(p.parent))
+        with contextlib.suppress(CheckpointError):  # loading checked them against the file's head: one
+            meta.update(hf_label_metadata(p.parent, int(getattr(model, "num_classes", 0) or 0)))  # replaced since
     return meta
 
 

@@ -11,12 +11,12 @@ names each large file by its sha256 (the blob of the cache); that is checked bef
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import values
 from ..checkpoint.peers import hf_preprocessing, timm_model_name, timm_preprocessing
 from ..errors import CheckpointError, DownloadError, UsageError
 from ..preprocessing import Preprocessing
@@ -151,7 +151,21 @@ def _get(repo: str, filename: str, revision: str | None, why: list[str]) -> Path
 
 
 def _check_blob(path: Path, spec: str) -> None:
-    """The hub stores a large (LFS) file as ``blobs/<sha256>``: the file must hash to its name."""
+    """The weight file is whole before anything reads it: first its format's own structure (a
+    safetensors header that covers the file, a zip directory: a truncated download fails here at
+    once, whatever its size), then, for a large (LFS) file the hub stores as ``blobs/<sha256>``,
+    that it hashes to its name."""
+    from . import verify
+
+    try:
+        problem = verify.text_body(path) or verify.format_problem(path, path.suffix, length_known=True, members=False)
+    except OSError as e:
+        problem = f"it cannot be read ({e.strerror or type(e).__name__})"
+    if problem is not None:
+        raise DownloadError(
+            f"{spec}: {path.name} in the hub cache is damaged or incomplete ({problem}); "
+            f"delete {path.resolve()} to download it again"
+        )
     blob = path.resolve()
     if not re.fullmatch(r"[0-9a-f]{64}", blob.name):
         return
@@ -166,11 +180,16 @@ def _check_blob(path: Path, spec: str) -> None:
         )
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path) -> dict[str, Any]:
+    """A JSON object from the repository, read as every config file is (bounded in size and
+    nesting: :func:`vitkit.checkpoint.values.read_json_file`); anything else is one line."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        d = values.read_json_file(path)
+    except OSError as e:
         raise CheckpointError(f"{path}: not a JSON file ({_first_line(e)})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
+    return d
 
 
 def _first_line(e: BaseException) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from ..errors import RecipeError
+from ..files import check_yaml_text
 from ..models.adapters import adapter_spec_from_dict
 from ..models.attention import ATTENTION_IMPLS
 from ..precision import PRECISIONS
@@ -663,6 +664,7 @@ def load_yaml(text: str, source: str, error: type[Exception] = RecipeError) -> A
     """
     if len(text) > YAML_MAX_CHARS:
         raise error(f"{source}: {len(text)} characters of YAML, more than a recipe holds ({YAML_MAX_CHARS})")
+    check_yaml_text(text, source, error)  # a character YAML refuses, named with its line
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..cpu import device_problem
 from ..errors import RecipeError
 
 
@@ -46,13 +47,11 @@ def resolve_device(name: str, info_local_rank: int | None = None) -> torch.devic
     if name == "cuda":
         local = info_local_rank if info_local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
         name = f"cuda:{local}"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):  # torch's message lists every device type it was built with
-        raise RecipeError(f"train.device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+    problem = device_problem(name)
+    if problem is not None:  # mps, xpu...: torch's own failure would come deep inside it
+        raise RecipeError(f"train.device: {problem}")
+    device = torch.device(name)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device cuda requested but CUDA is not available; use --device cpu")
         torch.cuda.set_device(device)
     return device
 

@@ -228,6 +228,8 @@ def check_run_folder(out: str | Path) -> None:
 
     Raises:
         UsageError: ``out`` is a file, or a folder of other files.
+        TrainingError: a run folder with checkpoints whose ``config.yaml`` was emptied or cut
+            (:func:`check_saved_recipe`).
     """
     out = Path(out)
     if not out.exists():
@@ -240,19 +242,56 @@ def check_run_folder(out: str | Path) -> None:
         raise UsageError(f"{out}: cannot read the folder ({e.strerror or e})") from None
     # the lock and temporaries of a run's own files: a run stopped before it marked the folder
     ours = {n for n in names if n == LOCK or ((t := temporary_target(n)) is not None and _WRITTEN.fullmatch(t))}
-    if MARKER in names or names <= ours:
+    if names <= ours:
         return
     ckpts = out / "checkpoints"
-    older_run = {LOCK, "config.yaml"} <= names or (
-        ckpts.is_dir() and any(_STEP.fullmatch(p.name) for p in ckpts.iterdir())
-    )
-    if older_run:
+    has_steps = ckpts.is_dir() and any(_STEP.fullmatch(p.name) for p in ckpts.iterdir())
+    if MARKER in names or {LOCK, "config.yaml"} <= names or has_steps:
+        if has_steps:
+            check_saved_recipe(out / "config.yaml")
         return
     shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
     raise UsageError(
         f"{out}: not empty ({shown}) and not a vitkit run folder (no {MARKER}); give --out a new or "
         "empty folder, or the folder of a run to resume"
     )
+
+
+# The sections of every recipe a run saves (``config.yaml``): a saved recipe without one of them
+# was cut or emptied, and would read back as the defaults (a "different recipe").
+RECIPE_SECTIONS = ("model", "data", "augment", "optim", "train", "log")
+
+
+def check_saved_recipe(saved: Path) -> None:
+    """Refuse, in one line naming it, the ``config.yaml`` of a run to resume when it was emptied
+    or cut: no text, only comments, or a mapping without a section every saved recipe has
+    (:data:`RECIPE_SECTIONS`; its top-level keys are found line by line, nothing is parsed). Text
+    that is not such a mapping is left to the resume's own check, which names it too. A missing
+    file is left alone (a run from before recipes were saved).
+
+    Args:
+        saved: the run folder's ``config.yaml``.
+
+    Raises:
+        TrainingError: naming ``saved``, what is wrong with it, and that each checkpoint keeps a copy.
+    """
+    try:
+        text = saved.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise TrainingError(f"{saved}: cannot read the recipe of the run in this folder ({e.strerror or e})") from None
+    body = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if body and not re.match(r"[A-Za-z_]\w*:", body[0]):
+        return  # not the block mapping a run writes (edited by hand?): the resume's own check reads it
+    top = {m.group(1) for line in body if (m := re.match(r"([A-Za-z_]\w*):", line))}  # no parse: no alias bombs
+    missing = [k for k in RECIPE_SECTIONS if k not in top]
+    if missing:
+        what = "is empty" if not body else f"has no {', '.join(missing)} section{'s' if len(missing) > 1 else ''}"
+        raise TrainingError(
+            f"{saved}: the recipe saved with this run {what} ({len(text.encode())} bytes): the file was emptied or "
+            "cut. Each checkpoint keeps a copy (its metadata 'recipe'): put it back to resume, or use another --out"
+        )
 
 
 def read_metrics(path: str | Path, strict: bool = True) -> list[tuple[str, dict[str, Any]]]:
