@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 
 from ..errors import VitkitError
-from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train
+from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, serve, train
 from . import eval as evaluate
 
 COMMANDS: dict[str, ModuleType] = {
@@ -26,6 +26,7 @@ COMMANDS: dict[str, ModuleType] = {
     "probe": probe,
     "predict": predict,
     "embed": embed,
+    "serve": serve,
     "analyze": analyze,
     "reproduce": reproduce,
     "bench": bench,
