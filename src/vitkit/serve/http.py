@@ -182,7 +182,9 @@ def listen(host: str, port: int) -> socket.socket:
         OSError: the address is taken or cannot be bound.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on sockets that say so, and with
+    # it on, a keep-alive client waits for a delayed ACK (~40 ms) on every answer
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
