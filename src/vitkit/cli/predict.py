@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from .common import WEIGHTS_HELP, chosen_precision, count, describe, load_model, parse_device, precision_argument
+from .common import (
+    WEIGHTS_HELP,
+    chosen_precision,
+    count,
+    describe,
+    load_model,
+    merge_argument,
+    parse_device,
+    precision_argument,
+    with_merging,
+)
 
 HELP = "top-k classes of image files (a multi-label model: every class above its threshold)"
 
@@ -15,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=count(1, 1_000_000), default=5)
     p.add_argument("--device", type=parse_device, default="cpu")
     precision_argument(p)
+    merge_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")
 
 
@@ -24,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.predict import stored_thresholds
     from ..preprocessing import load_images
 
-    model = load_model(args.ckpt)
+    model = with_merging(load_model(args.ckpt), args.merge)
     if not model.cfg.num_classes:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work

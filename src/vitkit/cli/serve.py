@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import WEIGHTS_HELP, count, load_model, parse_device, precision_argument, real
+from .common import WEIGHTS_HELP, count, load_model, merge_argument, parse_device, precision_argument, real
 
 HELP = "serve a model over HTTP: /predict, /embed, /health, /metrics, with dynamic batching"
 
@@ -17,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     precision_argument(
         p, "int8", help="auto: bf16 where this device computes it natively and fast, else fp32; fp32; bf16; int8 (CPU)"
     )
+    merge_argument(p)
     p.add_argument("--max-batch", type=count(1, 4096), default=16, help="the most images in one model call")
     p.add_argument(
         "--batch-window-ms", type=real(0.0), default=5.0, help="how long a batch's first image waits for others"
@@ -48,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails at once
     model = load_model(args.ckpt)
     precision = chosen_precision(args.precision, args.device)
-    service = ModelService(model, precision, args.device, options, name=str(args.ckpt))
+    service = ModelService(model, precision, args.device, options, name=str(args.ckpt), merge=args.merge)
     host, port = sock.getsockname()[:2]
     heads = f"{service.num_classes} classes" if service.num_classes else "no head: /embed only"
-    print(f"model        {args.ckpt} ({heads}, {service.precision}, {args.device})")
+    merging = f", merging {args.merge} tokens a block" if args.merge else ""
+    print(f"model        {args.ckpt} ({heads}, {service.precision}, {args.device}{merging})")
     window = f"{options.batch_window_ms:g} ms window"
     print(f"batching     up to {options.max_batch} images, {window}, queue {options.max_queue}")
     print(f"serving      http://{host}:{port}  (POST /predict, POST /embed, GET /health, GET /metrics)", flush=True)

@@ -124,6 +124,7 @@ class ModelService:
         device: where the model runs.
         options: batching and limits.
         name: how ``/health`` and ``/metrics`` name the model.
+        merge: tokens merged in each block (token merging, :mod:`vitkit.models.merge`); 0: none.
 
     Raises:
         ValueError: what :func:`vitkit.inference.prepare_inference` refuses.
@@ -136,6 +137,7 @@ class ModelService:
         device: str = "cpu",
         options: ServeOptions | None = None,
         name: str = "",
+        merge: int = 0,
     ) -> None:
         from ..eval.predict import class_names, stored_thresholds
         from ..inference import prepare_inference
@@ -150,7 +152,8 @@ class ModelService:
         self.names = class_names(model) if self.num_classes else []
         self.thresholds = stored_thresholds(model) if self.num_classes else None
         self.preprocess_model = model  # preprocessing and in_chans only
-        self.served = prepare_inference(model.to(self.device), precision)
+        self.served = prepare_inference(model.to(self.device), precision, merge=merge)
+        self.merge = merge
         self.name = name or type(model).__name__
         self.metrics = Metrics(
             self.options.max_batch, {"model": self.name, "precision": precision, "device": str(device)}
@@ -210,6 +213,7 @@ class ModelService:
             "model": self.name,
             "precision": self.precision,
             "device": str(self.device),
+            "merge": self.merge,
             "classes": self.num_classes,
             "queue_depth": self.batcher.depth if self.batcher else 0,
             "in_flight": self.batcher.in_flight if self.batcher else 0,
