@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..eval.embed import check_output, embed_folder, image_files
 
+    if args.merge and args.pool == "patch":
+        raise UsageError("--merge leaves merged tokens, not a patch grid; use --pool pooled or cls with it")
     out = check_output(args.out)  # before the model loads (or downloads)
     files = image_files(args.folder)
     model = with_merging(load_model(args.ckpt), args.merge)

@@ -60,17 +60,16 @@ def bipartite_merge(
     kept, merged = order[:, r:], order[:, :r]
     into = best_b[..., None].gather(1, merged)  # (B, r, 1): where each merged token goes
 
-    def combine(t: torch.Tensor) -> torch.Tensor:
-        src, dst = t[:, ::2], t[:, 1::2]
-        c = t.shape[-1]
-        stay = src.gather(1, kept.expand(-1, -1, c))
-        moved = src.gather(1, merged.expand(-1, -1, c))
-        dst = dst.scatter_reduce(1, into.expand(-1, -1, c), moved, reduce="sum")
-        return torch.cat([stay, dst], dim=1)
-
-    weighted = combine(x * size.to(x.dtype))
-    size = combine(size)
-    return weighted / size.to(x.dtype), size
+    # the tokens times their sizes, and the sizes, as one tensor: one gather and one scatter for both
+    t = torch.cat([x.float() * size, size], dim=-1)  # (B, M, D + 1), fp32: sums of sizes stay exact
+    src, dst = t[:, ::2], t[:, 1::2]
+    c = t.shape[-1]
+    stay = src.gather(1, kept.expand(-1, -1, c))
+    moved = src.gather(1, merged.expand(-1, -1, c))
+    dst = dst.scatter_reduce(1, into.expand(-1, -1, c), moved, reduce="sum")
+    out = torch.cat([stay, dst], dim=1)  # (B, M - r, D + 1)
+    size = out[..., -1:]
+    return (out[..., :-1] / size).to(x.dtype), size
 
 
 class MergingBlock(nn.Module):
@@ -105,28 +104,29 @@ class MergingBlock(nn.Module):
         """
         if return_weights or rope is not None:
             raise ValueError("token merging gives neither attention weights nor RoPE; run the model without --merge")
-        if self.first or self._sizes.size is None or self._sizes.size.shape[:2] != x.shape[:2]:
-            self._sizes.size = torch.ones(x.shape[0], x.shape[1], 1, device=x.device, dtype=torch.float32)
-        size = self._sizes.size
-        blk = self.block
-        attn_out, keys = self._attention(blk.norm1(x), size)
+        state = None if self.first else self._sizes.size  # None: every token is one patch
+        if state is not None and state.shape[:2] != x.shape[:2]:
+            raise ValueError(f"token merging: {x.shape[1]} tokens where {state.shape[1]} were left")
+        size = torch.ones(x.shape[0], x.shape[1], 1, device=x.device) if state is None else state
+        blk, p = self.block, self.prefix
+        attn_out, keys = self._attention(blk.norm1(x), state)  # no bias while every size is one
         x = x + blk.drop_path(blk.ls1(attn_out))
-        p = self.prefix
         patches, size_p = bipartite_merge(x[:, p:], keys[:, p:], size[:, p:], self.r)
+        unchanged = state is None and patches.shape[1] == x.shape[1] - p
         x = torch.cat([x[:, :p], patches], dim=1)
-        self._sizes.size = torch.cat([size[:, :p], size_p], dim=1)
+        self._sizes.size = None if unchanged else torch.cat([size[:, :p], size_p], dim=1)
         return x + blk.drop_path(blk.ls2(blk.mlp(blk.norm2(x))))
 
-    def _attention(self, x: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attention(self, x: torch.Tensor, size: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's attention with each key's logits raised by log(size) (proportional
-        attention), and its keys averaged over heads (B, N, hd)."""
+        attention; None: every token one patch, no bias), and its keys averaged over heads (B, N, hd)."""
         attn = self.block.attn
         B, N, D = x.shape
         qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
         if attn.q_norm is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
-        bias = size.log()[:, None, None, :, 0].to(q.dtype)  # (B, 1, 1, N): zero for single tokens
+        bias = None if size is None else size.log()[:, None, None, :, 0].to(q.dtype)  # (B, 1, 1, N)
         out, _ = attend(
             q, k, v, scale=attn.scale, dropout_p=attn.attn_drop, training=attn.training, impl=attn.impl,
             need_weights=False, bias=bias,
