@@ -711,6 +711,7 @@ def prepare_inference(
     pack: bool | None = None,
     copy_model: bool = True,
     calibration: torch.Tensor | Iterable[torch.Tensor | tuple[torch.Tensor, Any]] | None = None,
+    merge: int = 0,
 ) -> nn.Module:
     """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
     in place when ``copy_model`` is False (saves memory when the original is not needed).
@@ -733,6 +734,8 @@ def prepare_inference(
         copy_model: convert a deep copy (True) or ``model`` itself (False).
         calibration: images to fix static int8 scales from (int8 on oneDNN only; saves finding
             each activation's range per batch), as :func:`calibrate_int8` takes; None: dynamic.
+        merge: token merging (:func:`vitkit.models.merge.apply_token_merging`): patch tokens
+            merged in each block of a ViT; 0: none.
 
     Returns:
         The prepared model, in eval mode; ``input_dtype`` is the dtype its
@@ -742,7 +745,7 @@ def prepare_inference(
     Raises:
         ValueError: an unknown ``precision``; a model prepared already; int8 or ``pack=True`` for a
             model not on the CPU; ``calibration`` without int8 on oneDNN; or what
-            :func:`calibrate_int8` refuses.
+            :func:`calibrate_int8` or :func:`~vitkit.models.merge.apply_token_merging` refuses.
         RuntimeError: ``pack=True`` where this torch build or CPU lacks oneDNN's kernels.
     """
     if precision not in ("auto", "fp32", "bf16", "int8"):
@@ -764,6 +767,10 @@ def prepare_inference(
         model = copy.deepcopy(model)
     if adapted_layers(model):  # LoRA/DoRA: served as plain weights, which every kernel below takes
         merge_adapters(model)
+    if merge:
+        from .models.merge import apply_token_merging
+
+        apply_token_merging(model, merge)
     if precision == "int8" and not pack:
         from torch.ao.quantization import quantize_dynamic
 

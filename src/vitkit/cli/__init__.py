@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 
 from ..errors import RunStopped, VitkitError
-from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, train, view
+from . import analyze, bench, convert, embed, fewshot, finetune, models, predict, probe, reproduce, serve, train, view
 from . import eval as evaluate
 from .common import check_paths
 
@@ -27,6 +27,7 @@ COMMANDS: dict[str, ModuleType] = {
     "probe": probe,
     "predict": predict,
     "embed": embed,
+    "serve": serve,
     "analyze": analyze,
     "view": view,
     "reproduce": reproduce,

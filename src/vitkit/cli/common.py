@@ -303,6 +303,27 @@ def precision_argument(p: argparse.ArgumentParser, *extra: str, help: str | None
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", *extra], default="auto", help=text)
 
 
+def merge_argument(p: argparse.ArgumentParser) -> None:
+    """``--merge R``: token merging (ToMe), R tokens merged in each block."""
+    p.add_argument(
+        "--merge",
+        type=count(0, 4096),
+        default=0,
+        metavar="R",
+        help="token merging (ToMe): merge R patch tokens in each block; faster, a little less accurate (0: off)",
+    )
+
+
+def with_merging(model: Any, r: int) -> Any:
+    """``model`` merging ``r`` tokens a block (:func:`vitkit.models.merge.apply_token_merging`), or
+    as it is for 0."""
+    if not r:
+        return model
+    from ..models.merge import apply_token_merging
+
+    return apply_token_merging(model, r)
+
+
 def chosen_precision(requested: str, device: Any) -> str:
     """What ``requested`` computes in on ``device`` ("fp32" or "bf16"; other choices, int8, pass
     through), saying on stderr, once, when an explicit bf16 is emulated here."""

@@ -15,9 +15,11 @@ from .common import (
     chosen_precision,
     count,
     load_model,
+    merge_argument,
     parse_device,
     parse_size,
     precision_argument,
+    with_merging,
 )
 from .common import progress as progress_bar
 
@@ -53,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=count(1, 1 << 16), default=64, help="images per batch and per part")
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
     precision_argument(p)
+    merge_argument(p)
     p.add_argument("--workers", type=count(0, 256), default=4, help="threads that decode images (0: none)")
     adapter_argument(p)
 
@@ -62,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.format and not str(args.out).lower().endswith(f".{args.format}"):
         raise UsageError(f"{args.out}: --format {args.format} writes a .{args.format} file; name it so")
+    if args.merge and args.pool == "patch":
+        raise UsageError("--merge leaves merged tokens, not a patch grid; use --pool pooled or cls with it")
     out = check_output(args.out)  # before the model loads (or downloads)
     files = image_files(args.folder)
-    model = load_model(args.ckpt, adapter=args.adapter_weights)
+    model = with_merging(load_model(args.ckpt, adapter=args.adapter_weights), args.merge)
     precision = chosen_precision(args.precision, args.device)
     try:
         with progress_bar("embed", len(files)) as update:

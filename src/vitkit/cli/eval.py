@@ -15,11 +15,13 @@ from .common import (
     count,
     describe,
     load_model,
+    merge_argument,
     model_arguments,
     pct,
     precision_argument,
     progress,
     size_of,
+    with_merging,
 )
 
 HELP = "top-1/top-5, per-class accuracy and confusion matrix of a classifier"
@@ -38,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", type=count(0), default=512, help="int8: images that calibrate static scales (0: dynamic)")
     p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
+    merge_argument(p)
     p.add_argument("--split", default="test")
     adapter_argument(p)
     p.add_argument("--max-images", type=count(1), default=None, help="a random subset of the split")
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.predict import stored_thresholds
 
     args.precision = chosen_precision(args.precision, args.device)  # auto: what this device computes fast
-    model = load_model(args.ckpt, args.img_size, adapter=args.adapter_weights)
+    model = with_merging(load_model(args.ckpt, args.img_size, adapter=args.adapter_weights), args.merge)
     if is_labels_file(args.data) and stored_thresholds(model) is not None:
         return run_multilabel(args, model)
     dataset = build_dataset(args.data, args.split, **_decoding(model, args.data))

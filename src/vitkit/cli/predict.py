@@ -11,8 +11,10 @@ from .common import (
     count,
     describe,
     load_model,
+    merge_argument,
     parse_device,
     precision_argument,
+    with_merging,
 )
 
 HELP = "top-k classes of image files (a multi-label model: every class above its threshold)"
@@ -24,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=count(1, 1_000_000), default=5)
     p.add_argument("--device", type=parse_device, default="cpu")
     precision_argument(p)
+    merge_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")
     adapter_argument(p)
 
@@ -37,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     exported = args.ckpt.lower().endswith((".onnx", ".pt2"))
     model = load_exported(args.ckpt) if exported else load_model(args.ckpt, adapter=args.adapter_weights)
+    model = model if exported else with_merging(model, args.merge)
     if not model.cfg.num_classes:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work

@@ -240,6 +240,28 @@ def predict(
             logits = torch.cat([model(x[None].to(dev)).float().cpu() for x in images])  # (B, K)
     finally:
         model.train(was_training)
+    return top_classes(logits, names, top_k, thresholds)
+
+
+def top_classes(
+    logits: torch.Tensor, names: Sequence[str], top_k: int, thresholds: Sequence[float] | None = None
+) -> list[list[dict[str, Any]]]:
+    """The rows :func:`predict` gives, from a batch of logits already computed (a server's batch).
+
+    Args:
+        logits: (B, K) float logits.
+        names: one name per class (K).
+        top_k: the most classes given per image.
+        thresholds: one probability threshold per class, for a multi-label model; None: the
+            softmax's top classes.
+
+    Returns:
+        Per image, its rows ``{"class", "index", "prob"}`` (and ``"threshold"``), most probable first.
+
+    Raises:
+        UsageError: outputs that are not finite, or thresholds that do not match the head.
+    """
+    logits = logits.float()
     bad = (~torch.isfinite(logits).all(dim=1)).nonzero().flatten().tolist()
     if bad:  # finite weights can still overflow; a softmax of inf is NaN, not a probability
         raise UsageError(
@@ -249,7 +271,7 @@ def predict(
     if thresholds is not None:
         return _above_thresholds(logits, names, thresholds, top_k)
     probs = logits.softmax(dim=1)
-    top = probs.topk(min(top_k, k_model), dim=1)
+    top = probs.topk(min(top_k, logits.shape[1]), dim=1)
     return [
         [{"class": names[i], "index": int(i), "prob": float(p)} for p, i in zip(vals.tolist(), idx.tolist())]
         for vals, idx in zip(top.values, top.indices)
