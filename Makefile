@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 $(BIN)/vitkit: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,reproduce,dev,peers,shards,onnx,docs]"
+	$(BIN)/pip install -q -e ".[test,plot,reproduce,dev,peers,shards,onnx,runtimes,docs]"
 	@touch $@
 
 venv: $(BIN)/vitkit

@@ -176,6 +176,9 @@ def onnxruntime_session(path: Path, precision: str, threads: int | None = None) 
 
     Returns:
         The function from images (B, C, H, W) fp32 to the first output.
+
+    Raises:
+        UsageError: a precision other than fp32 and int8.
     """
     import onnxruntime as ort
 
@@ -362,6 +365,9 @@ class RuntimeModel(nn.Module):
 
         Returns:
             The tokens (B, N, D), fp32.
+
+        Raises:
+            UsageError: an input not on the CPU.
         """
         if x.device.type != "cpu":
             raise UsageError(f"the {self.backend} backend runs on the CPU; got an input on {x.device}")

@@ -9,7 +9,17 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .common import WEIGHTS_HELP, chosen_precision, count, load_model, parse_device, parse_size, precision_argument
+from .common import (
+    WEIGHTS_HELP,
+    backend_argument,
+    chosen_backend,
+    chosen_precision,
+    count,
+    load_model,
+    parse_device,
+    parse_size,
+    precision_argument,
+)
 from .common import progress as progress_bar
 
 if TYPE_CHECKING:
@@ -36,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=count(1, 1 << 16), default=64, help="images per batch and per part")
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
     precision_argument(p)
+    backend_argument(p)
     p.add_argument("--workers", type=count(0, 256), default=4, help="threads that decode images (0: none)")
 
 
@@ -46,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     files = image_files(args.folder)
     model = load_model(args.ckpt)
     precision = chosen_precision(args.precision, args.device)
+    runner = chosen_backend(args, model, precision)
     try:
         with progress_bar("embed", len(files)) as update:
             res = embed_folder(
@@ -59,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 files=files,
                 workers=args.workers,
                 progress=update,
+                runner=runner,
             )
     except KeyboardInterrupt:
         print(f"note: finished batches are kept in {out}.parts; the same command resumes", file=sys.stderr)

@@ -10,6 +10,8 @@ from typing import Any
 from ..errors import UsageError, writing
 from ..files import slug
 from .common import (
+    backend_argument,
+    chosen_backend,
     chosen_precision,
     count,
     describe,
@@ -32,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "or bf16 weights with --serve); int8 (served, CPU only)"
     )
     precision_argument(p, "int8", help=text)
+    backend_argument(p)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
     p.add_argument("--calib", type=count(0), default=512, help="int8: images that calibrate static scales (0: dynamic)")
@@ -46,6 +49,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="score output i as the data's class i, whatever class names the model stores (by default its "
         "outputs are matched to the data's classes by name, and other names are refused)",
     )
+
+
+def _calibration(model: Any, args: argparse.Namespace) -> list[Any] | None:
+    """int8 under a runtime backend: the ``--calib`` images of ``--calib-split`` (None otherwise)."""
+    if args.precision != "int8" or args.backend == "torch" or not args.calib:
+        return None
+    from ..data import build_dataset
+    from ..eval import model_inputs
+
+    source = build_dataset(args.data, args.calib_split)
+    return [x for x, _ in model_inputs(model, source, batch_size=args.batch_size, max_images=args.calib)]
 
 
 def _served(model: Any, args: argparse.Namespace) -> Any:
@@ -110,10 +124,15 @@ def run(args: argparse.Namespace) -> int:
         )
     order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
-    if args.serve or precision == "int8":
+    if args.compile and args.backend not in ("torch", "auto"):
+        raise UsageError(f"--compile compiles vitkit's own path; --backend {args.backend} runs a runtime instead")
+    runner = chosen_backend(args, model, precision, _calibration(model, args))
+    if runner is not None:
+        model, mode, precision = runner, runner.backend, "fp32"  # the runtime carries its precision
+    elif args.serve or precision == "int8":
         model, mode = _served(model, args), "served"
         precision = "fp32"  # the served model carries its precision; no autocast around it
-    if args.compile:
+    if args.compile and runner is None:
         model, mode = torch.compile(model), f"{mode}, compiled"  # the throughput includes compiling
     with progress(f"eval {args.split}", size_of(dataset, args.max_images)) as update:
         m = evaluate(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from .common import WEIGHTS_HELP, chosen_precision, count, describe, load_model, parse_device, precision_argument
+from .common import (
+    WEIGHTS_HELP,
+    backend_argument,
+    chosen_backend,
+    chosen_precision,
+    count,
+    describe,
+    load_model,
+    parse_device,
+    precision_argument,
+)
 
 HELP = "top-k classes of image files (a multi-label model: every class above its threshold)"
 
@@ -15,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=count(1, 1_000_000), default=5)
     p.add_argument("--device", type=parse_device, default="cpu")
     precision_argument(p)
+    backend_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")
 
 
@@ -30,8 +41,14 @@ def run(args: argparse.Namespace) -> int:
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
     precision = chosen_precision(args.precision, args.device)
     thresholds = stored_thresholds(model)  # a multi-label model's, chosen on its minival
+    runner = chosen_backend(args, model, precision)
     predictions = predict(
-        model, images.inputs, top_k=args.top_k, device=args.device, precision=precision, thresholds=thresholds
+        runner if runner is not None else model,
+        images.inputs,
+        top_k=args.top_k,
+        device=args.device,
+        precision=precision if runner is None else "fp32",  # a runtime carries its precision
+        thresholds=thresholds,
     )
     for path, preds in zip(args.images, predictions):
         print(path)
