@@ -107,20 +107,26 @@ def main() -> None:
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> None:
+    """Print the table (Markdown, as benchmarks/RESULTS.md shows it) and write the JSON."""
     fp32 = rows[0]["top1"]
-    head = "| form | top-1 % | vs fp32 (points) | top-1 agreement % | cosine mean | cosine min | img/s |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| precision | top-1 | images/s | vs fp32 (points) | top-1 agreement | cosine, mean | cosine, min |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['precision']} | skipped: {r['skipped']} | | | | | |")
+            lines.append(f"| `{r['precision']}` | skipped: {r['skipped']} | | | | | |")
             continue
         r["delta_points"] = r["top1"] - fp32
         lines.append(
-            f"| {r['precision']} | {r['top1']:.2f} | {r['delta_points']:+.2f} | {r['top1_agreement']:.2f} | "
-            f"{r['cosine_mean']:.5f} | {r['cosine_min']:.4f} | {r['images_per_s']:.0f} |"
+            f"| `{r['precision']}` | {r['top1']:.2f}% | {r['images_per_s']:.0f} | {r['delta_points']:+.2f} | "
+            f"{r['top1_agreement']:.2f}% | {r['cosine_mean']:.5f} | {r['cosine_min']:.4f} |"
         )
-    int8 = [r for r in rows if "int8" in r["precision"] and "skipped" not in r]
-    ok = {r["precision"]: abs(r["delta_points"]) <= args.budget for r in int8}
+    ok = {
+        r["precision"]: abs(r["delta_points"]) <= args.budget
+        for r in rows
+        if "int8" in r["precision"] and "skipped" not in r
+    }
     table = "\n".join(lines)
     print(table)
     print(
