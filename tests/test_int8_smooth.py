@@ -56,3 +56,21 @@ def test_smoothed_static_int8_is_closer_to_fp32_on_outliers():
     assert smooth < 0.7 * plain, (smooth, plain)
     with pytest.raises(ValueError, match="smooth needs calibration"):
         prepare_inference(m, "int8", smooth=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not onednn_int8_available(), reason="this torch build has no oneDNN int8 kernels")
+def test_eval_smooth_flag(tmp_path, capsys):
+    from vitkit.cli import main
+
+    torch.manual_seed(0)
+    m = vitkit.create_model(
+        "vit_ti16", img_size=32, patch_size=8, depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=10
+    )
+    vitkit.save_checkpoint(m, tmp_path / "m.safetensors")
+    args = ["eval", str(tmp_path / "m.safetensors"), "--data", "synthetic", "--max-images", "32", "--precision", "int8"]
+    args += ["--calib", "32", "--out", str(tmp_path / "out")]
+    assert main([*args, "--smooth", "0.5"]) == 0
+    assert "after smoothing (alpha 0.5)" in capsys.readouterr().err
+    assert main([*args, "--smooth", "2"]) == 2
+    assert "alpha must be in [0, 1]" in capsys.readouterr().err

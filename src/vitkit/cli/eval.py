@@ -20,6 +20,7 @@ from .common import (
     pct,
     precision_argument,
     progress,
+    real,
     size_of,
 )
 
@@ -39,6 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
     p.add_argument("--calib", type=count(0), default=512, help="int8: images that calibrate static scales (0: dynamic)")
     p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
+    p.add_argument(
+        "--smooth",
+        type=real(0.0),
+        default=None,
+        metavar="ALPHA",
+        help="static int8: smooth the activations first (SmoothQuant; ALPHA in [0, 1], 0.5 typical)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
     p.add_argument("--split", default="test")
     p.add_argument("--max-images", type=count(1), default=None, help="a random subset of the split")
@@ -70,9 +78,19 @@ def _served(model: Any, args: argparse.Namespace) -> Any:
 
     static = args.precision == "int8" and args.calib > 0 and onednn_int8_available()
     calib = args.calib if static else 0
-    served, used = served_model(model, args.precision, args.data, args.calib_split, calib, args.batch_size, args.device)
+    if args.smooth is not None and args.smooth > 1:
+        raise UsageError(f"--smooth: alpha must be in [0, 1], got {args.smooth:g}")
+    if args.smooth is not None and not static:
+        raise UsageError("--smooth needs static int8: --precision int8 with --calib above 0, on oneDNN's int8 kernels")
+    served, used = served_model(
+        model, args.precision, args.data, args.calib_split, calib, args.batch_size, args.device, args.smooth
+    )
     if static:
-        print(f"int8: activation scales calibrated on {used} images of {args.data} {args.calib_split}", file=sys.stderr)
+        smoothed = f", after smoothing (alpha {args.smooth:g})" if args.smooth is not None else ""
+        print(
+            f"int8: activation scales calibrated on {used} images of {args.data} {args.calib_split}{smoothed}",
+            file=sys.stderr,
+        )
     elif args.precision == "int8":
         why = "--calib 0" if not args.calib else "this torch build has no oneDNN int8 kernels"
         print(f"int8: dynamic quantisation (activation scales from each batch; {why})", file=sys.stderr)
