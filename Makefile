@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 $(BIN)/vitkit: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,reproduce,dev,peers,shards,onnx,docs,parquet,track,serve]"
+	$(BIN)/pip install -q -e ".[test,plot,reproduce,dev,peers,shards,onnx,docs,parquet,track,serve,runtimes]"
 	@touch $@
 
 venv: $(BIN)/vitkit

@@ -11,8 +11,14 @@ inference lead is that path: they are reference rows, not peers (they get the pa
 the GELU fusion, which is for vitkit's MLP). In int8, vitkit runs everything but the linear layers
 in bf16; timm's `quantize_dynamic` runs it in fp32.
 
+The inference runtimes (OpenVINO, ONNX Runtime; where installed, else skipped and named) run
+vitkit's own ONNX export of the same weights with torch's thread count; each row of theirs says
+how far its logits are from fp32 eager (largest difference, smallest cosine of an image's logits).
+Their static int8 is calibrated on ``--calib`` random images; vitkit's int8 on the timed batch.
+
     python benchmarks/peers.py                      # all suites
     python benchmarks/peers.py --suite infer_b16    # one suite
+    python benchmarks/peers.py --suite infer_fmnist --rounds 1 --iters 1 --warmup 1 --calib 16   # seconds
     python benchmarks/peers.py --json benchmarks/out/peers.json
     python benchmarks/peers.py --suite train_fmnist --contended   # beside a competing CPU-bound process
 
@@ -29,6 +35,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,6 +150,86 @@ PEERS: dict[str, Callable[[str], nn.Module]] = {
 
 
 # ---------------------------------------------------------------------------------------------
+# The inference runtimes a user who wants speed on a CPU would pick, fed from vitkit's own ONNX
+# export (vitkit.export.export_onnx) of the same weights: OpenVINO (fp32; bf16 where vitkit's
+# precision policy finds it native; int8 by NNCF's post-training quantisation, transformer mode:
+# SmoothQuant) and ONNX Runtime (fp32 after its transformer optimiser; dynamic int8; static QDQ
+# int8). Each runs with torch's thread count; its outputs are checked against fp32 eager.
+
+RUNTIME_PEERS = {"openvino": "openvino", "onnxruntime": "onnxruntime", "onnxruntime-qdq": "onnxruntime"}
+
+
+def _runtime_model(arch: str) -> nn.Module:
+    """vitkit's model of the suite, with a random head: vitkit initialises the head to zeros, and
+    all-zero logits would make any runtime agree with fp32 eager."""
+    model = build_vitkit(arch).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.02)
+    return model
+
+
+def _exported(arch: str, folder: Path) -> Path:
+    """The suite's model as vitkit exports it to ONNX (once per suite)."""
+    from vitkit.export import export_onnx
+
+    path = folder / f"{arch}.onnx"
+    if not path.exists():
+        torch.manual_seed(0)
+        export_onnx(_runtime_model(arch), path, check=False)
+    return path
+
+
+def _ort_static_qdq(path: Path, calibration: torch.Tensor) -> Callable:
+    """ONNX Runtime's static int8 in QDQ form for the products (MatMul, Gemm: weights per channel,
+    activations calibrated on ``calibration`` by min-max); the rest stays fp32."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"pixels": b.numpy()} for b in calibration.split(8)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    out = path.with_name(path.stem + "-qdq-int8.onnx")
+    if not out.exists():
+        quantize_static(
+            str(path), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
+        )  # fmt: skip
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"pixels": x})[0]
+
+
+def runtime_step(peer: str, arch: str, precision: str, batch: int, folder: Path, calib: int) -> tuple[Callable, dict]:
+    """The timed step of a runtime contender and its outputs' agreement with fp32 eager on the
+    step's batch (max abs difference and the smallest cosine of an image's logits)."""
+    from vitkit.backends import agreement, onnxruntime_session, openvino_session
+
+    img, _, c, *_rest = ARCHS[arch]
+    __import__(RUNTIME_PEERS[peer])  # missing: the contender is skipped, named
+    path = _exported(arch, folder)
+    calibration = torch.randn(calib, c, img, img, generator=torch.Generator().manual_seed(1))
+    if peer == "openvino":
+        run = openvino_session(path, precision, calibration.numpy() if precision == "int8" else None)
+    elif peer == "onnxruntime-qdq":
+        if precision != "int8":
+            raise ValueError("the QDQ contender is static int8 only")
+        run = _ort_static_qdq(path, calibration)
+    else:
+        run = onnxruntime_session(path, precision)
+    x = torch.randn(batch, c, img, img, generator=torch.Generator().manual_seed(2)).numpy()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        want = _runtime_model(arch)(torch.from_numpy(x)).numpy()
+    check = agreement(run(x), want, precision)
+    return (lambda: run(x)), check
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -155,6 +242,7 @@ class Contender:
     error: str | None = None
     setup_s: float | None = None  # building, warm-up and compiling
     peak_mb: float | None = None  # GPU only: peak allocated during warm-up, above what was there
+    check: dict | None = None  # runtimes: outputs against fp32 eager (max_abs_diff, min_cosine, within)
 
     @property
     def label(self) -> str:
@@ -207,6 +295,29 @@ SUITES = {
             ("timm+vitkit-serving", "fp32", False),
             ("timm+vitkit-serving", "bf16", False),
             ("timm+vitkit-serving", "int8", False),
+            ("openvino", "fp32", False),
+            ("openvino", "bf16", False),
+            ("openvino", "int8", False),
+            ("onnxruntime", "fp32", False),
+            ("onnxruntime", "int8", False),
+            ("onnxruntime-qdq", "int8", False),
+        ],
+    ),
+    # vitkit against the inference runtimes alone, on the demo model's shape: seconds, not minutes
+    "infer_fmnist": (
+        "fmnist",
+        "infer",
+        64,
+        [
+            ("vitkit", "fp32", False),
+            ("openvino", "fp32", False),
+            ("onnxruntime", "fp32", False),
+            ("vitkit", "bf16", False),
+            ("openvino", "bf16", False),
+            ("vitkit", "int8", False),
+            ("openvino", "int8", False),
+            ("onnxruntime", "int8", False),
+            ("onnxruntime-qdq", "int8", False),
         ],
     ),
     "infer_b16_bs1": (
@@ -266,8 +377,10 @@ def run_suite(
     compile_too: bool,
     device: str = "cpu",
     precisions: tuple[str, ...] | None = None,
+    calib: int = 64,
 ) -> dict:
     arch, mode, batch, spec = SUITES[name]
+    scratch = tempfile.TemporaryDirectory(prefix="vitkit-peers-")  # the runtimes' exported files
     if precisions is not None:
         spec = [c for c in spec if c[1] in precisions]
     if compile_too:
@@ -281,9 +394,14 @@ def run_suite(
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
-            model = PEERS[ct.peer](arch)
             t = time.perf_counter()
-            ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile, ct.peer, device)
+            if ct.peer in RUNTIME_PEERS:
+                if device != "cpu" or ct.compile:
+                    raise RuntimeError("the runtimes run on the CPU, uncompiled")
+                ct.step, ct.check = runtime_step(ct.peer, arch, ct.precision, batch, Path(scratch.name), calib)
+            else:
+                model = PEERS[ct.peer](arch)
+                ct.step = make_step(model, arch, mode, ct.precision, batch, ct.compile, ct.peer, device)
             for _ in range(warmup):
                 ct.step()
             _sync(device)
@@ -330,8 +448,10 @@ def run_suite(
                 "round_medians_s": ct.times,
                 "setup_s": ct.setup_s,
                 "peak_memory_mb": ct.peak_mb,
+                "vs_fp32_eager": ct.check,
             }
         )
+    scratch.cleanup()
     return {
         "suite": name,
         "arch": arch,
@@ -341,6 +461,13 @@ def run_suite(
         "rows": rows,
         "ceilings": ceilings,
     }
+
+
+def _agreement_text(check: dict | None) -> str:
+    if not check:
+        return ""
+    off = "" if check["within"] else "  OUTSIDE TOLERANCE"
+    return f"   vs fp32 eager: max diff {check['max_abs_diff']:.1e}, cosine {check['min_cosine']:.5f}{off}"
 
 
 def print_suite(res: dict) -> None:
@@ -363,7 +490,7 @@ def print_suite(res: dict) -> None:
         ratio = f"{r['images_per_s'] / ref:.2f}x" if ref and uses_vitkit_serving(r["peer"]) else ""
         mem = f" {r['peak_memory_mb']:9.0f}" if gpu and r.get("peak_memory_mb") is not None else ""
         line = f"{r['contender']:<32} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}"
-        print(line + mem)
+        print(line + mem + _agreement_text(r.get("vs_fp32_eager")))
     ceilings = ", ".join(f"{p} {c:.0f}" for p, c in res["ceilings"].items())
     print(f"matmul ceilings (GFLOP/s; int8 GOP/s), best of the rounds: {ceilings}")
     vk = max((r["images_per_s"] for r in ok if r["peer"] == "vitkit"), default=None)
@@ -409,6 +536,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also run vitkit and timm under torch.compile")
     ap.add_argument("--memory", action="store_true", help="peak memory of a ViT-B/16 training step per peer")
     ap.add_argument("--json", default="benchmarks/out/peers.json")
+    ap.add_argument("--calib", type=int, default=64, help="random images that calibrate the runtimes' static int8")
     ap.add_argument(
         "--precisions",
         default="auto",
@@ -445,7 +573,7 @@ def main() -> None:
     }
     if args.device != "cpu":
         info["gpu"] = torch.cuda.get_device_name()
-    for mod in ("timm", "transformers", "torchvision"):
+    for mod in ("timm", "transformers", "torchvision", "openvino", "onnxruntime", "nncf"):
         try:
             info[mod] = __import__(mod).__version__
         except Exception:
@@ -492,7 +620,7 @@ def _run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     default = [n for n in SUITES if (n in GPU_SUITES) == (args.device != "cpu")]
     for name in args.suite or default:
         precisions = tuple(args.precisions.split(","))
-        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile, args.device, precisions)
+        res = run_suite(name, args.rounds, args.iters, args.warmup, args.compile, args.device, precisions, args.calib)
         print_suite(res)
         results.append(res)
     memory = {}

@@ -140,14 +140,22 @@ def _check_cpu_kind(table: Table, data: dict, args: dict[str, str]) -> None:
 
 
 def _check_int8_accuracy(table: Table, data: dict, args: dict[str, str]) -> None:
-    """int8_accuracy.py: one row a precision (named in backticks in the first cell); top-1, images/s."""
+    """int8_accuracy.py: one row a precision (named in backticks in the first cell); top-1, images/s
+    and, where the table has them, the difference from fp32, top-1 agreement and cosines."""
     assert "top-1" in table.header[1] and "images/s" in table.header[2]
     rows = {re.search(r"`([^`]+)`", row[0]).group(1): row for row in table.rows}
     assert set(rows) == {r["precision"] for r in data["rows"]}, "one row per precision in the JSON"
+    extra = {"top-1 agreement": "top1_agreement", "cosine, mean": "cosine_mean", "cosine, min": "cosine_min"}
     for result in data["rows"]:
         row = rows[result["precision"]]
+        if "skipped" in result:
+            assert row[1].startswith("skipped"), row
+            continue
         assert shown_equals(row[1], result["top1"]), row
         assert shown_equals(row[2], result["images_per_s"]), row
+        for heading, cell in zip(table.header[3:], row[3:]):
+            if heading in extra:
+                assert shown_equals(cell, result[extra[heading]]), (heading, row)
 
 
 def _check_peers(table: Table, data: dict, args: dict[str, str]) -> None:

@@ -33,7 +33,7 @@ from torch import nn
 
 from .cpu import cpu_info
 from .models.adapters import adapted_layers, merge_adapters
-from .models.vit import Attention, Mlp
+from .models.vit import Attention, Block, Mlp
 from .precision import bf16_support, resolve_precision
 from .runtime import PINS, fastest, pinned, record_choice
 
@@ -538,6 +538,76 @@ def calibrate_int8(model: nn.Module, batches: torch.Tensor | Iterable[torch.Tens
     return len(layers)
 
 
+def _smoothable(model: nn.Module) -> list[tuple[nn.LayerNorm, nn.Linear]]:
+    """The (LayerNorm, linear layer) pairs of vitkit's blocks where the norm's output feeds only
+    that layer: qkv after ``norm1``, an MLP's first layer after ``norm2``."""
+    pairs = []
+    for block in model.modules():
+        if type(block) is not Block:
+            continue
+        candidates = [(block.norm1, getattr(block.attn, "qkv", None))]
+        if type(block.mlp) is Mlp:
+            candidates.append((block.norm2, block.mlp.fc1))
+        for norm, linear in candidates:
+            if type(norm) is nn.LayerNorm and norm.elementwise_affine and type(linear) is nn.Linear:
+                pairs.append((norm, linear))
+    return pairs
+
+
+@torch.inference_mode()
+def smooth_activations(
+    model: nn.Module, batches: torch.Tensor | Iterable[torch.Tensor | tuple[torch.Tensor, Any]], alpha: float = 0.5
+) -> int:
+    """Activation smoothing (SmoothQuant, Xiao et al. 2023) of an fp32 model in place, before its
+    linear layers are quantised: the few input channels of a layer with outliers make one
+    per-tensor activation scale coarse for all the others. Each input channel ``j`` of a layer
+    that reads a LayerNorm's output is divided by ``s_j = max|x_j|^alpha / max|w_j|^(1 - alpha)``
+    (folded into the norm's scale and shift) and its weight column multiplied by it: the product
+    is unchanged in exact arithmetic, and the outliers move into the weights, which are quantised
+    per output channel. ``max|x_j|`` is taken over ``batches``.
+
+    Args:
+        model: a vitkit ViT in fp32 (not prepared for inference yet); changed in place.
+        batches: calibration images, as :func:`calibrate_int8` takes them.
+        alpha: how much of the range moves to the weights (0: none, 1: all).
+
+    Returns:
+        The number of linear layers smoothed.
+
+    Raises:
+        ValueError: ``alpha`` outside [0, 1], or ``batches`` holds no image.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    pairs = _smoothable(model)
+    peaks: dict[int, torch.Tensor] = {}
+
+    def observe(layer: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        peak = args[0].detach().abs().float().reshape(-1, args[0].shape[-1]).amax(dim=0)
+        peaks[id(layer)] = torch.maximum(peaks[id(layer)], peak) if id(layer) in peaks else peak
+
+    hooks = [linear.register_forward_pre_hook(observe) for _, linear in pairs]
+    seen = 0
+    try:
+        for images in [batches] if isinstance(batches, torch.Tensor) else batches:
+            images = images[0] if isinstance(images, (tuple, list)) else images
+            model(images.float())
+            seen += len(images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not seen:
+        raise ValueError("smooth_activations got no images")
+    for norm, linear in pairs:
+        x_peak = peaks[id(linear)].clamp(min=1e-5)
+        w_peak = linear.weight.abs().amax(dim=0).float().clamp(min=1e-5)
+        scale = (x_peak.pow(alpha) / w_peak.pow(1 - alpha)).clamp(min=1e-5)  # (in_features,)
+        norm.weight.div_(scale)
+        norm.bias.div_(scale)
+        linear.weight.mul_(scale[None, :])
+    return len(pairs)
+
+
 def _act_name(module: nn.Module) -> str | None:
     if isinstance(module, nn.GELU):
         return "gelu_tanh" if module.approximate == "tanh" else "gelu"
@@ -712,6 +782,7 @@ def prepare_inference(
     copy_model: bool = True,
     calibration: torch.Tensor | Iterable[torch.Tensor | tuple[torch.Tensor, Any]] | None = None,
     merge: int = 0,
+    smooth: float | None = None,
 ) -> nn.Module:
     """An inference-only model prepared once for serving: a copy, or ``model`` itself converted
     in place when ``copy_model`` is False (saves memory when the original is not needed).
@@ -736,6 +807,9 @@ def prepare_inference(
             each activation's range per batch), as :func:`calibrate_int8` takes; None: dynamic.
         merge: token merging (:func:`vitkit.models.merge.apply_token_merging`): patch tokens
             merged in each block of a ViT; 0: none.
+        smooth: with ``calibration``, first smooth the activations of the layers that read a
+            LayerNorm (:func:`smooth_activations`) with this ``alpha`` (0.5 is SmoothQuant's);
+            None: no smoothing.
 
     Returns:
         The prepared model, in eval mode; ``input_dtype`` is the dtype its
@@ -763,10 +837,16 @@ def prepare_inference(
         raise RuntimeError(f"pack=True needs oneDNN's {precision} linear kernels; this torch build or CPU has none")
     if calibration is not None and not (precision == "int8" and pack):
         raise ValueError("calibration sets static int8 scales: it needs precision='int8' on oneDNN (pack)")
+    if smooth is not None and calibration is None:
+        raise ValueError("smooth needs calibration images (static int8)")
     if copy_model:
         model = copy.deepcopy(model)
     if adapted_layers(model):  # LoRA/DoRA: served as plain weights, which every kernel below takes
         merge_adapters(model)
+    if smooth is not None:
+        if not isinstance(calibration, torch.Tensor):
+            calibration = list(calibration)  # read twice: smoothing, then the scales
+        smooth_activations(model.float().eval(), calibration, smooth)
     if merge:
         from .models.merge import apply_token_merging
 
@@ -807,4 +887,5 @@ __all__ = [
     "onednn_linear_available",
     "pack_linears",
     "prepare_inference",
+    "smooth_activations",
 ]

@@ -349,3 +349,34 @@ def split_arguments(p: argparse.ArgumentParser, max_train: int | None, max_train
     p.add_argument("--test-split", default="test")
     p.add_argument("--max-train", type=count(1), default=max_train, help=max_train_help)
     p.add_argument("--max-test", type=count(1), default=None, help="a random subset of the test split (default: all)")
+
+
+BACKEND_HELP = (
+    "what computes the model on the CPU: torch (default: vitkit's own path); openvino or onnxruntime "
+    "(vitkit's ONNX export run by that package); auto: whichever is fastest here with outputs within "
+    "tolerance, measured once per model and machine and recorded beside the weights"
+)
+
+
+def backend_argument(p: argparse.ArgumentParser) -> None:
+    """``--backend``: torch (the default), openvino, onnxruntime or auto (:mod:`vitkit.backends`)."""
+    p.add_argument(
+        "--backend", choices=["auto", "torch", "openvino", "onnxruntime"], default="torch", help=BACKEND_HELP
+    )
+
+
+def chosen_backend(args: argparse.Namespace, model: Any, precision: str, calibration: Any = None) -> Any:
+    """The runtime model ``--backend`` asks for (None: vitkit's own path), with what ``auto``
+    measured, or read from its record, said on stderr."""
+    from ..backends import serving_backend
+
+    runner, decision = serving_backend(model, args.backend, precision, args.device, calibration)
+    if decision is not None and decision.reason is None:
+        speeds = ", ".join(f"{name} {ips:,.1f}" for name, ips in decision.images_per_s.items())
+        how = "as recorded in" if decision.cached else "measured now, recorded in"
+        note(f"backend auto: {decision.backend} for {precision} (images/s {speeds}; {how} {decision.file})")
+    elif decision is not None:
+        note(f"backend auto: torch ({decision.reason})")
+    elif runner is not None:
+        note(f"backend {runner.backend} ({precision})")
+    return runner

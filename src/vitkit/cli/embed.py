@@ -12,6 +12,8 @@ from ..errors import UsageError
 from .common import (
     WEIGHTS_HELP,
     adapter_argument,
+    backend_argument,
+    chosen_backend,
     chosen_precision,
     count,
     load_model,
@@ -56,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
     precision_argument(p)
     merge_argument(p)
+    backend_argument(p)
     p.add_argument("--workers", type=count(0, 256), default=4, help="threads that decode images (0: none)")
     adapter_argument(p)
 
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     files = image_files(args.folder)
     model = with_merging(load_model(args.ckpt, adapter=args.adapter_weights), args.merge)
     precision = chosen_precision(args.precision, args.device)
+    runner = chosen_backend(args, model, precision)
     try:
         with progress_bar("embed", len(files)) as update:
             res = embed_folder(
@@ -84,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 files=files,
                 workers=args.workers,
                 progress=update,
+                runner=runner,
             )
     except KeyboardInterrupt:
         print(f"note: finished batches are kept in {out}.parts; the same command resumes", file=sys.stderr)

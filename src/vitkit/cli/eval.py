@@ -11,6 +11,8 @@ from ..errors import UsageError, writing
 from ..files import slug
 from .common import (
     adapter_argument,
+    backend_argument,
+    chosen_backend,
     chosen_precision,
     count,
     describe,
@@ -20,6 +22,7 @@ from .common import (
     pct,
     precision_argument,
     progress,
+    real,
     size_of,
     with_merging,
 )
@@ -35,10 +38,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "or bf16 weights with --serve); int8 (served, CPU only)"
     )
     precision_argument(p, "int8", help=text)
+    backend_argument(p)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--serve", action="store_true", help="evaluate the model as prepare_inference serves it")
     p.add_argument("--calib", type=count(0), default=512, help="int8: images that calibrate static scales (0: dynamic)")
     p.add_argument("--calib-split", default="train", help="int8: the split the calibration images come from")
+    p.add_argument(
+        "--smooth",
+        type=real(0.0),
+        default=None,
+        metavar="ALPHA",
+        help="static int8: smooth the activations first (SmoothQuant; ALPHA in [0, 1], 0.5 typical)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
     merge_argument(p)
     p.add_argument("--split", default="test")
@@ -53,6 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _calibration(model: Any, args: argparse.Namespace) -> list[Any] | None:
+    """int8 under a runtime backend: the ``--calib`` images of ``--calib-split`` (None otherwise)."""
+    if args.precision != "int8" or args.backend == "torch" or not args.calib:
+        return None
+    from ..data import build_dataset
+    from ..eval import model_inputs
+
+    source = build_dataset(args.data, args.calib_split)
+    return [x for x, _ in model_inputs(model, source, batch_size=args.batch_size, max_images=args.calib)]
+
+
 def _served(model: Any, args: argparse.Namespace) -> Any:
     """The model as ``prepare_inference`` serves it; int8 calibrated on ``--calib`` images of
     ``--calib-split`` (0: dynamic quantisation)."""
@@ -61,9 +83,19 @@ def _served(model: Any, args: argparse.Namespace) -> Any:
 
     static = args.precision == "int8" and args.calib > 0 and onednn_int8_available()
     calib = args.calib if static else 0
-    served, used = served_model(model, args.precision, args.data, args.calib_split, calib, args.batch_size, args.device)
+    if args.smooth is not None and args.smooth > 1:
+        raise UsageError(f"--smooth: alpha must be in [0, 1], got {args.smooth:g}")
+    if args.smooth is not None and not static:
+        raise UsageError("--smooth needs static int8: --precision int8 with --calib above 0, on oneDNN's int8 kernels")
+    served, used = served_model(
+        model, args.precision, args.data, args.calib_split, calib, args.batch_size, args.device, args.smooth
+    )
     if static:
-        print(f"int8: activation scales calibrated on {used} images of {args.data} {args.calib_split}", file=sys.stderr)
+        smoothed = f", after smoothing (alpha {args.smooth:g})" if args.smooth is not None else ""
+        print(
+            f"int8: activation scales calibrated on {used} images of {args.data} {args.calib_split}{smoothed}",
+            file=sys.stderr,
+        )
     elif args.precision == "int8":
         why = "--calib 0" if not args.calib else "this torch build has no oneDNN int8 kernels"
         print(f"int8: dynamic quantisation (activation scales from each batch; {why})", file=sys.stderr)
@@ -124,10 +156,15 @@ def run(args: argparse.Namespace) -> int:
         )
     order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
-    if args.serve or precision == "int8":
+    if args.compile and args.backend not in ("torch", "auto"):
+        raise UsageError(f"--compile compiles vitkit's own path; --backend {args.backend} runs a runtime instead")
+    runner = chosen_backend(args, model, precision, _calibration(model, args))
+    if runner is not None:
+        model, mode, precision = runner, runner.backend, "fp32"  # the runtime carries its precision
+    elif args.serve or precision == "int8":
         model, mode = _served(model, args), "served"
         precision = "fp32"  # the served model carries its precision; no autocast around it
-    if args.compile:
+    if args.compile and runner is None:
         model, mode = torch.compile(model), f"{mode}, compiled"  # the throughput includes compiling
     with progress(f"eval {args.split}", size_of(dataset, args.max_images)) as update:
         m = evaluate(

@@ -7,6 +7,8 @@ import argparse
 from .common import (
     WEIGHTS_HELP,
     adapter_argument,
+    backend_argument,
+    chosen_backend,
     chosen_precision,
     count,
     describe,
@@ -27,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=parse_device, default="cpu")
     precision_argument(p)
     merge_argument(p)
+    backend_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")
     adapter_argument(p)
 
@@ -46,8 +49,14 @@ def run(args: argparse.Namespace) -> int:
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
     precision = chosen_precision(args.precision, args.device)
     thresholds = stored_thresholds(model)  # a multi-label model's, chosen on its minival
+    runner = chosen_backend(args, model, precision)
     predictions = predict(
-        model, images.inputs, top_k=args.top_k, device=args.device, precision=precision, thresholds=thresholds
+        runner if runner is not None else model,
+        images.inputs,
+        top_k=args.top_k,
+        device=args.device,
+        precision=precision if runner is None else "fp32",  # a runtime carries its precision
+        thresholds=thresholds,
     )
     for path, preds in zip(args.images, predictions):
         print(path)

@@ -34,6 +34,7 @@ one at a time, written atomically, and the parts are removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -388,6 +389,7 @@ def embed_folder(
     files: Sequence[str] | None = None,
     workers: int = 0,
     progress: Callable[[int], None] | None = None,
+    runner: nn.Module | None = None,
 ) -> EmbeddingResult:
     """Embed every image file under ``folder`` with ``model`` (see the module doc).
 
@@ -407,6 +409,9 @@ def embed_folder(
         files: the images to embed, relative to ``folder`` (default: :func:`image_files`).
         workers: threads that decode images while others wait (0: decode in this thread).
         progress: called with the number of images of each batch, computed or read back.
+        runner: what computes the embeddings instead of ``model`` (a
+            :class:`vitkit.backends.RuntimeModel`, which carries its own precision); None: ``model``
+            as ``precision`` says.
 
     Returns:
         An :class:`EmbeddingResult`. Its ``vectors`` are None when ``out`` is given (the file
@@ -423,12 +428,15 @@ def embed_folder(
     dev = torch.device(device)
     listed = list(files) if files is not None else None
     run = _prepare_run(model, Path(folder), listed, pool, batch_size, dev, resolve_precision(precision, dev).name)
+    if runner is not None:  # it carries its precision (no autocast); batches of another backend are not reused
+        run = dataclasses.replace(run, precision="fp32")
+        run.key["computed_by"] = run.metadata["backend"] = f"{runner.backend} {runner.precision}"
     parts = _Parts(out_path, run.key) if out_path is not None else None
     if parts is not None:
         parts.open()
     was_training = model.training
     model.eval().to(run.device)
-    net = _served(model, run)
+    net = runner if runner is not None else _served(model, run)
     if net is not model:
         pool_fn = pool_function(net, pool)
     with contextlib.ExitStack() as stack:

@@ -340,6 +340,7 @@ def served_model(
     calib_images: int = 512,
     batch_size: int = 256,
     device: str | torch.device = "cpu",
+    smooth: float | None = None,
 ) -> tuple[nn.Module, int]:
     """``model`` as :func:`vitkit.inference.prepare_inference` serves it in ``precision``, and
     the number of calibration images used. int8 with ``calib_images > 0`` calibrates static
@@ -355,6 +356,8 @@ def served_model(
         calib_images: how many images static int8 is calibrated on; 0: dynamic int8.
         batch_size: images a batch while the calibration images are read.
         device: where the served model runs; int8 runs on the CPU only.
+        smooth: static int8: smooth the activations first with this alpha
+            (:func:`vitkit.inference.smooth_activations`); None: no smoothing.
 
     Returns:
         (the served model, the number of calibration images used: 0 unless int8 was calibrated).
@@ -378,4 +381,4 @@ def served_model(
         source = build_dataset(data, split) if isinstance(data, str) else data
         calibration = list(model_inputs(model, source, batch_size=batch_size, max_images=calib_images))
     used = sum(len(x) for x, _ in calibration) if calibration else 0
-    return prepare_inference(model.to(dev), precision, calibration=calibration), used
+    return prepare_inference(model.to(dev), precision, calibration=calibration, smooth=smooth), used
