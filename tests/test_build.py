@@ -59,5 +59,5 @@ def test_a_sigmoid_head_starts_at_probability_one_over_k(tmp_path):
 
 def test_fewer_classes_than_the_data_is_refused_in_one_line():
     recipe = recipe_from_dict(changed(TINY_VIT, model__overrides__num_classes=5))
-    with pytest.raises(RecipeError, match="num_classes 5 is smaller than the 10 classes of synthetic"):
+    with pytest.raises(RecipeError, match="num_classes 5 is smaller than the data's 10 classes"):
         build_model(recipe, 10, 3)

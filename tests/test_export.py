@@ -369,12 +369,11 @@ def test_the_default_keeps_the_kernel_timed_faster_and_times_each_shape_once(mon
     monkeypatch.setattr(inference, "_KERNEL_CHOICES", {})
     timed = []
 
-    def seconds(fn, repeats=5):  # oneDNN is timed first, then torch (choose_linear_kernel's order)
-        timed.append(fn)
-        first = len(timed) % 2 == 1
-        return (1.0 if first else 2.0) if faster == "onednn" else (2.0 if first else 1.0)
+    def fastest(candidates, **timing):  # every candidate timed, the one the case says wins
+        timed.extend(candidates.values())
+        return faster, {name: 1.0 if name == faster else 2.0 for name in candidates}
 
-    monkeypatch.setattr(inference, "best_seconds", seconds)
+    monkeypatch.setattr(inference, "fastest", fastest)
     m = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=3, num_classes=5).eval()
     torch.nn.init.normal_(m.head.weight, std=0.1)
     x = torch.randn(2, 3, 32, 32)

@@ -253,7 +253,7 @@ def test_nesterov_without_momentum_is_refused():
 def test_a_recipe_built_in_python_gets_the_same_checks(tmp_path):
     with pytest.raises(RecipeError, match=r"train\.steps must be in \[1, 1000000000\], got 0"):
         Trainer(Recipe(train=TrainSection(steps=0)), tmp_path / "run")
-    with pytest.raises(RecipeError, match=r"train\.device must be auto, cpu, cuda or cuda:N, got 'tpu'"):
+    with pytest.raises(RecipeError, match=r"train\.device: expected cpu, cuda or cuda:N, got 'tpu'"):
         train(tiny(train__device="tpu"), tmp_path / "run")
     with pytest.raises(RecipeError, match=r"model\.overrides\.num_classes 5 is smaller than the 10 classes"):
         Trainer(tiny(model__overrides__num_classes=5), tmp_path / "run2")

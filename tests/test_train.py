@@ -419,7 +419,7 @@ def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
 
 
 def test_training_keeps_freed_memory_mapped(monkeypatch):
-    from vitkit.train import allocator
+    from vitkit import allocator
 
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setenv("VITKIT_KEEP_FREED_MEMORY", "0")

@@ -122,7 +122,7 @@ def test_cli_caps_points_and_images_and_prints_the_size(tmp_path, capsys):
     html = out.read_text()
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", html)  # nothing fetched from anywhere
     assert main(["view", str(ckpt), str(tmp_path / "nothing"), "--out", str(out)]) == 2
-    assert "nothing: no such file or folder" in capsys.readouterr().err
+    assert "nothing: no such image file" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------

@@ -27,7 +27,15 @@ def keep_freed_memory(mmap_threshold_mb: int = 32, trim_threshold_mb: int = 1024
     ``trim_threshold_mb`` of freed memory mapped, for the whole process (once; later calls return
     the first answer). Left alone where the user chose an allocator or its settings
     (``LD_PRELOAD``, ``GLIBC_TUNABLES``, ``MALLOC_*``), off Linux or glibc, and when
-    ``VITKIT_KEEP_FREED_MEMORY=0``. Returns whether the setting took effect."""
+    ``VITKIT_KEEP_FREED_MEMORY=0``.
+
+    Args:
+        mmap_threshold_mb: blocks up to this size come from the heap.
+        trim_threshold_mb: freed memory kept mapped at the heap's top.
+
+    Returns:
+        Whether the setting took effect.
+    """
     global _applied
     if _applied is not None:
         return _applied

@@ -904,7 +904,7 @@ def check_hf_shapes(config: dict[str, Any], sd: dict[str, torch.Tensor], depth: 
         "num_channels": cin,
         "patch_size": ph if ph == pw else [ph, pw],
     }
-    if "blocks.0.mlp.fc2.weight" in sd:
+    if "blocks.0.mlp.fc2.weight" in sd and config.get("model_type", "vit") == "vit":  # DINOv2's: mlp_ratio
         found["intermediate_size"] = sd["blocks.0.mlp.fc2.weight"].shape[1]
     for key, actual in found.items():
         if key not in config:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from ..errors import RecipeError, VitkitError
@@ -18,8 +19,8 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int, notes: list[str
     """The recipe's model before its first step: built (or loaded from ``model.init_from``) with the
     recipe's overrides, initialised as the recipe says and with its head's bias set (0 for a softmax
     head, ``-log K`` for a sigmoid one, or ``train.head_bias_init``); with ``finetune.adapter``, its
-    weights frozen under LoRA or DoRA adapters. The caller seeds torch's
-    generator first (``torch.manual_seed(recipe.seed)``) so that the weights are a function of it.
+    weights frozen under LoRA or DoRA adapters. Torch's generator is seeded
+    by ``recipe.seed`` first, so that the weights are a function of it.
 
     Args:
         recipe: the recipe.
@@ -34,6 +35,7 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int, notes: list[str
         RecipeError: overrides the model refuses, or fewer classes than the data has.
     """
     r = recipe
+    torch.manual_seed(r.seed)  # the weights are a function of the seed alone
     overrides = dict(r.model.overrides)
     overrides.setdefault("num_classes", num_classes)
     if overrides["num_classes"] < num_classes:
