@@ -216,8 +216,9 @@ class Trainer:
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
         self.keeper = Keeper(plan, self.folder, self.model, self.optimizer, self.ema, self.progress.message)
         digest = plan.teacher.digest if plan.teacher is not None else None
-        self.state = self.keeper.resume(TrainState(teacher_digest=digest, precision=self.precision.name))
-        self.resumed_from = self.state.step if list_checkpoints(self.out / "checkpoints") else None
+        fresh = TrainState(teacher_digest=digest, precision=self.precision.name)
+        self.state = self.keeper.resume(fresh)
+        self.resumed_from = None if self.state is fresh else self.state.step
         self.compute.weights_loaded(self.info)
         self.events = Events()
         self._saved_at = time.monotonic()
