@@ -11,6 +11,18 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now: tests that start torchrun take one each,
+    so that two of them running at once (pytest-xdist) never share a rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 FIXTURES = Path(os.environ.get("VITKIT_FIXTURES", REPO.parent / "shared" / "fixtures" / "official"))
 
 

@@ -25,6 +25,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
 ]
 
+from conftest import free_port  # noqa: E402
 from test_train import write_recipe  # noqa: E402  (the tiny recipe the CPU tests use)
 
 
@@ -135,7 +136,7 @@ def test_torchrun_with_nccl_on_one_gpu(tmp_path):
             "--nproc-per-node",
             "1",
             "--master-port",
-            "29531",
+            str(free_port()),
             "-m",
             "vitkit",
             "train",

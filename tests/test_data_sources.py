@@ -20,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import free_port
 from vitkit.data import DataError, ImageFolder, ShardDataset, build_dataset, expand_braces, shard_paths
 from vitkit.data import cifar as cifar_module
 from vitkit.data.cifar import load_cifar, load_numpy_pickle
@@ -488,7 +489,7 @@ def test_two_processes_train_on_through_a_batch_one_of_them_cannot_read(tmp_path
         "log": {"log_every": 1, "eval_every": 0, "checkpoint_every": 0, "plot": False, "tensorboard": False},
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
     cmd += [
         "-m",
         "vitkit",

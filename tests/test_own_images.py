@@ -18,6 +18,7 @@ import yaml
 from PIL import Image
 
 from _recipes import TINY_VIT, changed
+from conftest import free_port
 from vitkit.data import build_dataset
 from vitkit.errors import DataError, TrainingError
 from vitkit.eval.classify import confusion_matrix, per_class_prf
@@ -354,7 +355,7 @@ def test_a_multi_label_run_under_torchrun_matches_one_process(tmp_path):
     run = {"env": env, "capture_output": True, "text": True}
     one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], **run)
     assert one.returncode == 0, one.stderr[-2000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
     two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], **run)
     assert two.returncode == 0, two.stderr[-2000:]
 

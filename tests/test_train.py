@@ -16,6 +16,7 @@ import yaml
 
 import vitkit
 from _recipes import changed, stopped_and_resumed
+from conftest import free_port
 from vitkit.train import RecipeError, TrainingError, load_recipe, lr_at, parse_set, train
 from vitkit.train.config import OptimSection
 from vitkit.train.state import list_checkpoints, load_train_state
@@ -374,7 +375,7 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
             "--nproc-per-node",
             "2",
             "--master-port",
-            str(29517 + int(fsdp) + 2 * int(bf16) + 3 * int(muon)),
+            str(free_port()),
             *base,
             "--out",
             str(tmp_path / "two"),
@@ -406,7 +407,7 @@ def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
     run = {"env": env, "capture_output": True, "text": True}
     one = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], **run)
     assert one.returncode == 0, one.stderr[-2000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
     two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], **run)
     assert two.returncode == 0, two.stderr[-2000:]
 
