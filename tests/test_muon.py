@@ -9,6 +9,7 @@ import torch
 
 import vitkit
 from _recipes import stopped_and_resumed, tiny_recipe
+from conftest import free_port
 from vitkit.errors import RecipeError
 from vitkit.precision import resolve_precision
 from vitkit.train import load_recipe, train
@@ -211,7 +212,7 @@ def test_data_parallel_processes_share_the_iteration(tmp_path):
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "shares")
-    mp.spawn(_share_orthogonalization, args=(2, 29581, out), nprocs=2)
+    mp.spawn(_share_orthogonalization, args=(2, free_port(), out), nprocs=2)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
     for r in ranks:
         assert r["iterated"] == [1, 1, 2, 2, 3]  # n = 1 whole; then ceil(n / 2) each, zero-padded

@@ -222,3 +222,29 @@ def test_bench_and_serving_resolve_auto(branch):
     assert r.precision == BRANCHES[branch]
     served = prepare_inference(tiny(), "auto")
     assert served.input_dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[BRANCHES[branch]]
+
+
+def test_a_name_is_resolved_once_on_entry_and_a_precision_passes_as_it_is(branch):
+    choice = P.resolve_precision("auto")
+    assert P.as_precision(choice) is choice
+    assert P.as_precision("auto").name == BRANCHES[branch]
+    assert P.as_precision("fp32").name == "fp32"
+    with pytest.raises(UsageError, match="precision must be one of"):
+        P.as_precision("fp16")
+
+
+def test_serving_takes_int8_beside_the_compute_precisions(branch):
+    assert P.serving_precision("int8") == "int8"
+    assert P.serving_precision("auto") == BRANCHES[branch]
+    assert P.serving_precision(P.resolve_precision("fp32")) == "fp32"
+    with pytest.raises(UsageError, match="auto, fp32, bf16, int8"):
+        P.serving_precision("int4")
+
+
+def test_a_precision_gives_its_forward_context():
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8)
+    with P.Precision("fp32", "fp32", "asked").autocast("cpu"):
+        assert (x @ w).dtype == torch.float32
+    with P.Precision("bf16", "bf16", "asked").autocast("cpu"):
+        assert (x @ w).dtype == torch.bfloat16

@@ -201,6 +201,39 @@ def test_no_function_longer_than_the_limit():
     assert not long, long
 
 
+def _string_precision_parameters(source: str) -> list[str]:
+    """The functions of ``source`` with a parameter named ``precision`` annotated as a plain ``str``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for a in args:
+                if (
+                    a.arg == "precision"
+                    and a.annotation is not None
+                    and ast.unparse(a.annotation) in ("str", "str | None")
+                ):
+                    found.append(node.name)
+    return found
+
+
+def test_precision_travels_as_a_precision_below_the_command_line():
+    """Below the CLI a precision is a :class:`vitkit.precision.Precision` (or a name resolved once,
+    on entry, by ``as_precision``/``serving_precision``), never a bare ``str`` parameter."""
+    bare = [
+        f"{m}.{name}"
+        for m, p in _modules().items()
+        if _package(m) != "cli"
+        for name in _string_precision_parameters(p.read_text())
+    ]
+    assert not bare, bare
+
+
+def test_the_precision_check_finds_a_string_parameter():
+    assert _string_precision_parameters("def f(x, precision: str = 'fp32'):\n    pass\n") == ["f"]
+    assert _string_precision_parameters("def f(x, precision: PrecisionLike = 'fp32'):\n    pass\n") == []
+
+
 def test_help_starts_without_torch():
     code = "import sys; from vitkit.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
     code += "print('torch' in sys.modules)"

@@ -32,7 +32,7 @@ from .inference import (
 )
 from .models.flops import check_memory, count_params, model_flops
 from .models.registry import create_model
-from .precision import resolve_precision
+from .precision import ServingPrecision, serving_precision
 
 
 def _sync(device: torch.device) -> None:
@@ -41,7 +41,7 @@ def _sync(device: torch.device) -> None:
 
 
 def matmul_ceiling(
-    precision: str = "fp32", device: str | torch.device = "cpu", sizes: tuple[int, ...] | None = None
+    precision: ServingPrecision = "fp32", device: str | torch.device = "cpu", sizes: tuple[int, ...] | None = None
 ) -> float:
     """The machine's matrix-multiply GFLOP/s in ``precision`` (int8: GOP/s of oneDNN's int8 kernel
     where there is one, else the bf16 figure): the best over large square matrices of
@@ -59,6 +59,7 @@ def matmul_ceiling(
         The best GFLOP/s (GOP/s for int8) measured, counting a multiply-add as two.
     """
     device = torch.device(device)
+    precision = serving_precision(precision, device)
     sizes = sizes or ((2048, 4096) if device.type == "cpu" else (4096, 8192))
     int8 = precision == "int8" and device.type == "cpu" and onednn_int8_available()
     dtype = _DTYPES.get(precision, torch.bfloat16)
@@ -124,7 +125,7 @@ class BenchResult:
 
     model: str
     mode: str
-    precision: str
+    precision: str  # the name of what ran: "fp32", "bf16" or "int8"
     batch: int
     img_size: list[int]
     device: str
@@ -162,7 +163,7 @@ def make_step(
     x: torch.Tensor,
     y: torch.Tensor,
     mode: str,
-    precision: str,
+    precision: ServingPrecision,
     compile: bool = False,
     pack: bool | None = None,
 ) -> Callable[[], None]:
@@ -189,8 +190,7 @@ def make_step(
         ValueError: an unknown mode, a training precision other than fp32 or bf16, or what
             :func:`prepare_inference` refuses.
     """
-    if precision == "auto":
-        precision = resolve_precision("auto", x.device).name
+    precision = serving_precision(precision, x.device)
     if mode == "infer":
         model = prepare_inference(model, precision, pack=pack, copy_model=False)
         if any(isinstance(m, Int8Linear) for m in model.modules()):
@@ -258,7 +258,7 @@ def bench_model(
     name: str,
     batch: int = 8,
     mode: str = "infer",
-    precision: str = "fp32",
+    precision: ServingPrecision = "fp32",
     img_size: int | tuple[int, int] | None = None,
     compile: bool = False,
     device: str = "cpu",
@@ -295,8 +295,7 @@ def bench_model(
         UsageError: a model and batch that would not fit the memory left.
     """
     dev = torch.device(device)
-    if precision == "auto":
-        precision = resolve_precision("auto", dev).name
+    precision = serving_precision(precision, dev)
     if dev.type == "cpu":
         torch.set_flush_denormal(True)
     baseline_kb = peak_rss_kb()

@@ -34,7 +34,7 @@ from torch import nn
 from .cpu import cpu_info
 from .models.adapters import adapted_layers, merge_adapters
 from .models.vit import Attention, Block, Mlp
-from .precision import bf16_support, resolve_precision
+from .precision import SERVING_PRECISIONS, Precision, ServingName, ServingPrecision, bf16_support, serving_precision
 from .runtime import PINS, fastest, pinned, record_choice
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -760,12 +760,11 @@ def pack_linears(
     return count
 
 
-def _serving_dtypes(model: nn.Module, precision: str, on_cpu: bool) -> tuple[str, torch.dtype, bool]:
-    """(the precision "auto" resolves to on the model's device, the dtype of everything but int8
-    layers, whether oneDNN has the packed kernels for it)."""
-    if precision == "auto":
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        precision = resolve_precision("auto", device).name
+def _serving_dtypes(model: nn.Module, asked: ServingPrecision, on_cpu: bool) -> tuple[ServingName, torch.dtype, bool]:
+    """(the precision ``asked`` resolves to on the model's device, the dtype of everything but
+    int8 layers, whether oneDNN has the packed kernels for it)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    precision = serving_precision(asked, device)
     if precision == "int8" and not on_cpu:
         device = next(p.device for p in model.parameters() if p.device.type != "cpu")
         raise ValueError(f"int8 serving runs on the CPU's int8 kernels; the model is on {device} (use bf16 there)")
@@ -777,7 +776,7 @@ def _serving_dtypes(model: nn.Module, precision: str, on_cpu: bool) -> tuple[str
 
 def prepare_inference(
     model: nn.Module,
-    precision: str = "fp32",
+    precision: ServingPrecision = "fp32",
     pack: bool | None = None,
     copy_model: bool = True,
     calibration: torch.Tensor | Iterable[torch.Tensor | tuple[torch.Tensor, Any]] | None = None,
@@ -799,7 +798,8 @@ def prepare_inference(
     Args:
         model: the model to serve (left unchanged unless ``copy_model`` is False).
         precision: "auto" (bf16 where the device computes it natively and fast, else fp32:
-            :mod:`vitkit.precision`), "fp32", "bf16" (bf16 weights) or "int8".
+            :mod:`vitkit.precision`), "fp32", "bf16" (bf16 weights), "int8", or a resolved
+            :class:`~vitkit.precision.Precision`.
         pack: True to pack every linear layer (:class:`PackedLinear`, :class:`Int8Linear`), False
             none (int8 then uses ``quantize_dynamic``), None (the default) to decide as above.
         copy_model: convert a deep copy (True) or ``model`` itself (False).
@@ -822,7 +822,7 @@ def prepare_inference(
             :func:`calibrate_int8` or :func:`~vitkit.models.merge.apply_token_merging` refuses.
         RuntimeError: ``pack=True`` where this torch build or CPU lacks oneDNN's kernels.
     """
-    if precision not in ("auto", "fp32", "bf16", "int8"):
+    if not isinstance(precision, Precision) and precision not in SERVING_PRECISIONS:
         raise ValueError(f"precision must be auto, fp32, bf16 or int8, got {precision!r}")
     if any(isinstance(m, (PackedLinear, Int8Linear)) for m in model.modules()):
         raise ValueError("this model was prepared for inference already; prepare the original model instead")

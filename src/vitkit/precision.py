@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import os
 import platform
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -78,6 +80,19 @@ class Precision:
         """Whether the step computes in bf16."""
         return self.name == "bf16"
 
+    def autocast(self, device: str | torch.device) -> AbstractContextManager[object]:
+        """The context a forward pass computes in: none for fp32, bf16 autocast for bf16.
+
+        Args:
+            device: where the forward pass runs.
+
+        Returns:
+            A context manager.
+        """
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
     def describe(self) -> str:
         """One line for a run's first messages and its run folder, e.g.
         ``precision: auto -> fp32 (no native bf16 on this CPU (AVX2))``.
@@ -93,6 +108,10 @@ class Precision:
 
 PrecisionChoice = Precision
 """The former name of :class:`Precision`."""
+
+PrecisionLike = Precision | Literal["auto", "fp32", "bf16"]
+"""What the library's functions take for a precision: a resolved :class:`Precision` (what the
+commands and a run's plan pass), or a name that :func:`as_precision` resolves once on entry."""
 
 _SUPPORT: dict[tuple[str, str | None], Bf16Support] = {}
 _COST: dict[str, float] = {}
@@ -231,6 +250,54 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu") -> Pre
     return Precision(requested, requested, support.reason, warning)
 
 
+SERVING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+"""The precisions a model may be served in: the compute precisions and int8 (quantised weights)."""
+ServingName = Literal["fp32", "bf16", "int8"]
+"""A serving precision once resolved: what :func:`serving_precision` returns."""
+ServingPrecision = Precision | Literal["auto", "fp32", "bf16", "int8"]
+"""What serving, export and the benchmarks take: a compute precision, or int8."""
+
+
+def serving_precision(value: ServingPrecision, device: str | torch.device = "cpu") -> ServingName:
+    """The precision a model is served in: "int8" as asked, else the resolved compute precision.
+
+    Args:
+        value: a :class:`Precision`, or "auto", "fp32", "bf16" or "int8".
+        device: where the model runs ("auto" is resolved there).
+
+    Returns:
+        "fp32", "bf16" or "int8".
+
+    Raises:
+        UsageError: for a name other than these four.
+    """
+    if isinstance(value, Precision):
+        return value.name  # type: ignore[return-value]
+    if value == "int8":
+        return "int8"
+    if value not in PRECISIONS:
+        raise UsageError(f"precision must be one of {', '.join(SERVING_PRECISIONS)}; got {value!r}")
+    return resolve_precision(value, device).name  # type: ignore[return-value]
+
+
+def as_precision(value: PrecisionLike, device: str | torch.device = "cpu") -> Precision:
+    """``value`` as a :class:`Precision`: itself when it is one, else the name resolved on ``device``.
+
+    Args:
+        value: a :class:`Precision`, or "auto", "fp32" or "bf16".
+        device: where the computation runs (for a name only).
+
+    Returns:
+        The resolved precision.
+
+    Raises:
+        UsageError: for a name other than these three.
+    """
+    if isinstance(value, Precision):
+        return value
+    return resolve_precision(value, device)
+
+
 def take_warning(choice: Precision) -> str | None:
     """``choice.warning`` the first time a process asks for it, None after (one line, once).
 
@@ -257,12 +324,18 @@ def clear_cache() -> None:
 __all__ = [
     "OVERRIDE_ENV",
     "PRECISIONS",
+    "SERVING_PRECISIONS",
     "Bf16Support",
     "Precision",
     "PrecisionChoice",
+    "PrecisionLike",
+    "ServingName",
+    "ServingPrecision",
+    "as_precision",
     "bf16_slowdown",
     "bf16_support",
     "clear_cache",
     "resolve_precision",
+    "serving_precision",
     "take_warning",
 ]

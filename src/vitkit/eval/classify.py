@@ -20,7 +20,8 @@ from ..data.base import Dataset
 from ..data.transforms import TransformConfig
 from ..errors import UsageError, writing
 from ..files import atomic_write
-from .features import Precision, autocast, model_inputs, model_outputs
+from ..precision import PrecisionLike, as_precision
+from .features import model_inputs, model_outputs
 
 
 class NonFiniteOutputs(UsageError):
@@ -272,7 +273,7 @@ def evaluate(
     dataset: Dataset,
     batch_size: int = 256,
     device: str | torch.device = "cpu",
-    precision: Precision = "fp32",
+    precision: PrecisionLike = "fp32",
     img_size: int | tuple[int, int] | None = None,
     max_images: int | None = None,
     progress: Callable[[int], None] | None = None,
@@ -460,7 +461,7 @@ def scored_images(
     worst: int = 16,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
-    precision: Precision = "fp32",
+    precision: PrecisionLike = "fp32",
     max_images: int | None = None,
     num_workers: int = 0,
 ) -> ScoredImages:
@@ -475,7 +476,7 @@ def scored_images(
         worst: how many of the highest-loss images to keep.
         batch_size: images a forward pass.
         device: where the model runs.
-        precision: "fp32", "bf16" or "auto".
+        precision: a :class:`~vitkit.precision.Precision`, or "fp32", "bf16" or "auto".
         max_images: a seeded random subset of this many (as :func:`model_outputs`).
         num_workers: decoding processes of a streamed source.
 
@@ -483,6 +484,7 @@ def scored_images(
         A :class:`ScoredImages`.
     """
     dev = torch.device(device)
+    compute = as_precision(precision, dev)
     was_training = model.training
     model.eval().to(dev)
     mean = torch.tensor(transform.mean if transform else model.preprocessing.mean).view(1, -1, 1, 1)
@@ -496,7 +498,7 @@ def scored_images(
     )
     try:
         for x, y in batches:
-            with autocast(dev, precision):
+            with compute.autocast(dev):
                 z = model(x).float().cpu()
             loss = loss_per_image(z, y).float().cpu()
             logits.append(z), targets.append(y), losses.append(loss)

@@ -54,9 +54,9 @@ from ..checkpoint.io import CHECKSUM_KEY, read_safetensors, write_safetensors
 from ..data.folder import IMAGE_EXTENSIONS
 from ..errors import CheckpointError, DataError, UsageError
 from ..files import atomic_write, temporary_target, write_json
-from ..precision import resolve_precision
+from ..precision import Precision, PrecisionLike, as_precision
 from ..preprocessing import Preprocessing, prepare_images, read_image
-from .features import autocast, model_preprocessing
+from .features import model_preprocessing
 
 Pool = Literal["cls", "pooled", "patch"]
 POOLS = ("cls", "pooled", "patch")
@@ -279,7 +279,7 @@ class _Run:
     in_chans: int
     batch_size: int
     device: torch.device
-    precision: str
+    precision: Precision
     metadata: dict[str, Any]  # what the file's metadata says of the run
     key: dict[str, Any]  # what must be the same for parts of an earlier call to be used
 
@@ -385,7 +385,7 @@ def embed_folder(
     out: str | Path | None = None,
     *,
     device: str | torch.device = "cpu",
-    precision: str = "fp32",
+    precision: PrecisionLike = "fp32",
     files: Sequence[str] | None = None,
     workers: int = 0,
     progress: Callable[[int], None] | None = None,
@@ -403,7 +403,8 @@ def embed_folder(
             killed) and made again computes only the batches not yet written. None: nothing is
             written and the vectors are returned.
         device: where the model runs.
-        precision: "fp32", "bf16" or "auto" (:func:`vitkit.precision.resolve_precision`). bf16 on
+        precision: a :class:`~vitkit.precision.Precision`, or "fp32", "bf16" or "auto"
+            (:func:`vitkit.precision.resolve_precision`). bf16 on
             the CPU computes with a copy of the model prepared for serving in bf16
             (:func:`vitkit.inference.prepare_inference`, faster than autocast); elsewhere, autocast.
         files: the images to embed, relative to ``folder`` (default: :func:`image_files`).
@@ -427,9 +428,9 @@ def embed_folder(
     pool_fn = pool_function(model, pool)
     dev = torch.device(device)
     listed = list(files) if files is not None else None
-    run = _prepare_run(model, Path(folder), listed, pool, batch_size, dev, resolve_precision(precision, dev).name)
+    run = _prepare_run(model, Path(folder), listed, pool, batch_size, dev, as_precision(precision, dev))
     if runner is not None:  # it carries its precision (no autocast); batches of another backend are not reused
-        run = dataclasses.replace(run, precision="fp32")
+        run = dataclasses.replace(run, precision=Precision("fp32", "fp32", f"computed by {runner.backend}"))
         run.key["computed_by"] = run.metadata["backend"] = f"{runner.backend} {runner.precision}"
     parts = _Parts(out_path, run.key) if out_path is not None else None
     if parts is not None:
@@ -452,9 +453,9 @@ def embed_folder(
     return result
 
 
-def _serves_bf16(precision: str, device: torch.device) -> bool:
+def _serves_bf16(precision: Precision, device: torch.device) -> bool:
     """bf16 on the CPU is computed by a serving copy of the model (:func:`_served`)."""
-    return precision == "bf16" and device.type == "cpu"
+    return precision.bf16 and device.type == "cpu"
 
 
 def _served(model: nn.Module, run: _Run) -> nn.Module:
@@ -552,7 +553,7 @@ def _prepare_run(
     pool: str,
     batch_size: int,
     device: torch.device,
-    precision: str,
+    precision: Precision,
 ) -> _Run:
     """The run's files, preprocessing, metadata and key."""
     files = image_files(folder) if files is None else files
@@ -571,10 +572,10 @@ def _prepare_run(
         "weights_sha256": digest,
         "pool": pool,
         "preprocessing": pre.to_dict(),
-        "precision": precision,
+        "precision": precision.name,
         "computed_by": "bf16 weights"
         if _serves_bf16(precision, device)
-        else ("bf16 autocast" if precision == "bf16" else precision),
+        else ("bf16 autocast" if precision.bf16 else precision.name),
         "batch_size": batch_size,
         "files": len(files),
         "files_sha256": hashlib.sha256(listing.encode()).hexdigest(),
@@ -589,7 +590,7 @@ def _prepare_run(
         "config": _config(model),
         "pool": pool,
         "preprocessing": pre.to_dict(),
-        "precision": precision,
+        "precision": precision.name,
         "folder": str(folder.resolve()),
     }
     return _Run(model, folder, files, pool, pre, in_chans, batch_size, device, precision, metadata, key)
@@ -609,7 +610,7 @@ def _embed_batch(
     if not paths:
         return torch.empty(0), paths, skipped
     x = torch.stack([t for t in loaded if isinstance(t, torch.Tensor)]).to(run.device)  # (B, C, H, W)
-    with torch.inference_mode(), autocast(run.device, "fp32" if run.served else run.precision):
+    with torch.inference_mode(), contextlib.nullcontext() if run.served else run.precision.autocast(run.device):
         x = x.to(torch.bfloat16) if run.served else x  # bf16 weights (_served): bf16 inputs
         vectors = pool_fn(x).float().cpu().contiguous()  # (B, D) or (B, tokens, D)
     return vectors, paths, skipped

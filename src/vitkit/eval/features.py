@@ -19,10 +19,9 @@ from torch import nn
 from ..data.base import Dataset
 from ..data.transforms import TransformConfig, eval_transform, match_channels
 from ..errors import UsageError
-from ..precision import resolve_precision
+from ..precision import PrecisionLike, ServingPrecision, as_precision, serving_precision
 from ..preprocessing import Preprocessing
 
-Precision = Literal["auto", "fp32", "bf16"]
 Head = Literal["logits", "pre_logits"]
 
 
@@ -78,18 +77,6 @@ def model_preprocessing(model: nn.Module, img_size: int | tuple[int, int] | None
     elif cfg is not None:
         size = tuple(cfg.img_size)
     return Preprocessing(tuple(pre.mean), tuple(pre.std), tuple(size), pre.interpolation, pre.crop_pct, pre.crop_mode)
-
-
-def autocast(device: torch.device, precision: str) -> Any:
-    """The autocast context of a precision: none for "fp32", bf16 autocast for "bf16", and for
-    "auto" the one of what the precision policy resolves it to on ``device`` (:mod:`vitkit.precision`)."""
-    if precision == "auto":
-        precision = resolve_precision("auto", device).name
-    if precision == "fp32":
-        return nullcontext()
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise UsageError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
 
 
 def _dataset_len(dataset: Dataset) -> int | None:
@@ -193,7 +180,7 @@ def model_outputs(
     head: Head = "logits",
     batch_size: int = 256,
     device: str | torch.device = "cpu",
-    precision: Precision = "fp32",
+    precision: PrecisionLike = "fp32",
     img_size: int | tuple[int, int] | None = None,
     max_images: int | None = None,
     sample_seed: int = 0,
@@ -215,9 +202,10 @@ def model_outputs(
             pre_logits=True)``: the representation few-shot and probes use).
         batch_size: images a forward pass, summed over the processes.
         device: where the model runs.
-        precision: "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`); a model
-            from :func:`~vitkit.inference.prepare_inference` runs in the precision it was
-            prepared for instead.
+        precision: a :class:`~vitkit.precision.Precision`, or "fp32", "bf16" (autocast) or
+            "auto" (:mod:`vitkit.precision`); a model from
+            :func:`~vitkit.inference.prepare_inference` runs in the precision it was prepared
+            for instead.
         img_size: the input size in pixels, (H, W) or N for a square; None: the model's.
         max_images: read a random subset of this many images; None: all of them.
         sample_seed: the seed of that subset.
@@ -241,6 +229,7 @@ def model_outputs(
     if max_images is not None and max_images < 1:
         raise UsageError(f"max_images must be positive, got {max_images}")
     dev = torch.device(device)
+    compute = as_precision(precision, dev)
     world_size = options.get("world_size", 1)
     runner = options.pop("forward", None)
     runner = model if runner is None else runner  # not `or`: a compiled module has no truth value
@@ -254,7 +243,7 @@ def model_outputs(
     try:
         # a model from prepare_inference has its precision built in: no autocast around it
         served = hasattr(model, "input_dtype")
-        with torch.inference_mode(), autocast(dev, "fp32" if served else precision):
+        with torch.inference_mode(), nullcontext() if served else compute.autocast(dev):
             for x, y in batches:
                 out = forward(x.to(model.input_dtype) if served else x)
                 outs.append(out.float().cpu())
@@ -287,7 +276,7 @@ def extract_features(
     dataset: Dataset,
     batch_size: int = 256,
     device: str | torch.device = "cpu",
-    precision: Precision = "fp32",
+    precision: PrecisionLike = "fp32",
     img_size: int | tuple[int, int] | None = None,
     max_images: int | None = None,
     progress: Callable[[int], None] | None = None,
@@ -334,7 +323,7 @@ def extract_features(
 
 def served_model(
     model: nn.Module,
-    precision: str,
+    precision: ServingPrecision,
     data: str | Dataset | None = None,
     split: str = "train",
     calib_images: int = 512,
@@ -372,6 +361,7 @@ def served_model(
     from ..inference import prepare_inference
 
     dev = torch.device(device)
+    precision = serving_precision(precision, dev)
     if precision == "int8" and dev.type != "cpu":
         raise UsageError(f"int8 serving runs on the CPU's int8 kernels, not on {device}")
     calibration = None

@@ -19,8 +19,9 @@ from torch import nn
 
 from ..data.base import Dataset
 from ..errors import UsageError
+from ..precision import PrecisionLike
 from .classify import prf_rows
-from .features import Precision, model_outputs
+from .features import model_outputs
 
 DEFAULT_THRESHOLD = 0.5  # the threshold of a class without a positive image to choose one on
 
@@ -184,7 +185,7 @@ def evaluate_multilabel(
     dataset: Dataset,
     batch_size: int = 256,
     device: str | torch.device = "cpu",
-    precision: Precision = "fp32",
+    precision: PrecisionLike = "fp32",
     max_images: int | None = None,
     loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     thresholds: Sequence[float] | None = None,

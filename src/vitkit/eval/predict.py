@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, UsageError
-from .features import autocast
+from ..precision import PrecisionLike, as_precision
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -181,7 +181,7 @@ def predict(
     top_k: int = 5,
     classes: Sequence[str] | None = None,
     device: str | torch.device = "cpu",
-    precision: str = "fp32",
+    precision: PrecisionLike = "fp32",
     thresholds: Sequence[float] | str | None = "stored",
 ) -> list[list[dict[str, Any]]]:
     """The ``top_k`` most probable classes of each image, named by the model's class names, as
@@ -191,8 +191,8 @@ def predict(
     ``images`` are image files or Pillow images (one, or a list), which are read and preprocessed
     with the model's own ``preprocessing`` (:func:`as_inputs`), or a batch (B, C, H, W) already
     preprocessed (:func:`vitkit.load_images` makes one). ``classes`` names the classes (default:
-    :func:`class_names` of the model: the names stored with its weights). ``precision``: "fp32",
-    "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
+    :func:`class_names` of the model: the names stored with its weights). ``precision``: a
+    :class:`~vitkit.precision.Precision`, or "fp32", "bf16" (autocast) or "auto" (:mod:`vitkit.precision`).
 
     A multi-label model (``thresholds`` "stored": the ones stored with its weights,
     :func:`stored_thresholds`; or given) scores each class by its own sigmoid, and an image gets
@@ -206,7 +206,7 @@ def predict(
         top_k: the most classes given per image.
         classes: one name per output of the head; None: :func:`class_names` of the model.
         device: where the model runs; it is moved there and left there.
-        precision: "fp32", "bf16" or "auto".
+        precision: a :class:`~vitkit.precision.Precision`, or "fp32", "bf16" or "auto".
         thresholds: "stored" (a multi-label model's own; none: the softmax), one probability
             threshold per class, or None: the softmax's top classes.
 
@@ -233,10 +233,11 @@ def predict(
     if len(names) != k_model:
         raise UsageError(f"{len(names)} class names for a model of {k_model} classes")
     dev = torch.device(device)
+    compute = as_precision(precision, dev)
     was_training = model.training
     model.eval().to(dev)
     try:
-        with torch.inference_mode(), autocast(dev, precision):
+        with torch.inference_mode(), compute.autocast(dev):
             logits = torch.cat([model(x[None].to(dev)).float().cpu() for x in images])  # (B, K)
     finally:
         model.train(was_training)

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..eval.features import autocast
-from ..precision import PrecisionChoice
+from ..precision import Precision
 from . import dist as D
 
 Output = torch.Tensor | tuple[torch.Tensor, ...]
@@ -90,7 +89,7 @@ class StepCompute:
         wrapped: ``net`` as the forward calls it.
     """
 
-    def __init__(self, model: nn.Module, precision: PrecisionChoice, net: nn.Module, wrapped: nn.Module) -> None:
+    def __init__(self, model: nn.Module, precision: Precision, net: nn.Module, wrapped: nn.Module) -> None:
         self.model, self.precision, self.net, self.wrapped = model, precision, net, wrapped
         self._forward: Callable[..., Any] = wrapped
 
@@ -167,7 +166,7 @@ class AutocastCompute(StepCompute):
     """
 
     def __init__(
-        self, model: nn.Module, precision: PrecisionChoice, info: D.DistInfo, device: torch.device, fsdp: bool
+        self, model: nn.Module, precision: Precision, info: D.DistInfo, device: torch.device, fsdp: bool
     ) -> None:
         super().__init__(model, precision, model, D.wrap_model(model, info, device, fsdp))
         self.device = device
@@ -182,7 +181,7 @@ class AutocastCompute(StepCompute):
             The model's output (logits, or a tuple of tensors), in bf16 where autocast computes
             in bf16, else fp32.
         """
-        with autocast(self.device, self.precision.name):
+        with self.precision.autocast(self.device):
             return self._forward(x)
 
 
@@ -194,7 +193,7 @@ class Bf16CopyCompute(StepCompute):
         precision: the policy's choice (bf16).
     """
 
-    def __init__(self, model: nn.Module, precision: PrecisionChoice) -> None:
+    def __init__(self, model: nn.Module, precision: Precision) -> None:
         net = bf16_copy(model)
         super().__init__(model, precision, net, net)
 
@@ -243,7 +242,7 @@ class Bf16CopyCompute(StepCompute):
 
 def step_compute(
     model: nn.Module,
-    precision: PrecisionChoice,
+    precision: Precision,
     bf16_weights: bool,
     info: D.DistInfo,
     device: torch.device,

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..checkpoint.io import tensor_bytes
 from ..errors import RecipeError, VitkitError
-from ..eval.features import autocast
+from ..precision import PrecisionLike, as_precision
 from ..preprocessing import Preprocessing
 
 
@@ -82,7 +82,7 @@ class Teacher:
         in_chans: int,
         preprocessing: Preprocessing,
         device: torch.device,
-        precision: str = "fp32",
+        precision: PrecisionLike = "fp32",
     ) -> None:
         from ..hub import load_pretrained  # a file, a run folder, or a name / address downloaded once
 
@@ -101,7 +101,7 @@ class Teacher:
             )
         self.digest = weights_digest(model)
         self.model: nn.Module = model.to(device).eval().requires_grad_(False)
-        self.device, self.precision = device, precision
+        self.device, self.precision = device, as_precision(precision, device)
         theirs = model.preprocessing
         # x_teacher = (x * std_s + mean_s - mean_t) / std_t, per channel: (1, C, 1, 1) scale and shift
         std_s, mean_s = torch.tensor(preprocessing.std), torch.tensor(preprocessing.mean)
@@ -118,5 +118,5 @@ class Teacher:
             x = x * self.scale + self.shift
         if tuple(x.shape[-2:]) != self.img_size:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
-        with autocast(self.device, self.precision):
+        with self.precision.autocast(self.device):
             return self.model(x).float()

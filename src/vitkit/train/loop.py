@@ -211,7 +211,7 @@ class Trainer:
         # data parallel (not FSDP's shards): every process steps on the same averaged gradients
         group = torch.distributed.group.WORLD if self.info.enabled and not r.train.fsdp else None
         self.optimizer = build_optimizer(
-            self.model, r.optim, fused=fused, process_group=group, precision=self.precision.name
+            self.model, r.optim, fused=fused, process_group=group, precision=self.precision
         )
         self.ema = EMA(self.model, r.train.ema_decay) if r.train.ema_decay else None
         self.keeper = Keeper(plan, self.folder, self.model, self.optimizer, self.ema, self.progress.message)

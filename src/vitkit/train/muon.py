@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..precision import resolve_precision
+from ..precision import Precision, PrecisionLike, as_precision, resolve_precision
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -102,9 +102,10 @@ class MuonAdamW(torch.optim.Optimizer):
         nesterov: bool = True,
         ns_steps: int = 5,
         process_group: Any = None,
-        precision: str = "auto",
+        precision: PrecisionLike = "auto",
     ) -> None:
-        resolve_precision(precision)  # an unknown name fails here, not at the first step
+        if not isinstance(precision, Precision):
+            resolve_precision(precision)  # an unknown name fails here, not at the first step
         self.precision = precision
         # The data-parallel group whose processes share the orthogonalisation (module docstring);
         # None: this process does all of it. Its members must hold the same gradients.
@@ -179,7 +180,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def ns_dtype(self, device: torch.device) -> torch.dtype:
         """The dtype the Newton-Schulz iteration computes in on ``device`` (the policy caches its answer)."""
-        return resolve_precision(self.precision, device).dtype
+        return as_precision(self.precision, device).dtype
 
     def _orthogonalize(self, stack: torch.Tensor, steps: int) -> torch.Tensor:
         """:func:`orthogonalize` of a stack of matrices (n, r, c), shared among the processes of

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import RecipeError
+from ..precision import PrecisionLike
 from .config import OptimSection
 from .muon import MuonAdamW
 
@@ -115,7 +116,7 @@ def build_optimizer(
     cfg: OptimSection,
     fused: bool = False,
     process_group: Any = None,
-    precision: str = "auto",
+    precision: PrecisionLike = "auto",
 ) -> torch.optim.Optimizer:
     """The recipe's optimiser over ``model``'s trainable parameters.
 
@@ -126,9 +127,9 @@ def build_optimizer(
             per tensor.
         process_group: the data-parallel group (every member with the same averaged gradients)
             among which Muon shares its orthogonalisation; other optimisers ignore it.
-        precision: the precision Muon's Newton-Schulz iteration computes in ("auto", "fp32" or
-            "bf16", as :func:`vitkit.precision.resolve_precision` takes it); the step's own
-            resolved precision, so that an fp32 run is fp32 throughout.
+        precision: the precision Muon's Newton-Schulz iteration computes in: the step's own
+            :class:`~vitkit.precision.Precision`, so that an fp32 run is fp32 throughout (or a
+            name, resolved on the parameters' device).
 
     Returns:
         A torch optimiser.

@@ -281,7 +281,7 @@ class RunPlan:
         teacher = None
         if r.train.distill != "none":
             cfg, t = model.cfg, r.train
-            teacher = Teacher(t.teacher, cfg.num_classes, cfg.in_chans, pre, env.device, precision.name)
+            teacher = Teacher(t.teacher, cfg.num_classes, cfg.in_chans, pre, env.device, precision)
         objective = objective_for(r.train, model.num_classes, mix, teacher)
         return cls(
             r, env, precision, micro, train_ds, eval_ds, multilabel, model, pre, _transform_config(r, pre), mix,

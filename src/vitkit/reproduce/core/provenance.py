@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ...cpu import cpu_info
-from ...precision import bf16_support, resolve_precision
+from ...precision import PrecisionLike, as_precision, bf16_support
 
 
 def machine() -> dict[str, Any]:
@@ -26,12 +26,13 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_provenance(precision: str) -> dict[str, Any]:
+def run_provenance(precision: PrecisionLike) -> dict[str, Any]:
     """What made one run: the vitkit commit, the CPU (and GPU), the precision it computed in and
     torch; a report names these for its runs, which several calls and machines may have made.
 
     Args:
-        precision: the recipe's ``train.precision`` ("auto", "fp32" or "bf16").
+        precision: the run's resolved precision, or the recipe's ``train.precision`` ("auto",
+            "fp32" or "bf16"), resolved on the GPU when there is one, else on the CPU.
 
     Returns:
         ``commit``, ``cpu``, ``gpu``, ``precision`` (the one that computed) and ``torch``.
@@ -42,7 +43,7 @@ def run_provenance(precision: str) -> dict[str, Any]:
         "commit": source_commit(),
         "cpu": cpu_info()["model"],
         "gpu": gpu,
-        "precision": resolve_precision(precision, "cuda" if gpu else "cpu").name,
+        "precision": as_precision(precision, "cuda" if gpu else "cpu").name,
         "torch": torch.__version__,
     }
 

@@ -26,6 +26,7 @@ from ...eval import evaluate, extract_features
 from ...eval.fewshot import DEFAULT_L2_GRID, fewshot_eval
 from ...files import temporary_target, write_json
 from ...models.flops import count_params, model_flops
+from ...precision import Precision, as_precision
 from ...train import train
 from ...train.build import build_model
 from ...train.config import recipe_from_dict
@@ -113,7 +114,7 @@ def _split(name: str, split: str, options: tuple[tuple[str, Any], ...] = ()) -> 
     return _CACHE[key]
 
 
-def fewshot_transfer(model: Any, settings: ScoreSettings, precision: str) -> dict[str, Any]:
+def fewshot_transfer(model: Any, settings: ScoreSettings, precision: Precision) -> dict[str, Any]:
     """Few-shot linear accuracy (the closed form of :mod:`vitkit.eval.fewshot`) on the transfer
     task. The l2 strength is chosen on the task's training images alone: half of each class
     holds the shots, the other half scores them; then the shots come from all training images
@@ -122,7 +123,7 @@ def fewshot_transfer(model: Any, settings: ScoreSettings, precision: str) -> dic
     Args:
         model: the model whose pre-logits features are scored.
         settings: the suite's scoring (the task, the shots, the seeds).
-        precision: what the features are extracted in: "auto", "fp32" or "bf16".
+        precision: what the features are extracted in (the run's resolved precision).
 
     Returns:
         ``shots``, ``l2`` (the strength chosen), and the test accuracy over the seeds as ``mean``,
@@ -165,7 +166,7 @@ def minival_curve(run_dir: Path) -> list[list[float]]:
     return [[int(r["step"]), float(r["top1"])] for _, r in recs if "top1" in r and "step" in r]
 
 
-def train_accuracy(model: Any, recipe: Any, precision: str) -> float:
+def train_accuracy(model: Any, recipe: Any, precision: Precision) -> float:
     """Top-1 of ``model`` on the images its run trained on (its subset, without the minival; a
     seeded sample of :data:`TRAIN_IMAGES` where there are more), as the training split is read
     for evaluation: no augmentation."""
@@ -176,14 +177,14 @@ def train_accuracy(model: Any, recipe: Any, precision: str) -> float:
     return float(evaluate(model, train, precision=precision, max_images=TRAIN_IMAGES)["top1"])
 
 
-def score(run_dir: Path, settings: ScoreSettings, precision: str, recipe: Any = None) -> dict[str, Any]:
+def score(run_dir: Path, settings: ScoreSettings, precision: Precision, recipe: Any = None) -> dict[str, Any]:
     """Test top-1 and few-shot transfer of a finished run's best (minival) checkpoint; with the
     run's ``recipe``, also its top-1 on its own training images (``train_top1``).
 
     Args:
         run_dir: the run's folder, holding ``best.safetensors`` and ``metrics.jsonl``.
         settings: the suite's scoring.
-        precision: what the model is evaluated in: "auto", "fp32" or "bf16".
+        precision: what the model is evaluated in (the run's resolved precision).
         recipe: the run's recipe (a :class:`vitkit.train.Recipe`), or None to leave out
             ``train_top1``.
 
@@ -230,6 +231,7 @@ def train_and_score(
     if init_from is not None:
         tree["model"]["init_from"] = init_from
     recipe = recipe_from_dict(tree)
+    precision = as_precision(recipe.train.precision, "cpu")  # scoring runs on the CPU
     start = time.perf_counter()
     _clear_interrupted_start(run_dir)
     train(recipe, run_dir)
@@ -242,12 +244,12 @@ def train_and_score(
         "batch_size": recipe.train.batch_size,
         "seed": recipe.seed,
         "train_seconds": _train_seconds(run_dir),
-        **score(run_dir, settings, recipe.train.precision, recipe),
+        **score(run_dir, settings, precision, recipe),
     }
     out["train_flops"] = 3 * out["flops_per_image"] * out["steps"] * out["batch_size"]  # forward + backward ~ 3x
     out["wall_seconds"] = time.perf_counter() - start
     out["runs_at_once"], out["threads"] = runs_at_once, torch.get_num_threads()
-    out["made_by"] = run_provenance(recipe.train.precision)
+    out["made_by"] = run_provenance(recipe.train.precision)  # what training computed in, on its device
     write_json(run_dir / "result.json", out)
     return out
 
