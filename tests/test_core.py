@@ -140,8 +140,11 @@ def test_mlflow_logs_a_runs_curves_in_its_local_sqlite_store(tmp_path, monkeypat
     pytest.importorskip("mlflow")
     pytest.importorskip("sqlalchemy")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     recipe = tiny_recipe(tmp_path, log__trackers=["mlflow"], data__eval_split="test", log__eval_every=4)
     train(recipe, tmp_path / "run")
+    assert not any((tmp_path / "cwd").iterdir())  # nothing in the working directory: all in the run folder
     import mlflow
 
     client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
@@ -152,6 +155,7 @@ def test_mlflow_logs_a_runs_curves_in_its_local_sqlite_store(tmp_path, monkeypat
     assert run.data.params["train.steps"] == "8" and run.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"summary.json", "README.md"} <= artifacts
+    assert (tmp_path / "run" / "mlflow-artifacts").is_dir()
 
 
 def _wandb_history(path: Path) -> dict[int, dict]:
@@ -359,6 +363,9 @@ def test_eval_of_a_runs_best_weights_gives_the_runs_own_validation_top1(tmp_path
                           None, None, 0, None)  # fmt: skip
     assert torch.equal(seen.outputs, again.outputs)  # the same pixels, so the same logits
     best = json.loads((run / "summary.json").read_text())["best_score"]
-    scored = _vitkit("eval", str(run / "best.safetensors"), "--data", data, "--split", "val", "--precision", "fp32")
+    scored = _vitkit(
+        "eval", str(run / "best.safetensors"), "--data", data, "--split", "val", "--precision", "fp32",
+        "--out", str(tmp_path / "eval"),
+    )  # fmt: skip
     assert scored.returncode == 0, scored.stderr
     assert re.search(rf"top-1\s+{100 * best:.2f}%", scored.stdout), (best, scored.stdout)

@@ -2,8 +2,9 @@
 
 - ``tensorboard``: TensorBoard event files under ``<run>/tb`` (also on by ``log.tensorboard``);
 - ``mlflow``: an MLflow run in the tracking store ``MLFLOW_TRACKING_URI`` names, by default a
-  local SQLite file ``<run>/mlflow.db`` (no server): the recipe as parameters, the curves as
-  metrics, the run folder's summary and card as artifacts at the end;
+  local SQLite file ``<run>/mlflow.db`` (no server) with its artifacts in ``<run>/mlflow-artifacts``
+  (never the working directory's ``mlruns``): the recipe as parameters, the curves as metrics, the
+  run folder's summary and card as artifacts at the end;
 - ``wandb``: a Weights & Biases run in offline mode (``WANDB_MODE`` unless set otherwise) under
   ``<run>/wandb``, to upload later with ``wandb sync``.
 
@@ -71,9 +72,14 @@ class MLflow(Sink):
         import mlflow
 
         self.mlflow = mlflow
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(self.out / 'mlflow.db').resolve()}"
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(self.out.resolve().parent.name or "vitkit")
+        given = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(given or f"sqlite:///{(self.out / 'mlflow.db').resolve()}")
+        experiment = self.out.resolve().parent.name or "vitkit"
+        if not given and mlflow.get_experiment_by_name(experiment) is None:
+            # a SQLite store keeps artifacts under ./mlruns unless told: keep them in the run folder
+            artifacts = (self.out / "mlflow-artifacts").resolve().as_uri()
+            mlflow.create_experiment(experiment, artifact_location=artifacts)
+        mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=self.out.name)
         mlflow.log_params(_flat(self.recipe))
 
