@@ -10,6 +10,10 @@ import pytest
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
 
+# The commands' default backend (auto) measures the installed inference runtimes once per model
+# and machine: the tests of the commands pin vitkit's own path; tests/test_backends.py covers auto.
+os.environ.setdefault("VITKIT_BACKEND", "torch")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -201,3 +201,47 @@ def test_backend_on_a_gpu_is_refused_and_auto_is_torch_there():
     assert serving_backend(tiny(), "auto", "fp32", device="cuda") == (None, None)
     with pytest.raises(UsageError, match="runs on the CPU"):
         serving_backend(tiny(), "openvino", "fp32", device="cuda")
+
+
+@with_ort
+def test_the_commands_default_is_auto_unless_pinned(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    vitkit.save_checkpoint(tiny(3), run / "best.safetensors", extra={"classes": json.dumps(CLASSES)})
+    args = ["eval", str(run), "--data", "synthetic", "--max-images", "16", "--precision", "fp32"]
+    monkeypatch.setenv(backends.BACKEND_ENV, "torch")
+    assert main(args) == 0
+    assert not (run / "backend.json").exists() and "backend" not in capsys.readouterr().err
+    monkeypatch.delenv(backends.BACKEND_ENV)
+    assert main(args) == 0  # no --backend: auto measures, says what it chose, and records it
+    assert "backend auto: " in capsys.readouterr().err and (run / "backend.json").exists()
+    monkeypatch.setenv(backends.BACKEND_ENV, "tensorrt")
+    assert main(args) == 2
+    assert "VITKIT_BACKEND='tensorrt': must be one of auto, torch, openvino, onnxruntime" in capsys.readouterr().err
+
+
+def test_token_merging_stays_on_vitkits_own_path(run_dir, tmp_path, capsys):
+    img = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(img)
+    args = ["predict", str(run_dir), str(img), "--merge", "2", "--precision", "fp32"]
+    assert main([*args, "--backend", "auto"]) == 0  # auto: merging is vitkit's own path, no runtime measured
+    assert not (run_dir / "backend.json").exists() or "merge" not in (run_dir / "backend.json").read_text()
+    assert main([*args, "--backend", "onnxruntime"]) == 2
+    assert "--merge runs on vitkit's own path; --backend onnxruntime" in capsys.readouterr().err
+
+
+@with_ort
+def test_serve_answers_from_a_runtime(run_dir):
+    from vitkit.serve import ModelService
+
+    model = vitkit.load_pretrained(str(run_dir))
+    runner, _ = serving_backend(model, "onnxruntime", "fp32")
+    service = ModelService(model, "fp32", served=runner)
+    x = torch.randn(3, 3, 32, 32)
+    out = service.run_batch(x, frozenset({"logits", "embedding"}))
+    with torch.no_grad():
+        torch.testing.assert_close(out["logits"], model(x), atol=1e-4, rtol=1e-4)
+    assert service.backend == "onnxruntime" and 'backend="onnxruntime"' in service.metrics.render()
+    with pytest.raises(UsageError, match="token merging runs on vitkit's own path"):
+        ModelService(model, "fp32", served=runner, merge=2)

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import logging
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -42,10 +43,13 @@ from torch import nn
 
 from .errors import UsageError
 from .files import write_json
+from .precision import ServingName
 
 BACKENDS = ("auto", "torch", "openvino", "onnxruntime")
 """The choices of ``--backend``."""
 RUNTIMES = ("openvino", "onnxruntime")
+BACKEND_ENV = "VITKIT_BACKEND"
+"""The environment variable that pins the commands' default backend (e.g. ``torch``)."""
 """The inference runtimes vitkit can hand a model to."""
 _PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 TOLERANCE = {"fp32": 1e-3, "bf16": 0.99, "int8": 0.98}
@@ -165,7 +169,9 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def onnxruntime_session(path: Path, precision: str, threads: int | None = None) -> Callable[[np.ndarray], np.ndarray]:
+def onnxruntime_session(
+    path: Path, precision: ServingName, threads: int | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
     """An ONNX Runtime session of ``path`` in ``precision`` ("fp32": the transformer optimiser's
     graph; "int8": dynamic quantisation of its products), on the CPU.
 
@@ -186,11 +192,15 @@ def onnxruntime_session(path: Path, precision: str, threads: int | None = None) 
     if precision == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        q = path.with_name(path.stem + "-ort-dynamic-int8.onnx")
+        # Without an 8-bit dot product (VNNI), x86 kernels add pairs of uint8 x int8 products in
+        # 16 bits, which saturate on full-range weights: 7-bit weights there (ONNX Runtime's
+        # reduce_range), as vitkit's own int8 does (vitkit.inference.int8_pairs_saturate).
+        seven = _pairs_saturate()
+        q = path.with_name(path.stem + f"-ort-dynamic-int8{'-7bit' if seven else ''}.onnx")
         if not q.exists():
             tmp = q.with_name(q.name + f".{os.getpid()}.tmp")
             with _quiet_root_logger():  # it advises its pre-processing step on every call
-                quantize_dynamic(str(model_path), str(tmp), weight_type=QuantType.QInt8)
+                quantize_dynamic(str(model_path), str(tmp), weight_type=QuantType.QInt8, reduce_range=seven)
             tmp.replace(q)
         model_path = q
     elif precision != "fp32":
@@ -201,6 +211,16 @@ def onnxruntime_session(path: Path, precision: str, threads: int | None = None) 
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return lambda x: session.run(None, {name: x})[0]
+
+
+def _pairs_saturate() -> bool:
+    """Whether this CPU's int8 kernels add uint8 x int8 pairs in 16 bits: an x86 CPU without VNNI."""
+    from .cpu import cpu_info
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return False
+    flags = cpu_info()["flags"]
+    return not (flags.get("avx512_vnni") or flags.get("avx_vnni") or flags.get("amx_int8"))
 
 
 @contextlib.contextmanager
@@ -234,7 +254,7 @@ def _ort_optimized(path: Path) -> Path:
 
 
 def openvino_session(
-    path: Path, precision: str, calibration: np.ndarray | None = None, threads: int | None = None
+    path: Path, precision: ServingName, calibration: np.ndarray | None = None, threads: int | None = None
 ) -> Callable[[np.ndarray], np.ndarray]:
     """An OpenVINO compiled model of ``path`` on the CPU in ``precision``: "fp32", "bf16" (the
     CPU's native bf16) or "int8" (NNCF's post-training quantisation on ``calibration``, transformer
@@ -298,7 +318,7 @@ def _check_runtime(name: str) -> None:
 
 
 def runtime_session(
-    name: str, path: Path, precision: str, calibration: np.ndarray | None = None
+    name: str, path: Path, precision: ServingName, calibration: np.ndarray | None = None
 ) -> Callable[[np.ndarray], np.ndarray]:
     """:func:`openvino_session` or :func:`onnxruntime_session` by name.
 
@@ -342,7 +362,7 @@ class RuntimeModel(nn.Module):
     """
 
     def __init__(
-        self, source: nn.Module, run: Callable[[np.ndarray], np.ndarray], backend: str, precision: str
+        self, source: nn.Module, run: Callable[[np.ndarray], np.ndarray], backend: str, precision: ServingName
     ) -> None:
         super().__init__()
         object.__setattr__(self, "source", source)  # not a submodule: its weights are not this module's
@@ -407,7 +427,11 @@ class RuntimeModel(nn.Module):
 
 
 def runtime_model(
-    model: nn.Module, backend: str, precision: str, calibration: torch.Tensor | None = None, key: str | None = None
+    model: nn.Module,
+    backend: str,
+    precision: ServingName,
+    calibration: torch.Tensor | None = None,
+    key: str | None = None,
 ) -> RuntimeModel:
     """``model`` served by a runtime (exported once, then converted or quantised as the runtime needs).
 
@@ -455,7 +479,7 @@ class Decision:
     """
 
     backend: str
-    precision: str
+    precision: ServingName
     machine: str
     images_per_s: dict[str, float]
     agreement: dict[str, dict[str, Any]]
@@ -513,7 +537,7 @@ def _read_decisions(path: Path, key: str) -> dict[str, Any]:
     return data.get("decisions", {}) if ok and isinstance(data.get("decisions"), dict) else {}
 
 
-def agreement(got: np.ndarray, want: np.ndarray, precision: str) -> dict[str, Any]:
+def agreement(got: np.ndarray, want: np.ndarray, precision: ServingName) -> dict[str, Any]:
     """How closely a runtime's outputs follow fp32 eager's, and whether within :data:`TOLERANCE`.
 
     Args:
@@ -537,7 +561,7 @@ def agreement(got: np.ndarray, want: np.ndarray, precision: str) -> dict[str, An
     return {"max_abs_diff": diff, "min_cosine": cos, "within": bool(within and np.isfinite(g).all())}
 
 
-def _candidates(precision: str, calibrated: bool) -> list[str]:
+def _candidates(precision: ServingName, calibrated: bool) -> list[str]:
     return [r for r in RUNTIMES if runtime_available(r) and precision in runtime_precisions(r, calibrated)]
 
 
@@ -548,7 +572,12 @@ def _seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def _measure(
-    model: nn.Module, precision: str, runtimes: Sequence[str], calibration: torch.Tensor | None, batch: int, key: str
+    model: nn.Module,
+    precision: ServingName,
+    runtimes: Sequence[str],
+    calibration: torch.Tensor | None,
+    batch: int,
+    key: str,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]], dict[str, RuntimeModel]]:
     """Images a second of vitkit's own path and of each runtime on one random batch, and each
     runtime's agreement with fp32 eager. Returns (images a second, agreement, the runtime models)."""
@@ -575,7 +604,7 @@ def _measure(
 
 def choose_backend(
     model: nn.Module,
-    precision: str,
+    precision: ServingName,
     calibration: torch.Tensor | None = None,
     batch: int = 8,
     remeasure: bool = False,
@@ -620,10 +649,27 @@ def choose_backend(
     return decision, built.get(best)
 
 
+def default_backend() -> str:
+    """The backend a command uses when none is asked for: :data:`BACKEND_ENV` where it is set,
+    else "auto" (the fastest installed path here, measured once; vitkit's own where no runtime
+    is installed).
+
+    Returns:
+        "auto", "torch", "openvino" or "onnxruntime".
+
+    Raises:
+        UsageError: :data:`BACKEND_ENV` set to another value.
+    """
+    pinned = os.environ.get(BACKEND_ENV, "").strip()
+    if pinned and pinned not in BACKENDS:
+        raise UsageError(f"{BACKEND_ENV}={pinned!r}: must be one of {', '.join(BACKENDS)}")
+    return pinned or "auto"
+
+
 def serving_backend(
     model: nn.Module,
     backend: str,
-    precision: str,
+    precision: ServingName,
     device: str | torch.device = "cpu",
     calibration: torch.Tensor | Iterable[torch.Tensor] | None = None,
 ) -> tuple[RuntimeModel | None, Decision | None]:
@@ -665,6 +711,7 @@ def serving_backend(
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_ENV",
     "RUNTIMES",
     "TOLERANCE",
     "Decision",
@@ -672,6 +719,7 @@ __all__ = [
     "agreement",
     "choose_backend",
     "decision_file",
+    "default_backend",
     "exported_features",
     "machine_key",
     "model_key",

@@ -352,30 +352,47 @@ def split_arguments(p: argparse.ArgumentParser, max_train: int | None, max_train
 
 
 BACKEND_HELP = (
-    "what computes the model on the CPU: torch (default: vitkit's own path); openvino or onnxruntime "
-    "(vitkit's ONNX export run by that package); auto: whichever is fastest here with outputs within "
-    "tolerance, measured once per model and machine and recorded beside the weights"
+    "what computes the model on the CPU: auto (the default; VITKIT_BACKEND pins another): whichever of "
+    "vitkit's own path and the installed runtimes is fastest here with outputs within tolerance, measured "
+    "once per model and machine and recorded beside the weights (vitkit's own where no runtime is "
+    "installed); torch: vitkit's own path; openvino or onnxruntime: vitkit's ONNX export run by that package"
 )
 
 
 def backend_argument(p: argparse.ArgumentParser) -> None:
-    """``--backend``: torch (the default), openvino, onnxruntime or auto (:mod:`vitkit.backends`)."""
-    p.add_argument(
-        "--backend", choices=["auto", "torch", "openvino", "onnxruntime"], default="torch", help=BACKEND_HELP
-    )
+    """``--backend``: auto (the default, or what ``VITKIT_BACKEND`` pins), torch, openvino or
+    onnxruntime (:mod:`vitkit.backends`)."""
+    p.add_argument("--backend", choices=["auto", "torch", "openvino", "onnxruntime"], default=None, help=BACKEND_HELP)
+
+
+def backend_of(args: argparse.Namespace) -> str:
+    """The backend asked for: ``--backend``, else :func:`vitkit.backends.default_backend` (set on
+    ``args`` once, with ``args.backend_given`` saying which)."""
+    if getattr(args, "backend", None) is None:
+        from ..backends import default_backend
+
+        args.backend, args.backend_given = default_backend(), False
+    return args.backend
 
 
 def chosen_backend(args: argparse.Namespace, model: Any, precision: str, calibration: Any = None) -> Any:
     """The runtime model ``--backend`` asks for (None: vitkit's own path), with what ``auto``
     measured, or read from its record, said on stderr."""
     from ..backends import serving_backend
+    from ..errors import UsageError
 
-    runner, decision = serving_backend(model, args.backend, precision, args.device, calibration)
+    backend = backend_of(args)
+    asked = getattr(args, "backend_given", True)
+    if getattr(args, "merge", 0) and backend != "torch":
+        if asked and backend != "auto":
+            raise UsageError(f"--merge runs on vitkit's own path; --backend {backend} runs a runtime without it")
+        return None  # token merging is vitkit's own path
+    runner, decision = serving_backend(model, backend, precision, args.device, calibration)
     if decision is not None and decision.reason is None:
         speeds = ", ".join(f"{name} {ips:,.1f}" for name, ips in decision.images_per_s.items())
         how = "as recorded in" if decision.cached else "measured now, recorded in"
         note(f"backend auto: {decision.backend} for {precision} (images/s {speeds}; {how} {decision.file})")
-    elif decision is not None:
+    elif decision is not None and asked:  # the default says nothing where it changes nothing
         note(f"backend auto: torch ({decision.reason})")
     elif runner is not None:
         note(f"backend {runner.backend} ({precision})")

@@ -12,6 +12,7 @@ from ..files import slug
 from .common import (
     adapter_argument,
     backend_argument,
+    backend_of,
     chosen_backend,
     chosen_precision,
     count,
@@ -66,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _calibration(model: Any, args: argparse.Namespace) -> list[Any] | None:
     """int8 under a runtime backend: the ``--calib`` images of ``--calib-split`` (None otherwise)."""
-    if args.precision != "int8" or args.backend == "torch" or not args.calib:
+    if args.precision != "int8" or backend_of(args) == "torch" or not args.calib:
         return None
     from ..data import build_dataset
     from ..eval import model_inputs
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         )
     order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
-    if args.compile and args.backend not in ("torch", "auto"):
+    if args.compile and backend_of(args) not in ("torch", "auto"):
         raise UsageError(f"--compile compiles vitkit's own path; --backend {args.backend} runs a runtime instead")
     runner = chosen_backend(args, model, precision, _calibration(model, args))
     if runner is not None:

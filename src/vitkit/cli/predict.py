@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
     precision = chosen_precision(args.precision, args.device)
     thresholds = stored_thresholds(model)  # a multi-label model's, chosen on its minival
-    runner = chosen_backend(args, model, precision)
+    runner = None if exported and args.backend is None else chosen_backend(args, model, precision)
     predictions = predict(
         runner if runner is not None else model,
         images.inputs,

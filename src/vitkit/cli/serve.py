@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from .common import WEIGHTS_HELP, count, load_model, merge_argument, parse_device, precision_argument, real
+from .common import (
+    WEIGHTS_HELP,
+    backend_argument,
+    count,
+    load_model,
+    merge_argument,
+    parse_device,
+    precision_argument,
+    real,
+)
 
 HELP = "serve a model over HTTP: /predict, /embed, /health, /metrics, with dynamic batching"
 
@@ -18,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p, "int8", help="auto: bf16 where this device computes it natively and fast, else fp32; fp32; bf16; int8 (CPU)"
     )
     merge_argument(p)
+    backend_argument(p)
     p.add_argument("--max-batch", type=count(1, 4096), default=16, help="the most images in one model call")
     p.add_argument(
         "--batch-window-ms", type=real(0.0), default=5.0, help="how long a batch's first image waits for others"
@@ -36,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..serve import ModelService, ServeOptions, listen, run_server
-    from .common import chosen_precision
+    from .common import chosen_backend, chosen_precision
 
     options = ServeOptions(
         max_batch=args.max_batch,
@@ -49,11 +59,13 @@ def run(args: argparse.Namespace) -> int:
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails at once
     model = load_model(args.ckpt)
     precision = chosen_precision(args.precision, args.device)
-    service = ModelService(model, precision, args.device, options, name=str(args.ckpt), merge=args.merge)
+    runner = chosen_backend(args, model, precision)
+    service = ModelService(model, precision, args.device, options, name=str(args.ckpt), merge=args.merge, served=runner)
     host, port = sock.getsockname()[:2]
     heads = f"{service.num_classes} classes" if service.num_classes else "no head: /embed only"
     merging = f", merging {args.merge} tokens a block" if args.merge else ""
-    print(f"model        {args.ckpt} ({heads}, {service.precision}, {args.device}{merging})")
+    backend = f", {service.backend}" if runner is not None else ""
+    print(f"model        {args.ckpt} ({heads}, {service.precision}{backend}, {args.device}{merging})")
     window = f"{options.batch_window_ms:g} ms window"
     print(f"batching     up to {options.max_batch} images, {window}, queue {options.max_queue}")
     print(f"serving      http://{host}:{port}  (POST /predict, POST /embed, GET /health, GET /metrics)", flush=True)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import DataError, UsageError
+from ..precision import ServingPrecision
 from ..preprocessing import prepare_images
 from .batcher import Batcher, BatcherClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
@@ -125,38 +126,45 @@ class ModelService:
         options: batching and limits.
         name: how ``/health`` and ``/metrics`` name the model.
         merge: tokens merged in each block (token merging, :mod:`vitkit.models.merge`); 0: none.
+        served: the model prepared already, e.g. an inference runtime's
+            (:func:`vitkit.backends.serving_backend`); None: :func:`~vitkit.inference.prepare_inference`
+            of ``model``.
 
     Raises:
-        ValueError: what :func:`vitkit.inference.prepare_inference` refuses.
+        ValueError: what :func:`vitkit.inference.prepare_inference` refuses; token merging with
+            ``served``.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        precision: str = "auto",
+        precision: ServingPrecision = "auto",
         device: str = "cpu",
         options: ServeOptions | None = None,
         name: str = "",
         merge: int = 0,
+        served: nn.Module | None = None,
     ) -> None:
         from ..eval.predict import class_names, stored_thresholds
         from ..inference import prepare_inference
-        from ..precision import resolve_precision
+        from ..precision import serving_precision
 
         self.options = options or ServeOptions()
         self.device = torch.device(device)
-        if precision in ("auto", "fp32", "bf16"):
-            precision = resolve_precision(precision, self.device).name
-        self.precision = precision
+        self.precision = precision = serving_precision(precision, self.device)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
         self.names = class_names(model) if self.num_classes else []
         self.thresholds = stored_thresholds(model) if self.num_classes else None
         self.preprocess_model = model  # preprocessing and in_chans only
-        self.served = prepare_inference(model.to(self.device), precision, merge=merge)
+        if served is not None and merge:
+            raise UsageError("token merging runs on vitkit's own path, not on an inference runtime's model")
+        self.served = served if served is not None else prepare_inference(model.to(self.device), precision, merge=merge)
+        self.backend = getattr(served, "backend", "torch")
         self.merge = merge
         self.name = name or type(model).__name__
         self.metrics = Metrics(
-            self.options.max_batch, {"model": self.name, "precision": precision, "device": str(device)}
+            self.options.max_batch,
+            {"model": self.name, "precision": precision, "device": str(device), "backend": self.backend},
         )
         self.batcher: Batcher | None = None
         self.decode_threads = self.options.decode_threads or os.cpu_count() or 1
