@@ -63,12 +63,16 @@ def step_rate(args: argparse.Namespace, folder: Path) -> float:
         images, labels = next(iter(trainer.train_ds.batches(trainer.recipe.train.batch_size, shuffle=True, seed=0)))
         trainer.model.train()
         trainer.compute.net.train()
-        for _ in range(args.warmup):
+        for i in range(args.warmup):
+            trainer.state.step = i
             trainer.train_step(images, labels)
         _sync(args.device)
         start = time.perf_counter()
-        for _ in range(args.steps):
-            trainer.train_step(images, labels)  # the state's step stays: the same phase as the loop's start
+        for i in range(args.warmup, args.warmup + args.steps):
+            # the loop's steps, in its order: a schedule that changes the work (patch dropout's
+            # stages) changes it here at the same steps
+            trainer.state.step = i
+            trainer.train_step(images, labels)
         _sync(args.device)
         return args.steps * len(labels) / (time.perf_counter() - start)
     finally:
