@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Pages whose examples take longer than the default run affords; `make test-all` runs them.
 SLOW_PAGES = {
+    "README.md": "the quick start's embed, probe and training commands on stand-ins: ~80 s of CPU",
+    "training.md": "a dozen short training runs, torchrun among them: ~100 s of CPU",
     "evaluation.md": "the README's evaluation commands again, with int8 and predict: ~40 s of CPU",
     "serving.md": "int8 and bf16 serving, an ONNX and a torch.export conversion: ~45 s of CPU",
     "weights.md": "six conversions, ONNX and torch.export among them, and nine downloads, six of ViT-B's size: "

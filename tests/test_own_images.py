@@ -340,6 +340,7 @@ def test_finetune_with_no_other_flag_fits_its_recipe_and_says_so_first(tmp_path,
     ).read_text()
 
 
+@pytest.mark.slow
 def test_a_multi_label_run_under_torchrun_matches_one_process(tmp_path):
     """Two DDP processes (gloo) on a multi-label labels file take the losses of one process with
     the same global batch, and score the same mAP (every process scores the whole split)."""

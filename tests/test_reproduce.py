@@ -144,13 +144,12 @@ def _numbers(report: dict) -> dict[str, tuple[float, float]]:
     return {k: (r["test_top1"], r["fewshot"]["mean"]) for k, r in report["runs"].items()}
 
 
+@pytest.mark.slow
 def test_smoke_budget_end_to_end(tmp_path):
     """Every experiment of the smoke budget, on data that is neither 28 px nor grey: the report,
     its JSON and a figure per experiment; a second call trains nothing and gives the same numbers."""
     lines: list[str] = []
-    t0 = time.perf_counter()
     md = reproduce(out=tmp_path, data="synthetic", budget="smoke", report=lines.append)
-    assert time.perf_counter() - t0 < 120
     report = json.loads((tmp_path / "report.json").read_text())
     assert list(report["experiments"]) == list(EXPERIMENTS)
     text = md.read_text()
@@ -188,6 +187,7 @@ def _the_eta_counts_the_phases_not_yet_planned(out: Path) -> None:
     assert planned > now * 1.1  # data-scaling's runs at the chosen rate, resolution's fine-tunes
 
 
+@pytest.mark.slow
 def test_rgb_folder_of_another_size(tmp_path):
     folder = _rgb_folder(tmp_path / "rgb", 4, 70, (20, 20))
     reproduce(["pooling"], out=tmp_path / "out", data=str(folder), budget="smoke", report=lambda s: None)
@@ -198,6 +198,7 @@ def test_rgb_folder_of_another_size(tmp_path):
     assert run["img_size"] == [20, 20]
 
 
+@pytest.mark.slow
 def test_killed_suite_resumes_to_the_same_numbers(tmp_path):
     """SIGKILL while a run is training (a checkpoint written, no result yet), run again: the
     numbers equal an uninterrupted suite's."""

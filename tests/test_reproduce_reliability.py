@@ -141,6 +141,7 @@ def _assert_stopped(done: subprocess.CompletedProcess, seconds: float, name: str
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.slow
 def test_runs_trained_at_once_count_their_share_of_the_machine(finished):
     """Each result says how many runs trained at once and on how many threads; the report's
     minutes divide each run's wall time by the runs beside it."""
@@ -177,6 +178,7 @@ def test_each_result_and_the_report_say_what_made_the_runs(finished):
     assert provenance({}) == ""
 
 
+@pytest.mark.slow
 def test_sigint_stops_parallel_runs_keeps_the_finished_and_resumes_to_the_same_numbers(tmp_path, finished):
     out = tmp_path / "stopped"
     done, seconds, kept, children = _stop(out, 2, signal.SIGINT, "finished")
@@ -221,6 +223,7 @@ def test_a_signal_stops_the_suite_within_seconds(tmp_path, sig, jobs, when, grou
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.slow
 def test_a_failing_run_stops_the_others_with_one_line(tmp_path, finished):
     """A run that cannot start (a file in its folder that no run writes) ends the suite at once
     with its one-line error, the other run processes stopped as a signal stops them."""

@@ -343,8 +343,12 @@ def test_finetune_from_official_npz_resizes_and_replaces_head(tmp_path, fixtures
 
 @pytest.mark.parametrize(
     "fsdp, bf16, muon",
-    [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
-    ids=["ddp", "fsdp", "ddp-bf16", "ddp-muon"],
+    [
+        pytest.param(False, False, False, id="ddp"),
+        pytest.param(True, False, False, id="fsdp", marks=pytest.mark.slow),
+        pytest.param(False, True, False, id="ddp-bf16", marks=pytest.mark.slow),
+        pytest.param(False, False, True, id="ddp-muon", marks=pytest.mark.slow),
+    ],
 )
 def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
     """DDP (or FSDP2) over gloo with 2 processes: the first losses equal a 1-process run with the
@@ -396,6 +400,7 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
     assert model.cfg.depth == 2
 
 
+@pytest.mark.slow
 def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
     """The demo recipe with ``--precision fp32`` (fp32 throughout, Muon's iteration included):
     two torchrun processes take the first steps with the losses of one process within 1e-4."""
@@ -419,6 +424,7 @@ def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)
 
 
+@pytest.mark.slow
 def test_training_keeps_freed_memory_mapped(monkeypatch):
     from vitkit import allocator
 
