@@ -192,11 +192,14 @@ def _ort_static_qdq(path: Path, calibration: torch.Tensor) -> Callable:
         def get_next(self) -> dict | None:
             return next(self.batches, None)
 
-    out = path.with_name(path.stem + "-qdq-int8.onnx")
+    from vitkit.backends import cpu_saturates_int8_pairs
+
+    out = path.with_name(path.stem + f"-qdq-int8{'-7bit' if cpu_saturates_int8_pairs() else ''}.onnx")
     if not out.exists():
         quantize_static(
             str(path), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
+            reduce_range=cpu_saturates_int8_pairs(),  # 7-bit weights where 16-bit pair sums saturate (no VNNI)
         )  # fmt: skip
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()

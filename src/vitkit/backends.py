@@ -195,7 +195,7 @@ def onnxruntime_session(
         # Without an 8-bit dot product (VNNI), x86 kernels add pairs of uint8 x int8 products in
         # 16 bits, which saturate on full-range weights: 7-bit weights there (ONNX Runtime's
         # reduce_range), as vitkit's own int8 does (vitkit.inference.int8_pairs_saturate).
-        seven = _pairs_saturate()
+        seven = cpu_saturates_int8_pairs()
         q = path.with_name(path.stem + f"-ort-dynamic-int8{'-7bit' if seven else ''}.onnx")
         if not q.exists():
             tmp = q.with_name(q.name + f".{os.getpid()}.tmp")
@@ -213,8 +213,13 @@ def onnxruntime_session(
     return lambda x: session.run(None, {name: x})[0]
 
 
-def _pairs_saturate() -> bool:
-    """Whether this CPU's int8 kernels add uint8 x int8 pairs in 16 bits: an x86 CPU without VNNI."""
+def cpu_saturates_int8_pairs() -> bool:
+    """Whether the runtimes' int8 kernels add uint8 x int8 pairs in 16 bits here, saturating on
+    full-range weights: an x86 CPU without VNNI (an 8-bit dot-product instruction).
+
+    Returns:
+        True on such a CPU: quantise weights to 7 bits there.
+    """
     from .cpu import cpu_info
 
     if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
@@ -718,6 +723,7 @@ __all__ = [
     "RuntimeModel",
     "agreement",
     "choose_backend",
+    "cpu_saturates_int8_pairs",
     "decision_file",
     "default_backend",
     "exported_features",
