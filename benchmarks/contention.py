@@ -3,18 +3,22 @@ torch process, under each threading setting; the ratio says how much of the mach
 setting keeps (fair share is 50% on a machine whose cores both processes want).
 
     python benchmarks/contention.py [--seconds 20] [--json benchmarks/out/contention.json]
-    python benchmarks/contention.py --settings default passive   # some settings only
+    python benchmarks/contention.py --settings vitkit default passive   # some settings only
 
 Each measurement is a fresh process training ``configs/fmnist_vit.yaml`` (``Trainer.train_step``
 on its own batches) for ``--seconds``, in windows of ``--window`` steps: the median window and the
 worst one (a collapse shows there, not in the mean). The competitor is another process doing
 what a benchmark of a peer does, 2048x2048 fp32 matmuls with torch's default threads and OpenMP
-settings, started before the measurement and stopped after it. Settings are environment
-variables of the measured process only:
+settings, started before the measured process (which, as ``vitkit train`` does, looks at the
+machine's load before torch starts) and stopped after it. Settings are environment variables of
+the measured process only:
 
-- default: what vitkit does unless told otherwise (``vitkit.train.process``);
-- spin: libgomp spins at barriers for long (``OMP_WAIT_POLICY=ACTIVE``), the old default's worst case;
+- vitkit: what ``vitkit train`` does unless told otherwise: OpenMP's wait policy chosen from the
+  load at start (:func:`vitkit.runtime.choose_wait_policy`);
+- default: libgomp's own default (spin a while, then sleep), pinned by ``VITKIT_WAIT=spin``;
+- spin: libgomp spins at barriers for long (``OMP_WAIT_POLICY=ACTIVE``);
 - passive: threads sleep at once at a barrier (``OMP_WAIT_POLICY=PASSIVE``);
+- spin1k, spin10k, spin100k: ``GOMP_SPINCOUNT`` of that many iterations;
 - threads1: one intra-op thread (``OMP_NUM_THREADS=1``).
 Run it alone: it measures contention, so anything else running spoils it.
 """
@@ -28,10 +32,12 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SETTINGS: dict[str, dict[str, str]] = {
-    "default": {},
+    "vitkit": {},
+    "default": {"VITKIT_WAIT": "spin"},
     "spin": {"OMP_WAIT_POLICY": "ACTIVE"},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin1k": {"GOMP_SPINCOUNT": "1000"},
@@ -48,6 +54,8 @@ while True:
 """
 
 WORKER = r"""
+from vitkit.runtime import choose_wait_policy, wait_policy_line
+choose_wait_policy()  # before torch starts, as vitkit train does
 import json, sys, time, torch
 from vitkit.train import load_recipe, parse_set
 from vitkit.train.loop import Trainer
@@ -74,7 +82,7 @@ while time.perf_counter() < end:
         trainer.train_step(images, labels)
         i += 1
     rates.append(window * recipe.train.batch_size / (time.perf_counter() - start))
-print(json.dumps({"rates": rates, "threads": torch.get_num_threads()}), flush=True)
+print(json.dumps({"rates": rates, "threads": torch.get_num_threads(), "wait": wait_policy_line()}), flush=True)
 """
 
 
@@ -87,10 +95,13 @@ def _start(code: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 def measure(setting: str, contended: bool, args: argparse.Namespace) -> dict:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    worker = _start(WORKER, [args.config, str(args.seconds), str(args.window)], base | SETTINGS[setting])
+    unset = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VITKIT_WAIT")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     rival = _start(COMPETITOR, [], base) if contended else None
+    if rival is not None:
+        time.sleep(1.0)  # the rival at full load before the measured process looks at the machine
     try:
+        worker = _start(WORKER, [args.config, str(args.seconds), str(args.window)], base | SETTINGS[setting])
         out, _ = worker.communicate("go\n", timeout=args.seconds * 20 + 300)
     finally:
         if rival is not None:
@@ -105,6 +116,7 @@ def measure(setting: str, contended: bool, args: argparse.Namespace) -> dict:
         "worst": min(rates),
         "windows": len(rates),
         "threads": rec["threads"],
+        "wait": rec.get("wait"),
     }
 
 

@@ -221,6 +221,42 @@ def test_a_runs_summary_records_each_measured_choice_and_the_pins_reproduce_them
 def test_a_bad_pin_is_named_in_one_line(tmp_path):
     out = _vitkit("train", "--config", str(_write(tmp_path)), "--out", str(tmp_path / "r"), VITKIT_ATTENTION="fast")
     assert out.returncode == 2 and "VITKIT_ATTENTION='fast': use math or recompute" in out.stderr
+    out = _vitkit("train", "--config", str(_write(tmp_path)), "--out", str(tmp_path / "w"), VITKIT_WAIT="fast")
+    assert out.returncode == 2 and "VITKIT_WAIT='fast': use spin or passive" in out.stderr
+
+
+# -- a busy machine --------------------------------------------------------------------------------
+_CHOOSE = (
+    "import os, sys, vitkit.runtime as r\n"
+    "r.busy_cores_elsewhere = lambda seconds: float(sys.argv[1])\n"
+    "c = r.choose_wait_policy()\n"
+    "print(c['value'], os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "busy, env, want",
+    [
+        ("1.9", {}, "passive PASSIVE False"),  # a rival holds the cores: sleep at once
+        ("0.1", {}, "spin None False"),  # a machine of one's own: libgomp's default
+        ("1.9", {"OMP_WAIT_POLICY": "ACTIVE"}, "as set ACTIVE False"),  # the user's setting is kept
+        ("0.1", {"VITKIT_WAIT": "passive"}, "passive PASSIVE False"),  # the pin wins over the load
+    ],
+)
+def test_openmps_wait_policy_is_chosen_from_the_load_before_torch_starts(busy, env, want):
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VITKIT_WAIT")}
+    out = subprocess.run([sys.executable, "-c", _CHOOSE, busy], capture_output=True, text=True, env={**base, **env})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == want
+
+
+def test_a_run_says_how_its_threads_wait_and_records_it(tmp_path):
+    out = _vitkit("train", "--config", str(_write(tmp_path)), "--out", str(tmp_path / "r"), VITKIT_WAIT="passive")
+    assert out.returncode == 0, out.stderr
+    assert "OpenMP threads wait passively: pinned by VITKIT_WAIT (VITKIT_WAIT=spin to spin)" in out.stdout + out.stderr
+    choices = json.loads((tmp_path / "r" / "summary.json").read_text())["measured_choices"]
+    (wait,) = [c for c in choices if c["kind"] == "wait"]
+    assert wait["value"] == "passive" and wait["how"] == "pinned by VITKIT_WAIT"
 
 
 # -- stopping --------------------------------------------------------------------------------------

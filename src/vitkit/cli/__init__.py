@@ -36,6 +36,9 @@ COMMANDS: dict[str, ModuleType] = {
     "models": models,
 }
 
+TRAINING_COMMANDS = ("train", "finetune", "reproduce")
+"""The commands that choose OpenMP's wait policy from the machine's load before torch starts."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=(__doc__ or "").splitlines()[0])
@@ -51,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     try:
         check_paths(args)  # a mistyped path is said at once, not after torch has loaded
+        if args.command in TRAINING_COMMANDS:
+            from ..runtime import choose_wait_policy
+
+            choose_wait_policy()  # before torch starts: its OpenMP reads the choice when it loads
         return COMMANDS[args.command].run(args)
     except RunStopped as e:  # a checkpoint was written: the same command resumes
         print(f"vitkit {args.command}: {e}", file=sys.stderr)

@@ -35,7 +35,7 @@ from ..eval.classify import NonFiniteOutputs
 from ..eval.multilabel import evaluate_multilabel
 from ..files import write_text
 from ..precision import take_warning
-from ..runtime import measured_choices
+from ..runtime import measured_choices, wait_policy_line
 from . import dist as D
 from .advice import chance_warning, few_images_warning, nonfinite_loss_advice, second_evaluation_step
 from .compute import StepCompute, step_compute
@@ -334,6 +334,8 @@ class Trainer:
     def _run(self, stops: _Stops) -> RunResult:
         r, total = self.recipe, self.recipe.train.steps
         self.progress.message(self.precision.describe())
+        if self.device.type == "cpu" and (waiting := wait_policy_line()):
+            self.progress.message(waiting)
         if warning := take_warning(self.precision):
             self.progress.message(f"warning: {warning}")
         if few := few_images_warning(self.train_ds):
