@@ -401,6 +401,43 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_torchrun_lora_finetune_matches_one_process(tmp_path, fsdp):
+    """LoRA adapters under DDP and FSDP2 (frozen base weights beside trained adapters and head):
+    2 processes give the losses of 1 with the same global batch, and save the adapters alone."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    (tmp_path / "base_recipe").mkdir()
+    base_recipe = write_recipe(tmp_path / "base_recipe", train__steps=2, log__eval_every=2)
+    train_cmd = [sys.executable, "-m", "vitkit", "train", "--device", "cpu"]
+    subprocess.run([*train_cmd, "--config", str(base_recipe), "--out", str(tmp_path / "base")], check=True, env=env)
+    recipe = write_recipe(
+        tmp_path,
+        augment__crop="none",
+        augment__flip=False,
+        train__steps=4,
+        train__fsdp=fsdp,
+        log__eval_every=4,
+        log__checkpoint_every=4,
+        model__init_from=str(tmp_path / "base" / "best.safetensors"),
+        finetune__adapter={"kind": "lora", "rank": 4, "targets": ["q", "v"]},
+    )
+    subprocess.run([*train_cmd, "--config", str(recipe), "--out", str(tmp_path / "one")], check=True, env=env)
+    port = ["--master-port", str(free_port())]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *port, *train_cmd[1:]]
+    run = subprocess.run(
+        [*torchrun, "--config", str(recipe), "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    def losses(d):
+        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x]
+
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(one) == len(two) == 4 and max(abs(a - b) for a, b in zip(one, two)) < 1e-5
+    assert (tmp_path / "two" / "adapter.safetensors").exists()
+
+
+@pytest.mark.slow
 def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
     """The demo recipe with ``--precision fp32`` (fp32 throughout, Muon's iteration included):
     two torchrun processes take the first steps with the losses of one process within 1e-4."""

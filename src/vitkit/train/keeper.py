@@ -18,7 +18,8 @@ from torch import nn
 from ..checkpoint.adapters import save_adapters
 from ..checkpoint.native import save_weights
 from ..errors import TrainingError
-from ..models.adapters import adapted_layers, merge_adapters
+from ..models.adapters import adapted_layers, apply_adapters, merge_adapters
+from ..models.registry import build_model
 from . import dist as D
 from .config import dump_recipe
 from .optim import lr_at
@@ -266,10 +267,11 @@ class Keeper:
             return
         classes = json.dumps(self.plan.train_ds.classes)
         if adapted_layers(unwrap(self.model)):  # the adapters alone, and merged weights that serve as any
+            adapted = _plain_copy(unwrap(self.model), model_sd)
             path = self.folder.out / "adapter.safetensors"
             with self.folder.writing(path, "write the adapters", state.step, state.best_step):
-                save_adapters(unwrap(self.model), path, {"classes": classes, "step": str(state.step)})
-            model_sd = merge_adapters(copy.deepcopy(unwrap(self.model)).cpu()).state_dict()
+                save_adapters(adapted, path, {"classes": classes, "step": str(state.step)})
+            model_sd = merge_adapters(adapted).state_dict()
         if self.ema is not None:
             model_sd = {k: v.to(model_sd[k].dtype).cpu() for k, v in self.ema.shadow.items()}
         options = self.plan.recipe.data.options
@@ -285,6 +287,19 @@ class Keeper:
         path = self.folder.out / "best.safetensors"
         with self.folder.writing(path, "write the best weights", state.step, state.best_step):
             save_weights(model_sd, unwrap(self.model).cfg, path, self.plan.preprocessing, extra)
+
+
+def _plain_copy(model: nn.Module, full_state: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of an adapted ``model`` on the CPU with whole tensors: under FSDP its parameters are
+    shards, so the copy is built anew (the same config and adapters) from the gathered
+    ``full_state``; otherwise a deep copy."""
+    if not any(hasattr(p, "to_local") for p in model.parameters()):
+        return copy.deepcopy(model).cpu()
+    info = model.adapter_info
+    plain = apply_adapters(build_model(model.cfg), info.spec, base_name=info.base_name)
+    plain.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in full_state.items()})
+    plain.adapter_info = info  # the base's checksum, not the fresh model's
+    return plain
 
 
 __all__ = ["EMA", "Keeper", "unwrap"]

@@ -34,7 +34,7 @@ from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
 from ..eval.multilabel import evaluate_multilabel
 from ..files import write_text
-from ..precision import take_warning
+from ..precision import Precision, take_warning
 from ..runtime import measured_choices, wait_policy_line
 from . import dist as D
 from .advice import chance_warning, few_images_warning, nonfinite_loss_advice, second_evaluation_step
@@ -333,11 +333,8 @@ class Trainer:
 
     def _run(self, stops: _Stops) -> RunResult:
         r, total = self.recipe, self.recipe.train.steps
-        self.progress.message(self.precision.describe())
-        if self.device.type == "cpu" and (waiting := wait_policy_line()):
-            self.progress.message(waiting)
-        if warning := take_warning(self.precision):
-            self.progress.message(f"warning: {warning}")
+        for line in _first_lines(self.precision, self.device):
+            self.progress.message(line)
         if few := few_images_warning(self.train_ds):
             self.warn(few)
         self.start_warnings = len(self.warnings)
@@ -502,6 +499,17 @@ class Trainer:
         if self.state.best_metric is None or score > self.state.best_metric:
             self.state.best_metric, self.state.best_step = score, step
             self.keeper.save_best(self.state, self.last_eval.get("thresholds"))
+
+
+def _first_lines(precision: Precision, device: torch.device) -> list[str]:
+    """A run's first messages: the precision, how OpenMP's threads wait (on a CPU), a warning of
+    an emulated bf16."""
+    lines = [precision.describe()]
+    if device.type == "cpu" and (waiting := wait_policy_line()):
+        lines.append(waiting)
+    if warning := take_warning(precision):
+        lines.append(f"warning: {warning}")
+    return lines
 
 
 def _epochs(
