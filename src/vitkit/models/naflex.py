@@ -1,0 +1,110 @@
+"""NaFlex inputs: images kept at their own aspect ratio, cut into patches under a token budget.
+
+A NaFlex batch holds patches already cut: ``patches (B, L, P*P*C)``, ``coords (B, L, 2)`` (row and
+column of each patch in its image's grid) and ``valid (B, L)`` (False on padding rows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vitkit.errors import UsageError
+
+
+@dataclass
+class NaflexBatch:
+    """A batch of images, each as the patches of its own grid, padded to a common length.
+
+    Attributes:
+        patches: (B, L, P*P*C) float, each row a patch flattened in (row, col, channel) order.
+        coords: (B, L, 2) long, the (row, col) of each patch in its image's grid; 0 on padding.
+        valid: (B, L) bool, True for real patches.
+        grids: the (rows, cols) grid of each image.
+    """
+
+    patches: torch.Tensor
+    coords: torch.Tensor
+    valid: torch.Tensor
+    grids: list[tuple[int, int]]
+
+
+def fit_grid(height: int, width: int, patch: int, max_tokens: int) -> tuple[int, int]:
+    """The largest grid with the image's aspect ratio whose patch count fits ``max_tokens``.
+
+    Args:
+        height: image height in pixels.
+        width: image width in pixels.
+        patch: patch side in pixels.
+        max_tokens: the most patches the image may have (at least 1).
+
+    Returns:
+        (rows, cols), each at least 1, with rows * cols <= max_tokens.
+    """
+    if max_tokens < 1:
+        raise UsageError(f"naflex max_tokens={max_tokens}: an image needs at least 1 patch")
+    if height < 1 or width < 1:
+        raise UsageError(f"naflex: image of size {height}x{width} has no pixels")
+    # Scale s so that (h*s/p) * (w*s/p) ~= max_tokens, then step down until the rounded-up grid fits.
+    scale = math.sqrt(max_tokens * patch * patch / (height * width))
+    while True:
+        rows = max(1, math.ceil(height * scale / patch))
+        cols = max(1, math.ceil(width * scale / patch))
+        if rows * cols <= max_tokens:
+            return rows, cols
+        if rows == 1 and cols == 1:
+            return 1, 1
+        scale *= 0.99
+
+
+def patchify(image: torch.Tensor, grid: tuple[int, int], patch: int) -> torch.Tensor:
+    """Resize one image to ``grid`` patches (aspect ratio kept by the grid) and cut it.
+
+    Args:
+        image: (C, H, W) float.
+        grid: (rows, cols) from :func:`fit_grid`.
+        patch: patch side in pixels.
+
+    Returns:
+        (rows*cols, P*P*C) patches in raster order, each flattened as (row, col, channel).
+    """
+    rows, cols = grid
+    c = image.shape[0]
+    size = (rows * patch, cols * patch)
+    x = F.interpolate(image[None], size=size, mode="bilinear", antialias=True, align_corners=False)
+    # (1, C, rows*P, cols*P) -> (rows, P, cols, P, C) -> (rows, cols, P, P, C) -> (rows*cols, P*P*C)
+    x = x[0].permute(1, 2, 0).reshape(rows, patch, cols, patch, c)
+    return x.permute(0, 2, 1, 3, 4).reshape(rows * cols, patch * patch * c)
+
+
+def collate(images: list[torch.Tensor], patch: int, max_tokens: int) -> NaflexBatch:
+    """Fit each image to the budget, cut it into patches and pad the batch to a common length.
+
+    Args:
+        images: list of (C, H, W) float images of any sizes.
+        patch: patch side in pixels.
+        max_tokens: the most patches one image may have.
+
+    Returns:
+        A :class:`NaflexBatch` of length L = the largest patch count in the batch.
+    """
+    if not images:
+        raise UsageError("naflex: an empty batch")
+    grids = [fit_grid(im.shape[-2], im.shape[-1], patch, max_tokens) for im in images]
+    cut = [patchify(im, g, patch) for im, g in zip(images, grids, strict=True)]
+    length = max(p.shape[0] for p in cut)
+    dim = cut[0].shape[1]
+    patches = torch.zeros(len(cut), length, dim, dtype=cut[0].dtype)
+    coords = torch.zeros(len(cut), length, 2, dtype=torch.long)
+    valid = torch.zeros(len(cut), length, dtype=torch.bool)
+    for i, (p, (rows, cols)) in enumerate(zip(cut, grids, strict=True)):
+        n = p.shape[0]
+        patches[i, :n] = p
+        r = torch.arange(rows).repeat_interleave(cols)  # (rows*cols,) raster order
+        col = torch.arange(cols).repeat(rows)
+        coords[i, :n] = torch.stack([r, col], dim=-1)
+        valid[i, :n] = True
+    return NaflexBatch(patches=patches, coords=coords, valid=valid, grids=grids)
