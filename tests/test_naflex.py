@@ -45,3 +45,59 @@ def test_collate_pads_and_marks_valid():
     assert b.coords[1, 4:6].tolist() == [[0, 4], [1, 0]]
     assert not b.valid[1, 15]
     assert (b.patches[1, 15:] == 0).all()
+
+
+import vitkit  # noqa: E402
+from vitkit.models.naflex import forward_naflex  # noqa: E402
+
+TINY = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5, patch_size=8, img_size=32)
+
+
+def tiny_vit(**kw):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_b16", **{**TINY, **kw}).eval()
+    torch.nn.init.normal_(model.head.weight)  # the head starts at zero: logits would hide every difference
+    return model
+
+
+KINDS = [
+    dict(pos_embed="learned", classifier="token"),
+    dict(pos_embed="learned2d", classifier="token"),
+    dict(pos_embed="sincos2d", classifier="gap"),
+    dict(pos_embed="learned", classifier="gap"),
+]
+
+
+@pytest.mark.parametrize("kw", KINDS, ids=lambda k: f"{k['pos_embed']}-{k['classifier']}")
+def test_naflex_batch_of_one_equals_square_forward(kw):
+    model = tiny_vit(**kw)
+    img = torch.randn(3, 32, 32)
+    b = collate([img], patch=8, max_tokens=16)  # 4x4 grid: no resize, no padding
+    with torch.no_grad():
+        torch.testing.assert_close(forward_naflex(model, b), model(img[None]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kw", KINDS, ids=lambda k: f"{k['pos_embed']}-{k['classifier']}")
+def test_naflex_padding_changes_nothing(kw):
+    model = tiny_vit(**kw)
+    imgs = [torch.randn(3, 32, 32), torch.randn(3, 16, 40), torch.randn(3, 48, 8)]
+    with torch.no_grad():
+        together = forward_naflex(model, collate(imgs, patch=8, max_tokens=16))
+        alone = torch.cat([forward_naflex(model, collate([im], patch=8, max_tokens=16)) for im in imgs])
+    assert collate(imgs, patch=8, max_tokens=16).valid.sum(1).tolist() != [16, 16, 16]
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_naflex_gradient_flows():
+    model = tiny_vit(pos_embed="learned2d").train()
+    b = collate([torch.randn(3, 32, 32), torch.randn(3, 16, 40)], patch=8, max_tokens=16)
+    forward_naflex(model, b).sum().backward()
+    assert model.patch_embed.proj.weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in model.blocks.parameters())
+
+
+@pytest.mark.parametrize("kw", [dict(pos_embed="relative"), dict(classifier="map")])
+def test_naflex_refuses_unsupported_model(kw):
+    model = tiny_vit(**kw)
+    with pytest.raises(VitkitError, match="naflex"):
+        forward_naflex(model, collate([torch.randn(3, 32, 32)], patch=8, max_tokens=16))

@@ -108,3 +108,94 @@ def collate(images: list[torch.Tensor], patch: int, max_tokens: int) -> NaflexBa
         coords[i, :n] = torch.stack([r, col], dim=-1)
         valid[i, :n] = True
     return NaflexBatch(patches=patches, coords=coords, valid=valid, grids=grids)
+
+
+# Position kinds a NaFlex batch can use: their table is computed or resampled for any grid.
+NAFLEX_POS_EMBEDS = ("learned", "learned2d", "sincos2d", "none")
+
+
+def check_naflex_model(model: torch.nn.Module) -> None:
+    """Refuse, in one line, a model whose NaFlex forward is not supported.
+
+    Args:
+        model: a :class:`vitkit.models.vit.VisionTransformer`.
+    """
+    cfg = model.cfg
+    if cfg.pos_embed not in NAFLEX_POS_EMBEDS:
+        raise UsageError(
+            f"naflex: pos_embed={cfg.pos_embed!r} cannot be computed per image grid; "
+            f"supported: {', '.join(NAFLEX_POS_EMBEDS)}"
+        )
+    if cfg.classifier not in ("token", "gap"):
+        raise UsageError(f"naflex: classifier={cfg.classifier!r} is not supported; use 'token' or 'gap'")
+    if model.patch_embed.backbone is not None or model.dist_token is not None:
+        raise UsageError("naflex: hybrid (ResNet stem) and distilled models are not supported")
+
+
+def naflex_features(model: torch.nn.Module, batch: NaflexBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A NaFlex batch -> the normed tokens (B, T+L, D) and the token mask (B, T+L).
+
+    T is the number of prefix tokens (class token, registers); the mask is False on padding.
+
+    Args:
+        model: a :class:`vitkit.models.vit.VisionTransformer` that :func:`check_naflex_model` accepts.
+        batch: the patches, coordinates and validity of each image.
+
+    Returns:
+        (tokens, mask).
+    """
+    check_naflex_model(model)
+    proj = model.patch_embed.proj
+    # conv weight (D, C, P, P) -> (D, P, P, C) -> (D, P*P*C): the (row, col, channel) order of patchify
+    weight = proj.weight.permute(0, 2, 3, 1).reshape(proj.out_channels, -1)
+    if batch.patches.shape[-1] != weight.shape[1]:
+        raise UsageError(
+            f"naflex: patches of {batch.patches.shape[-1]} values, the model wants {weight.shape[1]} (P*P*C)"
+        )
+    x = F.linear(batch.patches, weight, proj.bias)  # (B, L, D)
+    B, L = x.shape[:2]
+    pos = None
+    if model.cfg.pos_embed != "none":
+        rows = []
+        prefix_rows = None
+        for i, grid in enumerate(batch.grids):
+            table = model.pos_embed_table(grid)  # (1, P+N, D)
+            n = grid[0] * grid[1]
+            prefix_rows = table[:, : table.shape[1] - n]
+            # coords of image i -> raster index into its table
+            idx = batch.coords[i, :, 0] * grid[1] + batch.coords[i, :, 1]
+            rows.append(table[0, table.shape[1] - n :][idx] * batch.valid[i, :, None])
+        pos = torch.cat([prefix_rows.expand(B, -1, -1), torch.stack(rows)], dim=1)  # (B, P+L, D)
+    from vitkit.models.vit import add_tokens_and_positions
+
+    x = add_tokens_and_positions(x, model.prefix_tokens(), pos, model.cfg.cls_pos_embed, model.reg_token)
+    x = model._pre_norm(x)
+    T = x.shape[1] - L
+    mask = torch.cat([torch.ones(B, T, dtype=torch.bool, device=x.device), batch.valid.to(x.device)], dim=1)
+    for blk in model.blocks:
+        x = blk(x, key_mask=mask)
+    return model.norm(x), mask
+
+
+def forward_naflex(model: torch.nn.Module, batch: NaflexBatch) -> torch.Tensor:
+    """A NaFlex batch -> logits (B, K) (the pooled features for a model without a head).
+
+    Args:
+        model: a :class:`vitkit.models.vit.VisionTransformer`.
+        batch: the patches, coordinates and validity of each image.
+
+    Returns:
+        The logits, pooled over each image's real tokens only.
+    """
+    tokens, mask = naflex_features(model, batch)
+    if model.cfg.classifier == "token":
+        x = tokens[:, 0]  # (B, D)
+    else:  # mean over the real patch tokens only
+        p = model.num_prefix_tokens
+        w = mask[:, p:, None].to(tokens.dtype)  # (B, L, 1)
+        x = (tokens[:, p:] * w).sum(1) / w.sum(1)
+    if model.fc_norm is not None:
+        x = model.fc_norm(x)
+    if model.pre_logits is not None:
+        x = torch.tanh(model.pre_logits(x))
+    return x if model.head is None else model.head(x)
