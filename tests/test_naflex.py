@@ -65,6 +65,8 @@ KINDS = [
     dict(pos_embed="learned2d", classifier="token"),
     dict(pos_embed="sincos2d", classifier="gap"),
     dict(pos_embed="learned", classifier="gap"),
+    dict(pos_embed="rope_dinov3", classifier="token"),
+    dict(pos_embed="rope_axial", classifier="gap"),
 ]
 
 

@@ -111,7 +111,8 @@ def collate(images: list[torch.Tensor], patch: int, max_tokens: int) -> NaflexBa
 
 
 # Position kinds a NaFlex batch can use: their table is computed or resampled for any grid.
-NAFLEX_POS_EMBEDS = ("learned", "learned2d", "sincos2d", "none")
+NAFLEX_POS_EMBEDS = ("learned", "learned2d", "sincos2d", "none", "rope_axial", "rope_dinov3")
+_ROPE = ("rope_axial", "rope_dinov3")
 
 
 def check_naflex_model(model: torch.nn.Module) -> None:
@@ -154,8 +155,14 @@ def naflex_features(model: torch.nn.Module, batch: NaflexBatch) -> tuple[torch.T
         )
     x = F.linear(batch.patches, weight, proj.bias)  # (B, L, D)
     B, L = x.shape[:2]
-    pos = None
-    if model.cfg.pos_embed != "none":
+    pos = rope = None
+    if model.cfg.pos_embed in _ROPE:  # each image's rotary rows, gathered by its coords
+        tables = []
+        for i, grid in enumerate(batch.grids):
+            idx = batch.coords[i, :, 0] * grid[1] + batch.coords[i, :, 1]
+            tables.append(model._rope_table(grid).to(x.device)[:, idx])  # (2, L, hd)
+        rope = torch.stack(tables, dim=1)[:, :, None]  # (2, B, 1, L, hd)
+    elif model.cfg.pos_embed != "none":
         rows = []
         prefix_rows = None
         for i, grid in enumerate(batch.grids):
@@ -173,7 +180,7 @@ def naflex_features(model: torch.nn.Module, batch: NaflexBatch) -> tuple[torch.T
     T = x.shape[1] - L
     mask = torch.cat([torch.ones(B, T, dtype=torch.bool, device=x.device), batch.valid.to(x.device)], dim=1)
     for blk in model.blocks:
-        x = blk(x, key_mask=mask)
+        x = blk(x, rope=rope, key_mask=mask)
     return model.norm(x), mask
 
 
