@@ -103,3 +103,9 @@ def test_naflex_refuses_unsupported_model(kw):
     model = tiny_vit(**kw)
     with pytest.raises(VitkitError, match="naflex"):
         forward_naflex(model, collate([torch.randn(3, 32, 32)], patch=8, max_tokens=16))
+
+
+def test_naflex_refuses_patches_of_another_size():
+    model = tiny_vit()
+    with pytest.raises(VitkitError, match="patches of 768 values, the model wants 192"):
+        forward_naflex(model, collate([torch.randn(3, 32, 32)], patch=16, max_tokens=4))
