@@ -288,13 +288,14 @@ def rotate_patches(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
     Args:
         x: the queries or keys.
-        table: (2, N, hd): cosines and sines (cast to ``x``'s dtype).
+        table: (2, N, hd): cosines and sines (cast to ``x``'s dtype); or (2, B, 1, N, hd), one
+            table per image (a NaFlex batch).
 
     Returns:
         The rotated tensor, of ``x``'s shape and dtype.
     """
-    cos, sin = table.to(x.dtype).unbind(0)  # (N, hd) each
-    prefix = x.shape[-2] - cos.shape[0]
+    cos, sin = table.to(x.dtype).unbind(0)  # (N, hd) or (B, 1, N, hd) each
+    prefix = x.shape[-2] - cos.shape[-2]
     patches = x[..., prefix:, :]
     first, second = patches.chunk(2, dim=-1)
     turned = torch.cat([-second, first], dim=-1)  # each pair (a, b) -> (-b, a): a quarter turn

@@ -217,7 +217,11 @@ class Attention(nn.Module):
         return torch.cat([shared[..., :prefix, None].expand(-1, -1, -1, T), rows], dim=-2)
 
     def forward(
-        self, x: torch.Tensor, return_weights: bool = False, rope: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        return_weights: bool = False,
+        rope: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, hd)
@@ -227,6 +231,10 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = rotate_patches(q, rope), rotate_patches(k, rope)
         bias = self.relative_bias(q) if self.rel_embed is not None else None
+        if key_mask is not None:  # (B, N) True for real tokens -> (B, 1, 1, N): -inf on padded keys
+            pad = torch.zeros(B, 1, 1, N, dtype=q.dtype, device=q.device)
+            pad = pad.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+            bias = pad if bias is None else bias + pad
         out, weights = attend(
             q, k, v, scale=self.scale, dropout_p=self.attn_drop, training=self.training, impl=self.impl,
             need_weights=return_weights, bias=bias,
@@ -332,12 +340,17 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, return_weights: bool = False, rope: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        return_weights: bool = False,
+        rope: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, N, D) -> (B, N, D); with ``return_weights`` also the attention's softmax weights
         (B, H, N, N), which makes the attention take its explicit path. ``rope``: the rotary
-        table of the patch grid, for a model with 2-D RoPE (:meth:`Attention.forward`)."""
-        attn = self.attn(self.norm1(x), return_weights=return_weights, rope=rope)
+        table of the patch grid, for a model with 2-D RoPE (:meth:`Attention.forward`).
+        ``key_mask`` (B, N) bool: False on padding tokens, which no token attends to."""
+        attn = self.attn(self.norm1(x), return_weights=return_weights, rope=rope, key_mask=key_mask)
         attn_out, weights = attn if return_weights else (attn, None)
         x = x + self.drop_path(self.ls1(attn_out))
         x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
