@@ -48,9 +48,9 @@ from .precision import ServingName
 BACKENDS = ("auto", "torch", "openvino", "onnxruntime")
 """The choices of ``--backend``."""
 RUNTIMES = ("openvino", "onnxruntime")
+"""The inference runtimes vitkit can hand a model to."""
 BACKEND_ENV = "VITKIT_BACKEND"
 """The environment variable that pins the commands' default backend (e.g. ``torch``)."""
-"""The inference runtimes vitkit can hand a model to."""
 _PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 TOLERANCE = {"fp32": 1e-3, "bf16": 0.99, "int8": 0.98}
 """What a runtime's output must meet against fp32 eager to be chosen: fp32, the largest absolute
