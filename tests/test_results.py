@@ -203,7 +203,42 @@ def _check_reproduce_budget(table: Table, data: dict, args: dict[str, str]) -> N
         assert shown_equals(row[2], call["runs"]) and shown_equals(row[3], call["minutes"]), row
 
 
+def _check_loop_overhead(table: Table, data: dict, args: dict[str, str]) -> None:
+    """loop_overhead.py: one row; the bare step's and the loop's median images/s and their ratio."""
+    (row,) = table.rows
+    assert "step" in table.header[1] and "loop" in table.header[2]
+    assert shown_equals(row[1], data["step_median"]) and shown_equals(row[2], data["loop_median"]), row
+    assert shown_equals(row[3], data["ratio"]), row
+
+
+def _check_merge_curve(table: Table, data: dict, args: dict[str, str]) -> None:
+    """merge_curve.py: one row an r; tokens left, images/s, speed-up over r = 0, top-1 and its change."""
+    assert [int(row[0]) for row in table.rows] == [r["r"] for r in data["rows"]]
+    base = next(r for r in data["rows"] if r["r"] == data["baseline_r"])
+    for row, r in zip(table.rows, data["rows"]):
+        assert shown_equals(row[1], r["tokens_out"]) and shown_equals(row[2], r["images_per_s"]), row
+        assert shown_equals(row[3].rstrip("x"), r["images_per_s"] / base["images_per_s"]), row
+        assert shown_equals(row[4].rstrip("%"), 100 * r["top1"]), row
+        assert shown_equals(row[5], 100 * (r["top1"] - base["top1"])), row
+
+
+def _check_contention(table: Table, data: dict, args: dict[str, str]) -> None:
+    """contention.py: one row a setting (its name first in the first cell); alone, beside the
+    rival, the worst window beside it and the share kept."""
+    for row in table.rows:
+        name = row[0].strip("`").split()[0]
+        setting = {"OMP_WAIT_POLICY=PASSIVE": "passive"}.get(name, name)
+        alone = next(r for r in data["rows"] if r["setting"] == setting and not r["contended"])
+        beside = next(r for r in data["rows"] if r["setting"] == setting and r["contended"])
+        assert shown_equals(row[1], alone["median"]) and shown_equals(row[2], beside["median"]), row
+        assert shown_equals(row[3], beside["worst"]), row
+        assert shown_equals(row[4].rstrip("%"), 100 * beside["share_kept"]), row
+
+
 RULES = {
+    "loop_overhead": _check_loop_overhead,
+    "merge_curve": _check_merge_curve,
+    "contention": _check_contention,
     "cpu_kind": _check_cpu_kind,
     "int8_accuracy": _check_int8_accuracy,
     "peers": _check_peers,
@@ -213,6 +248,12 @@ RULES = {
 
 
 def _kind(data: dict) -> str:
+    if "loop_median" in data:
+        return "loop_overhead"
+    if "baseline_r" in data:
+        return "merge_curve"
+    if "rows" in data and data["rows"] and "share_kept" in str(data["rows"]):
+        return "contention"
     if "meta" in data and "results" in data:
         return "cpu_kind"
     if "ckpt" in data and "rows" in data:
