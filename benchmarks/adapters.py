@@ -160,6 +160,8 @@ def main() -> None:
                 f"| {r['model']} (batch {r['batch']}, {r['precision']}) | {r['method']} | {r['trainable']:,} | "
                 f"{r['images_per_s']:.2f} | {r['peak_mb']:.0f} | {r['images_per_s'] / ref['images_per_s']:.2f}x |"
             )
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")  # the speed kept if accuracy fails
     if args.accuracy:
         result["accuracy"] = acc = accuracy(args)
         d = acc["lora_minus_full"]

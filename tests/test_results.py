@@ -235,7 +235,17 @@ def _check_contention(table: Table, data: dict, args: dict[str, str]) -> None:
         assert shown_equals(row[4].rstrip("%"), 100 * beside["share_kept"]), row
 
 
+def _check_adapters(table: Table, data: dict, args: dict[str, str]) -> None:
+    """adapters.py --speed: one row a model and method; trainable parameters, images/s, peak memory."""
+    assert len(table.rows) == len(data["speed"])
+    for row, r in zip(table.rows, data["speed"]):
+        assert row[0].startswith(r["model"]) and row[1] == r["method"], row
+        assert shown_equals(row[2], r["trainable"]) and shown_equals(row[3], r["images_per_s"]), row
+        assert shown_equals(row[4], r["peak_mb"]), row
+
+
 RULES = {
+    "adapters": _check_adapters,
     "loop_overhead": _check_loop_overhead,
     "merge_curve": _check_merge_curve,
     "contention": _check_contention,
@@ -248,6 +258,8 @@ RULES = {
 
 
 def _kind(data: dict) -> str:
+    if "speed" in data:
+        return "adapters"
     if "loop_median" in data:
         return "loop_overhead"
     if "baseline_r" in data:

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..data import build_dataset
+from ..data import build_dataset, source_kind
+from ..data.options import OPTIONS
 from ..errors import DataError
 
 HEAD_LR = 0.01  # SGD's peak rate (the new head's) at batch 32, scaled linearly with the batch
@@ -101,9 +102,12 @@ def plan_finetune(init_from: str, data: str, img_size: int | tuple[int, int] | N
     why = "the weights' resolution" if img_size is None else "as asked"
     overrides: dict[str, Any] = {} if img_size is None else {"img_size": list(size)}
     load = [math.ceil(s * LOAD_MARGIN) for s in size]
-    plan.sets += [("model.overrides", overrides), ("data.name", data), ("data.options", {"load_size": load})]
-    plan.lines.append(f"resolution {size[0]}x{size[1]} ({why}); images decoded at {load[0]}x{load[1]}")
-    train = build_dataset(data, "train", load_size=load)
+    decoded = "load_size" in OPTIONS.get(source_kind(data) or "", {})  # files: decoded at a size; arrays: as stored
+    options = {"load_size": load} if decoded else {}
+    plan.sets += [("model.overrides", overrides), ("data.name", data), ("data.options", options)]
+    at = f"; images decoded at {load[0]}x{load[1]}" if decoded else ""
+    plan.lines.append(f"resolution {size[0]}x{size[1]} ({why}){at}")
+    train = build_dataset(data, "train", **options)
     try:
         n = len(train)
     except (NotImplementedError, TypeError):
