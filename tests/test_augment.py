@@ -482,6 +482,7 @@ def _final(run: Path) -> dict[str, torch.Tensor]:
     return load_train_state(list_checkpoints(run / "checkpoints")[-1]).model_state
 
 
+@pytest.mark.slow
 def test_training_with_every_augmentation_resumes_bit_exact(tmp_path: Path, monkeypatch) -> None:
     """RandAugment, Mixup/CutMix per image, erasing and 3 repeats, with dropout: stop at step 7
     (checkpoint at 6, mid-epoch: 4 batches an epoch), resume, compare with a run never stopped;

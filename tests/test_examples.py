@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Pages whose examples take longer than the default run affords; `make test-all` runs them.
 SLOW_PAGES = {
+    "models.md": "every family built, converted and analysed on stand-ins: ~15 s of CPU",
     "README.md": "the quick start's embed, probe and training commands on stand-ins: ~80 s of CPU",
     "training.md": "a dozen short training runs, torchrun among them: ~100 s of CPU",
     "evaluation.md": "the README's evaluation commands again, with int8 and predict: ~40 s of CPU",

@@ -43,7 +43,10 @@ def test_onnx_export_matches_pytorch(tmp_path):
         np.testing.assert_allclose(sess.run(None, {"pixels": x.numpy()})[0], m(x).numpy(), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["gap_sincos2d", "map", "deit", "hybrid", "bit_resnet"])
+@pytest.mark.parametrize(
+    "family",
+    ["gap_sincos2d", *(pytest.param(f, marks=pytest.mark.slow) for f in ("map", "deit", "hybrid", "bit_resnet"))],
+)
 def test_onnx_dynamo_export_of_every_family(tmp_path, family):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

@@ -167,6 +167,7 @@ def _killed_then_resumed(tmp_path: Path, reference, data: str, fault: str) -> No
     assert not temporaries(run), temporaries(run)
 
 
+@pytest.mark.slow
 def test_killed_mid_checkpoint_on_streamed_data_resumes_bit_exact(tmp_path, reference):
     _killed_then_resumed(tmp_path, reference, "folder", "ckpt:2")
 

@@ -155,11 +155,17 @@ def assert_resumes_bit_exact(recipe: Recipe, tmp_path: Path, monkeypatch: pytest
     assert any(not torch.equal(a[k], first.model_state[k]) for k in a)  # steps 3 and 4 moved the weights
 
 
-@pytest.mark.parametrize("name", RECIPES)
+SLOW_RECIPES = ("vit_s16_i1k_300ep", "deit_s16_i1k")  # keys the other recipes' runs cover already
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_RECIPES else []) for n in RECIPES]
+)
 def test_recipe_starts_takes_steps_and_resumes_bit_exact(name, tmp_path, monkeypatch):
     assert_resumes_bit_exact(load_recipe(stand_in(name, tmp_path)), tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 def test_distilled_deit_starts_and_resumes_bit_exact(tmp_path, monkeypatch):
     """The DeiT recipe with the keys its description names for the distilled variant, taught by
     a 1000-class ViT (here the plain recipe's stand-in after 2 steps: its run folder is a
