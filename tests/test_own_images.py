@@ -370,3 +370,16 @@ def test_a_multi_label_run_under_torchrun_matches_one_process(tmp_path):
     assert len(ma) == len(mb) == 1 and abs(ma[0] - mb[0]) < 1e-5
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["multilabel"]["map_macro"] == pytest.approx(ma[0], abs=1e-6)
+
+
+def test_finetune_fits_a_recipe_to_a_named_dataset_without_a_validation_split(tmp_path):
+    """A named dataset (digits: train and test only) takes no decoding size, and the best weights
+    are chosen on a minival held out of its training split, the test split left unseen."""
+    import vitkit
+    from vitkit.train.autofit import plan_finetune
+
+    model = vitkit.create_model("vit_ti16", img_size=16, patch_size=4, in_chans=1, depth=1, width=16, num_heads=1,
+                                mlp_dim=32, num_classes=10)  # fmt: skip
+    vitkit.save_checkpoint(model, tmp_path / "base.safetensors")
+    sets = dict(plan_finetune(str(tmp_path / "base.safetensors"), "digits").sets)
+    assert sets["data.options"] == {} and sets["data.eval_split"] == "minival" and sets["data.minival"] == 0.1

@@ -107,7 +107,13 @@ def plan_finetune(init_from: str, data: str, img_size: int | tuple[int, int] | N
     plan.sets += [("model.overrides", overrides), ("data.name", data), ("data.options", options)]
     at = f"; images decoded at {load[0]}x{load[1]}" if decoded else ""
     plan.lines.append(f"resolution {size[0]}x{size[1]} ({why}){at}")
-    train = build_dataset(data, "train", **options)
+    # a folder or labels file has a "val" split (or carves one); a named dataset has train and test
+    # only: a tenth of its training split is held out to choose the best weights, the test set unseen
+    val = "val" if decoded else "minival"
+    if not decoded:
+        plan.sets.append(("data.minival", 0.1))
+        plan.lines.append("validation: a tenth of the training split held out (data.minival), the test split unseen")
+    train = build_dataset(data, "train", **options, **({} if decoded else {"minival": 0.1}))
     try:
         n = len(train)
     except (NotImplementedError, TypeError):
@@ -123,7 +129,7 @@ def plan_finetune(init_from: str, data: str, img_size: int | tuple[int, int] | N
         ("log.eval_every", per_epoch),
         ("log.checkpoint_every", per_epoch),
         ("log.log_every", max(1, per_epoch // 4)),
-        ("data.eval_split", "val"),
+        ("data.eval_split", val),
     ]
     plan.lines.append(
         f"schedule: {epochs} epochs of the {n} training images ({train.num_classes} classes): {steps} steps of "
