@@ -136,6 +136,7 @@ def test_a_tracker_whose_package_is_missing_is_refused_at_the_start(tmp_path, mo
         RunPlan.from_recipe(tiny_recipe(tmp_path, log__trackers=["wandb"]))
 
 
+@pytest.mark.slow
 def test_mlflow_logs_a_runs_curves_in_its_local_sqlite_store(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     pytest.importorskip("sqlalchemy")

@@ -155,7 +155,7 @@ def assert_resumes_bit_exact(recipe: Recipe, tmp_path: Path, monkeypatch: pytest
     assert any(not torch.equal(a[k], first.model_state[k]) for k in a)  # steps 3 and 4 moved the weights
 
 
-SLOW_RECIPES = ("vit_s16_i1k_300ep", "deit_s16_i1k")  # keys the other recipes' runs cover already
+SLOW_RECIPES = ("vit_s16_i1k_90ep", "vit_s16_i1k_300ep", "deit_s16_i1k")  # keys the other recipes' runs cover already
 
 
 @pytest.mark.parametrize(

@@ -342,7 +342,13 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "a list", "missing fewshot.mean", "huge integer"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "truncated",
+        *(pytest.param(k, marks=pytest.mark.slow) for k in ("a list", "missing fewshot.mean", "huge integer")),
+    ],
+)
 def test_a_damaged_result_is_scored_again_with_one_line(tmp_path, finished, one_thread, kind):
     from vitkit.reproduce import reproduce
 
