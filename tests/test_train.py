@@ -35,6 +35,11 @@ TINY = {
 }
 
 
+def _losses(run: Path) -> list[float]:
+    """The logged loss of each step of a run folder."""
+    return [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines() if "loss" in x]
+
+
 def write_recipe(tmp_path: Path, **changes) -> Path:
     tree = changed(TINY, **changes)
     path = tmp_path / "recipe.yaml"
@@ -390,10 +395,7 @@ def test_torchrun_two_processes_match_one(tmp_path, fsdp, bf16, muon):
     )
     assert run.returncode == 0, run.stderr[-2000:]
 
-    def losses(d):
-        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x]
-
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert len(one) == len(two) == 4
     assert max(abs(a - b) for a, b in zip(one, two)) < (2e-3 if bf16 else 1e-4 if muon else 1e-5)
     model = vitkit.load_pretrained(list_checkpoints(tmp_path / "two" / "checkpoints")[-1])
@@ -429,10 +431,7 @@ def test_torchrun_lora_finetune_matches_one_process(tmp_path, fsdp):
     )
     assert run.returncode == 0, run.stderr[-2000:]
 
-    def losses(d):
-        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x]
-
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert len(one) == len(two) == 4 and max(abs(a - b) for a, b in zip(one, two)) < 1e-5
     assert (tmp_path / "two" / "adapter.safetensors").exists()
 
@@ -453,10 +452,7 @@ def test_torchrun_demo_recipe_in_fp32_matches_one_process(tmp_path):
     two = subprocess.run([*cmd, *base, "--out", str(tmp_path / "two")], **run)
     assert two.returncode == 0, two.stderr[-2000:]
 
-    def losses(d):
-        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x]
-
-    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert len(a) == len(b) == 4
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)
 
