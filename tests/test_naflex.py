@@ -67,6 +67,8 @@ KINDS = [
     dict(pos_embed="learned", classifier="gap"),
     dict(pos_embed="rope_dinov3", classifier="token"),
     dict(pos_embed="rope_axial", classifier="gap"),
+    dict(pos_embed="learned2d", classifier="map"),
+    dict(pos_embed="sincos2d", classifier="gap", num_registers=2, fc_norm=True),
 ]
 
 
@@ -98,7 +100,7 @@ def test_naflex_gradient_flows():
     assert all(p.grad is not None for p in model.blocks.parameters())
 
 
-@pytest.mark.parametrize("kw", [dict(pos_embed="relative"), dict(classifier="map")])
+@pytest.mark.parametrize("kw", [dict(pos_embed="relative"), dict(distill_token=True)])
 def test_naflex_refuses_unsupported_model(kw):
     model = tiny_vit(**kw)
     with pytest.raises(VitkitError, match="naflex"):
@@ -109,3 +111,32 @@ def test_naflex_refuses_patches_of_another_size():
     model = tiny_vit()
     with pytest.raises(VitkitError, match="patches of 768 values, the model wants 192"):
         forward_naflex(model, collate([torch.randn(3, 32, 32)], patch=16, max_tokens=4))
+
+
+def test_model_forward_takes_a_naflex_batch():
+    model = tiny_vit(pos_embed="learned2d", classifier="map")
+    b = collate([torch.randn(3, 32, 32), torch.randn(3, 16, 40)], patch=8, max_tokens=16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(b), forward_naflex(model, b))
+        feats = forward_naflex(model, b, pre_logits=True)
+    assert feats.shape == (2, 32)
+
+
+def test_collate_of_fitted_images_only_cuts():
+    imgs = [torch.randn(3, 16, 40), torch.randn(3, 24, 8)]  # 2x5 and 3x1 grids of 8 px
+    b = collate(imgs, patch=8, max_tokens=16, fitted=True)
+    assert b.grids == [(2, 5), (3, 1)]
+    torch.testing.assert_close(b.patches[0, :10], patchify(imgs[0], (2, 5), 8))
+    with pytest.raises(VitkitError, match="not a grid of at most 4 patches"):
+        collate(imgs, patch=8, max_tokens=4, fitted=True)
+
+
+def test_grad_checkpointing_gives_the_same_gradients():
+    grads = []
+    for ckpt in (False, True):
+        model = tiny_vit(pos_embed="learned2d").train()
+        model.set_grad_checkpointing(ckpt)
+        b = collate([torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(1))], patch=8, max_tokens=16)
+        forward_naflex(model, b).sum().backward()
+        grads.append(model.patch_embed.proj.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])

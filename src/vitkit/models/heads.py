@@ -79,14 +79,28 @@ class MAPHead(nn.Module):
         nn.init.ones_(self.norm.weight)
         nn.init.zeros_(self.norm.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens (B, N, D) -> pooled (B, D); ``key_mask`` (B, N) bool, False on padding tokens,
+        which the probe does not attend to."""
         B, N, D = tokens.shape
         H, hd = self.num_heads, self.head_dim
         q = self.q(self.latent).reshape(1, 1, H, hd).transpose(1, 2).expand(B, -1, -1, -1)  # (B, H, 1, hd)
         kv = self.kv(tokens).reshape(B, N, 2, H, hd).permute(2, 0, 3, 1, 4)  # (2, B, H, N, hd)
         k, v = kv.unbind(0)
+        bias = None
+        if key_mask is not None:  # (B, N) -> (B, 1, 1, N): -inf on padded keys
+            bias = torch.zeros(B, 1, 1, N, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill(~key_mask[:, None, None, :], float("-inf"))
         out, _ = attend(
-            q, k, v, scale=hd**-0.5, dropout_p=0.0, training=self.training, impl=self.impl, need_weights=False
+            q,
+            k,
+            v,
+            scale=hd**-0.5,
+            dropout_p=0.0,
+            training=self.training,
+            impl=self.impl,
+            need_weights=False,
+            bias=bias,
         )  # (B, H, 1, hd)
         y = self.proj(out.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
         y = y + self.mlp(self.norm(y))

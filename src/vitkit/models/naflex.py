@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from vitkit.errors import UsageError
 
@@ -30,6 +31,27 @@ class NaflexBatch:
     coords: torch.Tensor
     valid: torch.Tensor
     grids: list[tuple[int, int]]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> NaflexBatch:
+        """The batch on ``device``, its patches in ``dtype`` (coords and validity keep theirs).
+
+        Args:
+            device: where the tensors go; None: where they are.
+            dtype: the patches' dtype; None: theirs.
+
+        Returns:
+            A new batch (the same one where nothing changes).
+        """
+        patches = self.patches.to(device=device, dtype=dtype)
+        return NaflexBatch(patches, self.coords.to(device), self.valid.to(device), self.grids)
+
+    def __len__(self) -> int:
+        return self.patches.shape[0]
+
+    @property
+    def real_tokens(self) -> int:
+        """The patches of the batch that are not padding."""
+        return int(self.valid.sum())
 
 
 def fit_grid(height: int, width: int, patch: int, max_tokens: int) -> tuple[int, int]:
@@ -74,26 +96,52 @@ def patchify(image: torch.Tensor, grid: tuple[int, int], patch: int) -> torch.Te
     rows, cols = grid
     c = image.shape[0]
     size = (rows * patch, cols * patch)
-    x = F.interpolate(image[None], size=size, mode="bilinear", antialias=True, align_corners=False)
-    # (1, C, rows*P, cols*P) -> (rows, P, cols, P, C) -> (rows, cols, P, P, C) -> (rows*cols, P*P*C)
-    x = x[0].permute(1, 2, 0).reshape(rows, patch, cols, patch, c)
+    x = image
+    if tuple(image.shape[-2:]) != size:  # an image decoded at its grid's size is only cut
+        x = F.interpolate(image[None], size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    # (C, rows*P, cols*P) -> (rows, P, cols, P, C) -> (rows, cols, P, P, C) -> (rows*cols, P*P*C)
+    x = x.permute(1, 2, 0).reshape(rows, patch, cols, patch, c)
     return x.permute(0, 2, 1, 3, 4).reshape(rows * cols, patch * patch * c)
 
 
-def collate(images: list[torch.Tensor], patch: int, max_tokens: int) -> NaflexBatch:
+def fitted_grid(image: torch.Tensor, patch: int, max_tokens: int) -> tuple[int, int]:
+    """The grid of an image already resized to whole patches (as NaFlex decoding leaves it).
+
+    Args:
+        image: (C, H, W) with H and W multiples of ``patch``.
+        patch: patch side in pixels.
+        max_tokens: the most patches one image may have.
+
+    Returns:
+        (H / patch, W / patch).
+
+    Raises:
+        UsageError: sides that are not whole patches, or more patches than ``max_tokens``.
+    """
+    h, w = image.shape[-2:]
+    if h % patch or w % patch or (h // patch) * (w // patch) > max_tokens:
+        raise UsageError(f"naflex: an image of {h}x{w} px is not a grid of at most {max_tokens} patches of {patch} px")
+    return h // patch, w // patch
+
+
+def collate(images: list[torch.Tensor], patch: int, max_tokens: int, fitted: bool = False) -> NaflexBatch:
     """Fit each image to the budget, cut it into patches and pad the batch to a common length.
 
     Args:
         images: list of (C, H, W) float images of any sizes.
         patch: patch side in pixels.
         max_tokens: the most patches one image may have.
+        fitted: the images are already at their grid's size (:func:`fitted_grid`): only cut.
 
     Returns:
         A :class:`NaflexBatch` of length L = the largest patch count in the batch.
     """
     if not images:
         raise UsageError("naflex: an empty batch")
-    grids = [fit_grid(im.shape[-2], im.shape[-1], patch, max_tokens) for im in images]
+    if fitted:
+        grids = [fitted_grid(im, patch, max_tokens) for im in images]
+    else:
+        grids = [fit_grid(im.shape[-2], im.shape[-1], patch, max_tokens) for im in images]
     cut = [patchify(im, g, patch) for im, g in zip(images, grids, strict=True)]
     length = max(p.shape[0] for p in cut)
     dim = cut[0].shape[1]
@@ -127,8 +175,8 @@ def check_naflex_model(model: torch.nn.Module) -> None:
             f"naflex: pos_embed={cfg.pos_embed!r} cannot be computed per image grid; "
             f"supported: {', '.join(NAFLEX_POS_EMBEDS)}"
         )
-    if cfg.classifier not in ("token", "gap"):
-        raise UsageError(f"naflex: classifier={cfg.classifier!r} is not supported; use 'token' or 'gap'")
+    if cfg.classifier not in ("token", "gap", "map"):
+        raise UsageError(f"naflex: classifier={cfg.classifier!r} is not supported; use 'token', 'gap' or 'map'")
     if model.patch_embed.backbone is not None or model.dist_token is not None:
         raise UsageError("naflex: hybrid (ResNet stem) and distilled models are not supported")
 
@@ -179,30 +227,29 @@ def naflex_features(model: torch.nn.Module, batch: NaflexBatch) -> tuple[torch.T
     x = model._pre_norm(x)
     T = x.shape[1] - L
     mask = torch.cat([torch.ones(B, T, dtype=torch.bool, device=x.device), batch.valid.to(x.device)], dim=1)
+    recompute = model.grad_checkpointing and torch.is_grad_enabled()
     for blk in model.blocks:
-        x = blk(x, rope=rope, key_mask=mask)
+        if recompute:  # as forward_features: the block runs again in the backward pass
+            x = checkpoint(blk, x, rope=rope, key_mask=mask, use_reentrant=False)
+        else:
+            x = blk(x, rope=rope, key_mask=mask)
     return model.norm(x), mask
 
 
-def forward_naflex(model: torch.nn.Module, batch: NaflexBatch) -> torch.Tensor:
+def forward_naflex(model: torch.nn.Module, batch: NaflexBatch, pre_logits: bool = False) -> torch.Tensor:
     """A NaFlex batch -> logits (B, K) (the pooled features for a model without a head).
 
     Args:
         model: a :class:`vitkit.models.vit.VisionTransformer`.
         batch: the patches, coordinates and validity of each image.
+        pre_logits: return the representation before the classifier (as ``forward_head``'s).
 
     Returns:
-        The logits, pooled over each image's real tokens only.
+        The logits, or the representation, pooled over each image's real tokens only (the class
+        token, the mean of the real patches, or the MAP head's probe attending to real tokens).
     """
     tokens, mask = naflex_features(model, batch)
-    if model.cfg.classifier == "token":
-        x = tokens[:, 0]  # (B, D)
-    else:  # mean over the real patch tokens only
-        p = model.num_prefix_tokens
-        w = mask[:, p:, None].to(tokens.dtype)  # (B, L, 1)
-        x = (tokens[:, p:] * w).sum(1) / w.sum(1)
-    if model.fc_norm is not None:
-        x = model.fc_norm(x)
+    x = model.pool(tokens, mask)
     if model.pre_logits is not None:
         x = torch.tanh(model.pre_logits(x))
-    return x if model.head is None else model.head(x)
+    return x if pre_logits or model.head is None else model.head(x)

@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import ATTENTION_IMPLS, attend
 from .config import ATTENTION_POS_EMBEDS, ROPE_POS_EMBEDS, ViTConfig, check_divisible
 from .heads import MAPHead, ReplaceableHead
+from .naflex import NaflexBatch, forward_naflex
 from .posembed import (
     learned_2d_pos_table,
     relative_num_offsets,
@@ -740,23 +741,29 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         return out
 
     # -- head (eq. 4) ------------------------------------------------------------------------
-    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+    def pool(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens (B, P+N, D) -> one vector per image (B, D): the class token, the MAP head's
         output (attending over every token, registers included, as timm's ``attn_pool``) or the
         mean of the patch tokens; then ``fc_norm`` where the model has one.
 
         Args:
             tokens: the encoder's output (B, P+N, D).
+            mask: (B, P+N) bool, False on padding tokens (a NaFlex batch), which neither the mean
+                nor the MAP head's probe takes in; None: every token is real.
 
         Returns:
             The pooled vectors (B, D).
         """
+        p = self.num_prefix_tokens
         if self.cfg.classifier == "token":
             x = tokens[:, 0]  # (B, D)
         elif self.attn_pool is not None:
-            x = self.attn_pool(tokens)  # (B, D)
-        else:
-            x = tokens[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+            x = self.attn_pool(tokens, key_mask=mask)  # (B, D)
+        elif mask is None:
+            x = tokens[:, p:].mean(dim=1)  # (B, D)
+        else:  # the mean over each image's real patch tokens
+            w = mask[:, p:, None].to(tokens.dtype)  # (B, N, 1)
+            x = (tokens[:, p:] * w).sum(1) / w.sum(1).clamp_min(1)
         return x if self.fc_norm is None else self.fc_norm(x)
 
     def forward_head(
@@ -798,11 +805,13 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             return cls, dist
         return (cls + dist) / 2
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor | NaflexBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Images -> logits: :meth:`forward_features`, then :meth:`forward_head`.
 
         Args:
-            x: the images (B, C, H, W), in the value range of the model's preprocessing.
+            x: the images (B, C, H, W), in the value range of the model's preprocessing; or a
+                :class:`~vitkit.models.naflex.NaflexBatch` of images at their own aspect ratio
+                (:func:`~vitkit.models.naflex.forward_naflex`).
 
         Returns:
             The logits (B, num_classes), the pooled features (B, F) for a model without a head,
@@ -810,7 +819,10 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
         Raises:
             ValueError: an input :meth:`embed` refuses.
+            UsageError: a NaFlex batch for a model whose positions cannot follow each image's grid.
         """
+        if isinstance(x, NaflexBatch):
+            return forward_naflex(self, x)
         return self.forward_head(self.forward_features(x))
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
