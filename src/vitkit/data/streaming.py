@@ -14,6 +14,7 @@ without a word, and skipping would drop every image of a folder saved that way.
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 from collections.abc import Iterable, Iterator
@@ -49,8 +50,13 @@ def decode_image(
     mode: str = "RGB",
     resize: str = "shorter",
     name: str | None = None,
+    fit: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Decode an image file (path or bytes) to uint8 (C, H, W) of exactly ``size`` = (H, W).
+
+    With ``fit`` = (patch, max_tokens) the image keeps its aspect ratio instead (NaFlex): it is
+    resized whole to the largest grid of patches that ``max_tokens`` allows
+    (:func:`vitkit.models.naflex.fit_grid`), and ``size`` is not used.
 
     Images deeper than 8 bits (16-bit PNG or TIFF, 32-bit integer or float TIFF) are scaled to
     8 bits by the value range of their format (:func:`vitkit.data.pixels.eight_bit`), not clipped.
@@ -62,9 +68,10 @@ def decode_image(
         resize: "shorter" scales the shorter side to fit and crops the centre; "plain" stretches
             the whole image to ``size``.
         name: what to call the image in errors (default: the path, or "image bytes").
+        fit: (patch side, most patches) for an image at its own aspect ratio; None: ``size``.
 
     Returns:
-        uint8 (C, H, W).
+        uint8 (C, H, W); with ``fit``, H and W are whole patches.
 
     Raises:
         DataError: an image whose values are outside its format's range (see ``pixels.py``).
@@ -74,6 +81,11 @@ def decode_image(
     label = name or (source if isinstance(source, str) else "image bytes")
     with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as img:
         w0, h0 = img.size
+        if fit is not None:  # the grid the image's own aspect ratio gets, stretched to exactly it
+            from ..models.naflex import fit_grid
+
+            rows, cols = fit_grid(h0, w0, *fit)
+            height, width, resize = rows * fit[0], cols * fit[0], "plain"
         scale = max(width / w0, height / h0) if resize == "shorter" else None
         # Let the JPEG decoder shrink by a power of two while staying at least as large as needed.
         want = (math.ceil(w0 * scale), math.ceil(h0 * scale)) if scale else (width, height)
@@ -103,13 +115,14 @@ Decoded = tuple[torch.Tensor | None, int, str, bool]
 class _Decoder(TorchDataset):
     """What DataLoader workers run: turn each planned item into a tensor, or a note of failure."""
 
-    def __init__(self, size: tuple[int, int], mode: str, resize: str) -> None:
-        self.size, self.mode, self.resize = size, mode, resize
+    def __init__(self, size: tuple[int, int], mode: str, resize: str, fit: tuple[int, int] | None = None) -> None:
+        self.size, self.mode, self.resize, self.fit = size, mode, resize, fit
 
     def __getitem__(self, item: Item) -> Decoded:
         source, label, name = item
         try:
-            return decode_image(source, self.size, mode=self.mode, resize=self.resize, name=name), label, "", False
+            image = decode_image(source, self.size, mode=self.mode, resize=self.resize, name=name, fit=self.fit)
+            return image, label, "", False
         except DataError as e:  # readable, but its values cannot be read faithfully: refused, by the main process
             return None, label, str(e), True
         except UnidentifiedImageError:
@@ -119,13 +132,15 @@ class _Decoder(TorchDataset):
 
 
 class _Collate:
-    def __init__(self, shape: tuple[int, int, int]) -> None:
-        self.shape = shape
+    def __init__(self, shape: tuple[int, int, int], stack: bool = True) -> None:
+        self.shape, self.stack = shape, stack
 
     def __call__(self, decoded: list[Decoded]):
         images = [img for img, _, _, _ in decoded if img is not None]
         labels = [label for img, label, _, _ in decoded if img is not None]
         failed = [(why, refused) for img, _, why, refused in decoded if img is None]
+        if not self.stack:  # NaFlex: each image at its own size
+            return images, torch.tensor(labels, dtype=torch.int64), failed
         stacked = torch.stack(images) if images else torch.empty((0, *self.shape), dtype=torch.uint8)
         return stacked, torch.tensor(labels, dtype=torch.int64), failed
 
@@ -168,6 +183,23 @@ class StreamingDataset(Dataset):
         self.in_chans = MODES[mode]
         self.name = name
         self.skips = SkipCounter()
+        self.naflex: tuple[int, int] | None = None  # (patch, max_tokens): see with_naflex
+
+    def with_naflex(self, patch: int, max_tokens: int) -> StreamingDataset:
+        """The same source, its images decoded at their own aspect ratio for NaFlex: each resized
+        whole to the largest grid of ``patch``-pixel patches that ``max_tokens`` allows, and batches
+        given as lists of uint8 (C, H, W) images of their own sizes.
+
+        Args:
+            patch: the model's patch side in pixels.
+            max_tokens: the most patches an image may have.
+
+        Returns:
+            A shallow copy that decodes so (this source is left as it is).
+        """
+        part = copy.copy(self)
+        part.naflex = (patch, max_tokens)
+        return part
 
     def decode_batches(
         self, item_batches: Iterable[list[Item]], num_workers: int = 0, keep_empty: bool = False
@@ -189,7 +221,8 @@ class StreamingDataset(Dataset):
         Yields:
             (uint8 images (B, C, H, W) at this source's ``image_size``, int64 labels (B,)) for
             each batch of ``item_batches`` that kept an image (for each, with ``keep_empty``: B
-            may then be 0), in order.
+            may then be 0), in order. With :meth:`with_naflex`, the images are a list of uint8
+            (C, H, W), each at its own grid's size.
 
         Raises:
             DataError: an image whose values are outside the range of its format.
@@ -199,10 +232,10 @@ class StreamingDataset(Dataset):
         # iterator at another point of the global stream than an uninterrupted one, so every
         # later dropout mask would differ. Decoding draws nothing random: a private generator.
         loader = DataLoader(
-            _Decoder(self.image_size, self.mode, self.resize),
+            _Decoder(self.image_size, self.mode, self.resize, self.naflex),
             batch_sampler=_Planned(item_batches),
             num_workers=num_workers,
-            collate_fn=_Collate((self.in_chans, *self.image_size)),
+            collate_fn=_Collate((self.in_chans, *self.image_size), stack=self.naflex is None),
             generator=torch.Generator().manual_seed(0),
         )
         for images, labels, failed in loader:

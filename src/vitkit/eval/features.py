@@ -10,15 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from ..data.base import Dataset
+from ..data.naflex import naflex_source, to_naflex
 from ..data.transforms import TransformConfig, eval_transform, match_channels
 from ..errors import UsageError
+from ..models.naflex import NaflexBatch, forward_naflex, naflex_patch
 from ..precision import PrecisionLike, ServingPrecision, as_precision, serving_precision
 from ..preprocessing import Preprocessing
 
@@ -119,7 +121,8 @@ def model_inputs(
     rank: int = 0,
     world_size: int = 1,
     num_workers: int = 0,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    naflex: int | None = None,
+) -> Iterator[tuple[torch.Tensor | NaflexBatch, torch.Tensor]]:
     """``dataset`` as ``model`` takes it: (images (B, C, H, W) float32 resized and normalised the
     model's way, labels), lazily; the subset and resizing as in :func:`model_outputs` (a ViT of
     another size gets its position embeddings resized in place now). Also the calibration input
@@ -140,19 +143,23 @@ def model_inputs(
         rank: this process's rank, ``0..world_size - 1``.
         world_size: the processes each batch is shared among; this one reads its share.
         num_workers: decode streamed sources in that many loader processes (0: this process).
+        naflex: each image at its own aspect ratio, in at most this many patches (NaFlex): the
+            batches are :class:`~vitkit.models.naflex.NaflexBatch` es and the model keeps its size.
 
     Returns:
-        An iterator of (images (B, C, H, W) float32 on ``device``, labels as the dataset gives
-        them). A batch whose images all failed to decode is left out.
+        An iterator of (images (B, C, H, W) float32 on ``device``, or NaFlex batches, labels as
+        the dataset gives them). A batch whose images all failed to decode is left out.
 
     Raises:
         ValueError: a model without preprocessing or config (:func:`model_preprocessing`).
     """
     dev = torch.device(device)
     cfg = getattr(model, "cfg", None)
+    patch = naflex_patch(model) if naflex is not None else 0
     if transform is None:
         pre = model_preprocessing(model, img_size)
-        if cfg is not None and tuple(cfg.img_size) != pre.img_size and hasattr(model, "set_img_size"):
+        resize = naflex is None and hasattr(model, "set_img_size")  # NaFlex resamples positions per image
+        if cfg is not None and tuple(cfg.img_size) != pre.img_size and resize:
             model.set_img_size(pre.img_size)
         transform = TransformConfig(
             img_size=pre.img_size,
@@ -165,8 +172,17 @@ def model_inputs(
         )
     in_chans = cfg.in_chans if cfg is not None else len(transform.mean)
 
-    def generate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def per_image(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        return eval_transform(match_channels(x, in_chans), replace(transform, img_size=size))
+
+    def generate() -> Iterator[tuple[torch.Tensor | NaflexBatch, torch.Tensor]]:
         shard = {"rank": rank, "world_size": world_size, "num_workers": num_workers}
+        if naflex is not None:
+            source = naflex_source(dataset, patch, naflex)
+            for images, y in _batches(source, batch_size, max_images, sample_seed, shard):
+                on_dev = images.to(dev) if isinstance(images, torch.Tensor) else [im.to(dev) for im in images]
+                yield to_naflex(on_dev, patch, naflex, per_image), y
+            return
         for images, y in _batches(dataset, batch_size, max_images, sample_seed, shard):
             x = match_channels(images.to(dev, non_blocking=True), in_chans)
             yield eval_transform(x, transform), y  # (B, C, H, W) float, the model's range
@@ -211,8 +227,8 @@ def model_outputs(
         sample_seed: the seed of that subset.
         progress: called with the number of images of each finished batch.
         **options: ``forward``, the module to call for logits (a compiled or DDP-wrapped
-            ``model``), and ``transform``, ``rank``, ``world_size``, ``num_workers`` of
-            :func:`model_inputs`.
+            ``model``), and ``transform``, ``rank``, ``world_size``, ``num_workers``, ``naflex``
+            of :func:`model_inputs`.
 
     Returns:
         The outputs and labels of this process's images, and the time the loop took. With
@@ -267,7 +283,13 @@ def _head_function(model: nn.Module, head: Head) -> Callable[[torch.Tensor], tor
     if head == "logits":
         return model
     if head == "pre_logits":
-        return lambda x: model.forward_head(model.forward_features(x), pre_logits=True)
+
+        def pre_logits(x: torch.Tensor | NaflexBatch) -> torch.Tensor:
+            if isinstance(x, NaflexBatch):
+                return forward_naflex(model, x, pre_logits=True)
+            return model.forward_head(model.forward_features(x), pre_logits=True)
+
+        return pre_logits
     raise UsageError(f"head must be 'logits' or 'pre_logits', got {head!r}")
 
 

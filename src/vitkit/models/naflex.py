@@ -32,16 +32,20 @@ class NaflexBatch:
     valid: torch.Tensor
     grids: list[tuple[int, int]]
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> NaflexBatch:
+    def to(
+        self, device: torch.device | str | torch.dtype | None = None, dtype: torch.dtype | None = None
+    ) -> NaflexBatch:
         """The batch on ``device``, its patches in ``dtype`` (coords and validity keep theirs).
 
         Args:
-            device: where the tensors go; None: where they are.
+            device: where the tensors go; None: where they are; a dtype: as ``dtype``.
             dtype: the patches' dtype; None: theirs.
 
         Returns:
             A new batch (the same one where nothing changes).
         """
+        if isinstance(device, torch.dtype):  # .to(dtype), as a tensor takes it
+            device, dtype = None, device
         patches = self.patches.to(device=device, dtype=dtype)
         return NaflexBatch(patches, self.coords.to(device), self.valid.to(device), self.grids)
 
@@ -179,6 +183,23 @@ def check_naflex_model(model: torch.nn.Module) -> None:
         raise UsageError(f"naflex: classifier={cfg.classifier!r} is not supported; use 'token', 'gap' or 'map'")
     if model.patch_embed.backbone is not None or model.dist_token is not None:
         raise UsageError("naflex: hybrid (ResNet stem) and distilled models are not supported")
+    if cfg.patch_size[0] != cfg.patch_size[1]:
+        raise UsageError(f"naflex: patches of {cfg.patch_size[0]}x{cfg.patch_size[1]} px; NaFlex cuts square patches")
+
+
+def naflex_patch(model: torch.nn.Module) -> int:
+    """The patch side a model's NaFlex batches are cut in, after :func:`check_naflex_model`.
+
+    Args:
+        model: a :class:`vitkit.models.vit.VisionTransformer` (anything else is refused in one line).
+
+    Returns:
+        The patch side in pixels.
+    """
+    if not hasattr(model, "patch_embed") or not hasattr(model, "cfg"):
+        raise UsageError(f"naflex: needs a ViT; {type(model).__name__} has no patch embedding")
+    check_naflex_model(model)
+    return int(model.cfg.patch_size[0])
 
 
 def naflex_features(model: torch.nn.Module, batch: NaflexBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,107 @@
+"""NaFlex from a source: images decoded at their own aspect ratio, evaluated and embedded."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.data.folder import ImageFolder
+from vitkit.data.naflex import naflex_source, to_naflex
+from vitkit.data.streaming import decode_image
+from vitkit.errors import VitkitError
+from vitkit.eval.classify import evaluate
+from vitkit.eval.features import model_inputs, model_outputs
+from vitkit.models.naflex import NaflexBatch, collate
+
+SHAPES = [(40, 120), (120, 40), (64, 64), (30, 200)]  # (H, W): wide, tall, square, very wide
+
+
+def _folder(root, shapes=SHAPES, per_class=2):
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        for split in ("train", "val"):
+            d = root / split / c
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                h, w = shapes[i % len(shapes)]
+                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    return root
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    cfg = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=2, patch_size=8, img_size=32)
+    model = vitkit.create_model("vit_b16", **{**cfg, **kw}).eval()
+    torch.nn.init.normal_(model.head.weight)
+    return model
+
+
+def test_decode_fit_keeps_aspect_ratio(tmp_path):
+    Image.new("RGB", (120, 40)).save(tmp_path / "wide.png")
+    x = decode_image(str(tmp_path / "wide.png"), (1, 1), fit=(8, 16))
+    assert x.dtype == torch.uint8 and x.shape == (3, 16, 48)  # a 2x6 grid: 12 of 16 patches, 3:1
+
+
+def test_folder_with_naflex_gives_images_at_their_own_sizes(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path)), "val", load_size=32)
+    nf = naflex_source(ds, patch=8, max_tokens=16)
+    assert ds.naflex is None and nf.naflex == (8, 16)  # the source itself is unchanged
+    images, labels = next(iter(nf.batches(4)))
+    assert isinstance(images, list) and len(images) == labels.numel() == 4
+    assert {tuple(im.shape[-2:]) for im in images} == {(16, 48), (48, 16)}
+    square, _ = next(iter(ds.batches(4)))
+    assert square.shape == (4, 3, 32, 32)
+
+
+def test_to_naflex_resizes_a_square_batch_to_its_grids():
+    x = torch.randint(0, 255, (2, 3, 28, 28), dtype=torch.uint8)
+    b = to_naflex(x, 8, 9, lambda im, size: torch.nn.functional.interpolate(im.float(), size=size))
+    assert b.grids == [(3, 3), (3, 3)] and b.patches.shape == (2, 9, 192)
+
+
+def test_naflex_source_refuses_an_empty_budget(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path)), "val", load_size=32)
+    with pytest.raises(VitkitError, match="max_tokens must be at least 1"):
+        naflex_source(ds, 8, 0)
+
+
+@pytest.mark.parametrize("classifier", ["token", "gap", "map"])
+def test_evaluate_naflex_equals_one_image_at_a_time(tmp_path, classifier):
+    ds = ImageFolder(str(_folder(tmp_path)), "val", load_size=32)
+    model = _model(pos_embed="learned2d", classifier=classifier)
+    batched = model_outputs(model, ds, batch_size=4, naflex=16)
+    single = model_outputs(model, ds, batch_size=1, naflex=16)
+    torch.testing.assert_close(batched.outputs, single.outputs, atol=1e-5, rtol=1e-5)
+    metrics = evaluate(model, ds, batch_size=3, naflex=16)
+    assert metrics["num_images"] == 4
+    assert model.cfg.img_size == (32, 32)  # NaFlex leaves the model's own size as it was
+
+
+def test_naflex_sees_what_a_square_resize_distorts(tmp_path):
+    # A 1:3 image: NaFlex keeps its aspect ratio, the square path squeezes it; their inputs differ.
+    ds = ImageFolder(str(_folder(tmp_path, shapes=[(30, 90)], per_class=1)), "val", load_size=32, resize="plain")
+    model = _model(pos_embed="sincos2d", classifier="gap")
+    (b, _), (sq, _) = next(model_inputs(model, ds, 2, naflex=12)), next(model_inputs(model, ds, 2))
+    assert isinstance(b, NaflexBatch) and b.grids == [(2, 6), (2, 6)] and sq.shape == (2, 3, 32, 32)
+
+
+def test_pre_logits_of_a_naflex_batch(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path)), "val", load_size=32)
+    model = _model(pos_embed="learned2d", classifier="gap")
+    feats = model_outputs(model, ds, head="pre_logits", batch_size=2, naflex=16)
+    assert feats.outputs.shape == (4, 32)
+
+
+def test_naflex_refuses_a_model_that_cannot_take_it(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path)), "val", load_size=32)
+    with pytest.raises(VitkitError, match="naflex: pos_embed='relative'"):
+        next(model_inputs(_model(pos_embed="relative"), ds, 2, naflex=16))
+    resnet = vitkit.create_model("bit_r50x1", num_classes=2)
+    with pytest.raises(VitkitError, match="naflex: needs a ViT"):
+        next(model_inputs(resnet, ds, 2, naflex=16))
+
+
+def test_batch_to_dtype():
+    b = collate([torch.randn(3, 16, 16)], 8, 4)
+    assert b.to(torch.bfloat16).patches.dtype == torch.bfloat16 and b.to(torch.bfloat16).coords.dtype == torch.long
