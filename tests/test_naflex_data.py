@@ -22,7 +22,7 @@ def _folder(root, shapes=SHAPES, per_class=2):
     for c in ("a", "b"):
         for split in ("train", "val"):
             d = root / split / c
-            d.mkdir(parents=True)
+            d.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
                 h, w = shapes[i % len(shapes)]
                 Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(d / f"{i}.png")
@@ -105,3 +105,90 @@ def test_naflex_refuses_a_model_that_cannot_take_it(tmp_path):
 def test_batch_to_dtype():
     b = collate([torch.randn(3, 16, 16)], 8, 4)
     assert b.to(torch.bfloat16).patches.dtype == torch.bfloat16 and b.to(torch.bfloat16).coords.dtype == torch.long
+
+
+# -- training -----------------------------------------------------------------------------------------
+def _naflex_recipe(tmp_path, **changes):
+    import yaml
+
+    from _recipes import TINY_VIT, changed
+    from vitkit.train import load_recipe
+
+    folder = _folder(tmp_path / "photos", per_class=8)
+    base = dict(
+        data__name=str(folder),
+        data__options={"load_size": 16},
+        data__eval_split="val",
+        data__naflex={"max_tokens": 16},
+        model__overrides__pos_embed="learned2d",
+        model__overrides__classifier="gap",
+        augment__crop="inception",
+        train__batch_size=4,
+        log__eval_every=4,
+    )
+    tree = changed(TINY_VIT, **{**base, **changes})
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return load_recipe(path)
+
+
+def test_naflex_training_on_images_of_mixed_shapes_resumes_exactly(tmp_path, monkeypatch):
+    from _recipes import stopped_and_resumed
+    from vitkit.train import train
+    from vitkit.train.loop import Trainer
+    from vitkit.train.state import list_checkpoints, load_train_state
+
+    seen = []
+    real = Trainer.train_step
+
+    def spying(self, images, labels):
+        seen.append({tuple(im.shape[-2:]) for im in images})
+        return real(self, images, labels)
+
+    monkeypatch.setattr(Trainer, "train_step", spying)
+    whole = train(_naflex_recipe(tmp_path), tmp_path / "whole")
+    monkeypatch.setattr(Trainer, "train_step", real)
+    assert any(len(shapes) > 1 for shapes in seen)  # batches of images at several shapes
+    assert (tmp_path / "whole" / "worst.png").is_file()
+    summary = (tmp_path / "whole" / "summary.json").read_text()
+    assert '"top1"' in summary
+    resumed = stopped_and_resumed(_naflex_recipe(tmp_path), tmp_path / "resumed", 5, monkeypatch)
+    assert resumed.resumed_from == 4 and resumed.step == whole.step == 8
+    a, b = (load_train_state(list_checkpoints(tmp_path / r / "checkpoints")[-1]).model_state for r in ("whole", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_naflex_run_evaluates_as_vitkit_eval_does(tmp_path):
+    from vitkit.train import train
+
+    result = train(_naflex_recipe(tmp_path), tmp_path / "run")
+    ds = ImageFolder(str(tmp_path / "photos"), "val", load_size=16)
+    best = vitkit.load_pretrained(str(tmp_path / "run" / "best.safetensors"))
+    again = evaluate(best, ds, naflex=16)
+    row = next(r for r in result.report.epochs if r["step"] == result.best_step)
+    assert again["top1"] == pytest.approx(result.best_top1)
+    assert again["loss"] == pytest.approx(row["val_loss"], rel=1e-4)  # the same images, seen the same way
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"augment__mixup_alpha": 0.8}, "cannot be combined with augment.mixup_alpha"),
+        ({"train__patch_drop": 0.5}, "cannot be combined with train.patch_drop"),
+        ({"model__overrides__pos_embed": "relative"}, "data.naflex: naflex: pos_embed='relative'"),
+    ],
+)
+def test_naflex_training_refuses_what_it_cannot_combine(tmp_path, change, message):
+    from vitkit.errors import RecipeError
+    from vitkit.train import train
+
+    with pytest.raises(RecipeError, match=message):
+        train(_naflex_recipe(tmp_path, **change), tmp_path / "run")
+
+
+@pytest.mark.parametrize(("value", "message"), [({"max_tokens": 0}, r"\[1, 16384\], got 0"), ({"tokens": 4}, "tokens")])
+def test_naflex_recipe_values_are_checked(tmp_path, value, message):
+    from vitkit.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=message):
+        _naflex_recipe(tmp_path, data__naflex=value)

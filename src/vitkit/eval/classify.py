@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..data.base import Dataset
 from ..data.transforms import TransformConfig
 from ..errors import UsageError, writing
 from ..files import atomic_write
+from ..models.naflex import NaflexBatch, unpatchify
 from ..precision import PrecisionLike, as_precision
 from .features import model_inputs, model_outputs
 
@@ -464,6 +466,7 @@ def scored_images(
     precision: PrecisionLike = "fp32",
     max_images: int | None = None,
     num_workers: int = 0,
+    naflex: int | None = None,
 ) -> ScoredImages:
     """Run ``model`` over ``dataset`` (one process, in eval mode) and keep every image's logits
     and loss, and the ``worst`` images (highest loss) as the model saw them.
@@ -479,6 +482,8 @@ def scored_images(
         precision: a :class:`~vitkit.precision.Precision`, or "fp32", "bf16" or "auto".
         max_images: a seeded random subset of this many (as :func:`model_outputs`).
         num_workers: decoding processes of a streamed source.
+        naflex: each image at its own aspect ratio in at most this many patches (NaFlex); the
+            worst images are then shown stretched to the model's square size.
 
     Returns:
         A :class:`ScoredImages`.
@@ -494,14 +499,17 @@ def scored_images(
     kept_loss, kept_index = torch.empty(0), torch.empty(0, dtype=torch.int64)
     seen = 0
     batches = model_inputs(
-        model, dataset, batch_size, dev, None, max_images, 0, transform=transform, num_workers=num_workers
-    )
+        model, dataset, batch_size, dev, None, max_images, 0, transform=transform, num_workers=num_workers,
+        naflex=naflex,
+    )  # fmt: skip
     try:
         for x, y in batches:
             with compute.autocast(dev):
                 z = model(x).float().cpu()
             loss = loss_per_image(z, y).float().cpu()
             logits.append(z), targets.append(y), losses.append(loss)
+            if isinstance(x, NaflexBatch):  # each image as the model saw it, stretched to one size for the grid
+                x = _naflex_images(x, model)
             shown = ((x.float().cpu() * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)  # (B, C, H, W)
             pool_loss = torch.cat([kept_loss, loss])
             pool_images = torch.cat([kept_images, shown]) if len(kept_images) else shown
@@ -515,6 +523,13 @@ def scored_images(
         raise UsageError(f"{dataset.name}: no images to score")
     worst_images = kept_images.float() / 255
     return ScoredImages(torch.cat(logits), torch.cat(targets), torch.cat(losses), worst_images, kept_index)
+
+
+def _naflex_images(batch: NaflexBatch, model: nn.Module) -> torch.Tensor:
+    """A NaFlex batch's images put back together and resized to the model's size: (B, C, H, W)."""
+    patch, size = int(model.cfg.patch_size[0]), tuple(model.cfg.img_size)
+    images = [unpatchify(batch, i, patch)[None].float() for i in range(len(batch))]
+    return torch.cat([F.interpolate(im, size=size, mode="bilinear", antialias=True) for im in images])
 
 
 def write_image_grid(images: torch.Tensor, titles: Sequence[str], path: str | Path, title: str = "") -> Path:

@@ -128,6 +128,25 @@ def fitted_grid(image: torch.Tensor, patch: int, max_tokens: int) -> tuple[int, 
     return h // patch, w // patch
 
 
+def unpatchify(batch: NaflexBatch, index: int, patch: int) -> torch.Tensor:
+    """One image of a batch, put back together from its patches (the inverse of :func:`patchify`).
+
+    Args:
+        batch: a NaFlex batch.
+        index: which image.
+        patch: patch side in pixels.
+
+    Returns:
+        (C, rows*P, cols*P).
+    """
+    rows, cols = batch.grids[index]
+    x = batch.patches[index, : rows * cols]  # (rows*cols, P*P*C)
+    c = x.shape[1] // (patch * patch)
+    # (rows*cols, P*P*C) -> (rows, cols, P, P, C) -> (C, rows, P, cols, P) -> (C, rows*P, cols*P)
+    x = x.reshape(rows, cols, patch, patch, c).permute(4, 0, 2, 1, 3)
+    return x.reshape(c, rows * patch, cols * patch)
+
+
 def collate(images: list[torch.Tensor], patch: int, max_tokens: int, fitted: bool = False) -> NaflexBatch:
     """Fit each image to the budget, cut it into patches and pad the batch to a common length.
 

@@ -123,6 +123,9 @@ class DataSection:
     subset: float | None = checked(None, "> 0", counts=True)  # train on a class-balanced subset of the rest
     subset_seed: int = checked(0, SEEDS)  # fixes which images the minival and the subsets take (nested)
     options: dict[str, Any] = field(default_factory=dict)  # passed to the source (e.g. load_size)
+    # NaFlex: each image at its own aspect ratio, cut into at most max_tokens patches, e.g. {max_tokens: 64};
+    # {}: every image resized to the model's square size
+    naflex: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -559,6 +562,9 @@ def check_model_section(m: ModelSection, where: str = "model") -> None:
         raise RecipeError(f"{where}.overrides: {problem}")
 
 
+NAFLEX_MAX_TOKENS = 16384  # patches an image may have under NaFlex (a 2048 px square of 16 px patches)
+
+
 def check_data_section(d: DataSection, where: str = "data") -> None:
     """The options the named source takes, each of the kind it takes (:mod:`vitkit.data.options`);
     a folder that does not exist yet is checked when it is read."""
@@ -570,6 +576,16 @@ def check_data_section(d: DataSection, where: str = "data") -> None:
         raise RecipeError(f"{where}.options.{bad[0]} {bad[1]}")
     from ..data.labels import SUFFIXES
 
+    unknown = sorted(set(d.naflex) - {"max_tokens"})
+    if unknown:
+        raise RecipeError(f"{where}.naflex.{unknown[0]} is not a NaFlex option (one: max_tokens)")
+    if d.naflex:
+        tokens = d.naflex.get("max_tokens")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= NAFLEX_MAX_TOKENS:
+            raise RecipeError(
+                f"{where}.naflex.max_tokens must be a whole number of patches in [1, {NAFLEX_MAX_TOKENS}], "
+                f"got {_shown(tokens)}"
+            )
     if d.val and not d.name.lower().endswith(SUFFIXES):
         raise RecipeError(f"{where}.val is the validation file of a labels file; {where}.name {d.name!r} is not one")
     if d.val and not d.val.lower().endswith(SUFFIXES):

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from torch import nn
 
 from ..cpu import cpu_info
 from ..data import step_generator, train_transform
+from ..data.naflex import to_naflex
 from ..data.streaming import StreamingDataset
 from ..data.transforms import match_channels
 from ..errors import DataError, RecipeError, RunStopped, TrainingError
@@ -34,6 +35,7 @@ from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
 from ..eval.multilabel import evaluate_multilabel
 from ..files import write_text
+from ..models.naflex import NaflexBatch
 from ..precision import Precision, take_warning
 from ..runtime import measured_choices, wait_policy_line
 from . import dist as D
@@ -276,10 +278,9 @@ class Trainer:
             self.compute.net.set_patch_drop(patch_drop_at(r.train, step), r.train.patch_drop_flat_weight, share)
         n = r.train.accum_steps
         total = torch.zeros((), device=self.device)
-        in_chans = self.model.cfg.in_chans
-        for i, (x, y) in enumerate(zip(images.chunk(n), labels.chunk(n))):
+        for i, (x, y) in enumerate(zip(_micro_batches(images, n), labels.chunk(n))):
             g = step_generator(r.seed * 1009 + self.info.rank, step * n + i, self.device)
-            x = train_transform(match_channels(x.to(self.device, non_blocking=True), in_chans), self.plan.transform, g)
+            x = self._augment(x, g)
             x, y = objective.targets(x, y.to(self.device, non_blocking=True), g)
             with self.compute.no_sync(last=i == n - 1):
                 loss = objective.loss(x, self.compute.forward(x), y) / n
@@ -309,6 +310,19 @@ class Trainer:
             self.ema.update(self.model)
         self.compute.weights_changed()
         return float(total.item())
+
+    def _augment(self, x: torch.Tensor | list[torch.Tensor], g: torch.Generator) -> torch.Tensor | NaflexBatch:
+        """A micro-batch as the data gives it -> the model's input: the recipe's augmentation of
+        the square batch, or of each image at its own size for NaFlex (then cut into patches)."""
+        in_chans, transform, naflex = self.model.cfg.in_chans, self.plan.transform, self.plan.naflex
+        if naflex is None:
+            return train_transform(match_channels(x.to(self.device, non_blocking=True), in_chans), transform, g)
+
+        def per_image(im: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+            return train_transform(match_channels(im, in_chans), replace(transform, img_size=size), g)
+
+        on_dev = x.to(self.device) if isinstance(x, torch.Tensor) else [im.to(self.device) for im in x]
+        return to_naflex(on_dev, int(self.model.cfg.patch_size[0]), naflex, per_image)
 
     def run(self) -> RunResult:
         """Train to the last step; the run folder is let go when it ends, however it ends. Ctrl-C
@@ -512,6 +526,14 @@ def _first_lines(precision: Precision, device: torch.device) -> list[str]:
     return lines
 
 
+def _micro_batches(images: torch.Tensor | list[torch.Tensor], n: int) -> list[Any]:
+    """A local batch in ``n`` micro-batches, as ``Tensor.chunk`` cuts it (a NaFlex list too)."""
+    if isinstance(images, torch.Tensor):
+        return list(images.chunk(n))
+    size = -(-len(images) // n)  # chunk's size: the ceiling
+    return [images[i : i + size] for i in range(0, len(images), size)]
+
+
 def _epochs(
     plan: RunPlan, state: TrainState, progress: Progress
 ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
@@ -570,6 +592,7 @@ def _scores(plan: RunPlan, model: nn.Module, ema: EMA | None, compute: StepCompu
             num_workers=r.data.num_workers,
             reduce=lambda t: D.all_reduce_sum(t.to(device), info).cpu(),
             loss_of=lambda z, y: loss_fn(z, y, r.train.loss, 0.0) * z.shape[0],
+            **({"naflex": plan.naflex} if plan.naflex else {}),
         )
 
 

@@ -15,12 +15,14 @@ from torch import nn
 
 from ..data import Dataset, TransformConfig, build_dataset, is_labels_file
 from ..data.mix import MixConfig
+from ..data.naflex import naflex_source
 from ..data.randaugment import RandAugmentConfig
 from ..data.transforms import EraseConfig
-from ..errors import RecipeError
+from ..errors import RecipeError, UsageError
 from ..models.attention import choose_training_path
 from ..models.config import ATTENTION_POS_EMBEDS, ViTConfig
 from ..models.flops import check_memory
+from ..models.naflex import naflex_patch
 from ..models.vit import kept_patches
 from ..precision import PrecisionChoice, resolve_precision
 from ..preprocessing import Preprocessing
@@ -154,6 +156,27 @@ def _check_model_modes(r: Recipe, model: nn.Module) -> None:
         model.set_attention_impl(t.attention)
 
 
+def _check_naflex(r: Recipe, model: nn.Module, mix: MixConfig, max_tokens: int) -> int:
+    """What NaFlex training cannot be combined with, refused before the first step; the patch side."""
+    try:
+        patch = naflex_patch(model)
+    except UsageError as e:
+        raise RecipeError(f"data.naflex: {e}") from None
+    t = r.train
+    clashes = [
+        ("augment.mixup_alpha / augment.cutmix_alpha", mix.enabled),
+        ("train.patch_drop", bool(t.patch_drop)),
+        ("train.distill", t.distill != "none"),
+        ("train.compile", bool(t.compile)),
+    ]
+    for name, on in clashes:
+        if on:
+            raise RecipeError(
+                f"data.naflex (images of their own shapes) cannot be combined with {name} yet; turn one of them off"
+            )
+    return patch
+
+
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
     """The recipe's augmentation at the model's resolution and value range."""
     a = r.augment
@@ -226,6 +249,7 @@ class RunPlan:
         teacher: a distillation run's teacher, on the device; else None.
         objective: what the run minimises.
         notes: lines about what was loaded, for the run's first messages.
+        naflex: NaFlex's most patches an image (``data.naflex.max_tokens``); None: square images.
     """
 
     recipe: Recipe
@@ -242,6 +266,7 @@ class RunPlan:
     teacher: Teacher | None
     objective: Objective
     notes: list[str] = field(default_factory=list)
+    naflex: int | None = None
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, env: Environment | None = None) -> RunPlan:
@@ -283,9 +308,12 @@ class RunPlan:
             cfg, t = model.cfg, r.train
             teacher = Teacher(t.teacher, cfg.num_classes, cfg.in_chans, pre, env.device, precision)
         objective = objective_for(r.train, model.num_classes, mix, teacher)
+        naflex = r.data.naflex.get("max_tokens")
+        if naflex is not None:
+            train_ds = naflex_source(train_ds, _check_naflex(r, model, mix, naflex), naflex)
         return cls(
             r, env, precision, micro, train_ds, eval_ds, multilabel, model, pre, _transform_config(r, pre), mix,
-            teacher, objective, notes,
+            teacher, objective, notes, naflex,
         )  # fmt: skip
 
     @property
@@ -323,6 +351,11 @@ class RunPlan:
             f"objective: {self.objective.describe()}",
             f"schedule: {t.steps} steps{epochs}, {r.optim.name} lr {r.optim.lr:g} ({r.optim.schedule}, "
             f"{r.optim.warmup_steps} warm-up steps)",
+            *(
+                [f"naflex: each image at its own aspect ratio, at most {self.naflex} patches (no square resize)"]
+                if self.naflex
+                else []
+            ),
             f"logging: every {r.log.log_every} steps; evaluation every {r.log.eval_every}; checkpoints every "
             f"{r.log.checkpoint_every} steps and {r.log.checkpoint_minutes:g} minutes"
             + (f"; trackers: {', '.join(r.log.trackers)}" if r.log.trackers else ""),

@@ -266,6 +266,7 @@ def _score_validation(o: RunOutcome, report: RunReport) -> None:
             precision=o.plan.precision.name,
             max_images=o.plan.recipe.data.eval_max_images,
             num_workers=o.plan.recipe.data.num_workers,
+            naflex=o.plan.naflex,
         )
     thresholds = None
     if o.plan.multilabel:
