@@ -152,9 +152,9 @@ def test_naflex_training_on_images_of_mixed_shapes_resumes_exactly(tmp_path, mon
     assert (tmp_path / "whole" / "worst.png").is_file()
     summary = (tmp_path / "whole" / "summary.json").read_text()
     assert '"top1"' in summary
-    resumed = stopped_and_resumed(_naflex_recipe(tmp_path), tmp_path / "resumed", 5, monkeypatch)
+    resumed = stopped_and_resumed(_naflex_recipe(tmp_path), tmp_path / "b", 5, monkeypatch)
     assert resumed.resumed_from == 4 and resumed.step == whole.step == 8
-    a, b = (load_train_state(list_checkpoints(tmp_path / r / "checkpoints")[-1]).model_state for r in ("whole", "resumed"))
+    a, b = (load_train_state(list_checkpoints(tmp_path / r / "checkpoints")[-1]).model_state for r in ("whole", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
