@@ -192,3 +192,43 @@ def test_naflex_recipe_values_are_checked(tmp_path, value, message):
 
     with pytest.raises(RecipeError, match=message):
         _naflex_recipe(tmp_path, data__naflex=value)
+
+
+def test_naflex_on_the_command_line(tmp_path, capsys):
+    import json
+
+    from vitkit.cli import main
+
+    recipe = _naflex_recipe(tmp_path)
+    assert main(["train", "--config", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run"), "--steps", "4"]) == 0
+    assert recipe.data.naflex == {"max_tokens": 16}
+    run, photos = str(tmp_path / "run"), str(tmp_path / "photos")
+    out = tmp_path / "eval.json"
+    assert main(["eval", run, "--data", photos, "--split", "val", "--naflex", "16", "--json", str(out)]) == 0
+    naflex = json.loads(out.read_text())
+    assert main(["eval", run, "--data", photos, "--split", "val", "--json", str(out)]) == 0
+    square = json.loads(out.read_text())
+    assert naflex["num_images"] == square["num_images"] == 16 and naflex["loss"] != square["loss"]
+    image = str(tmp_path / "photos" / "val" / "a" / "0.png")
+    capsys.readouterr()
+    assert main(["predict", run, image, "--naflex", "16", "--top-k", "1"]) == 0
+    assert capsys.readouterr().out.startswith(image)
+    assert main(["predict", run, image, "--naflex", "16", "--backend", "onnxruntime"]) == 2
+    assert "--naflex runs on vitkit's own path; --backend onnxruntime" in capsys.readouterr().err
+    assert main(["eval", run, "--data", photos, "--split", "val", "--naflex", "16", "--serve"]) == 2
+    assert "--naflex runs vitkit's eager path" in capsys.readouterr().err
+
+
+def test_predict_naflex_equals_evaluate_naflex_where_no_crop(tmp_path):
+    from vitkit.eval.predict import predict
+
+    folder = _folder(tmp_path)
+    model = _model(pos_embed="sincos2d", classifier="gap")
+    ds = ImageFolder(str(folder), "val", load_size=32)
+    out = model_outputs(model, ds, batch_size=4, naflex=16)
+    paths = [p for p, _ in ds.samples]
+    rows = predict(model, paths, top_k=2, naflex=16, classes=["a", "b"])
+    probs = torch.tensor([[r["prob"] for r in sorted(p, key=lambda r: r["index"])] for p in rows])
+    torch.testing.assert_close(probs, out.outputs.softmax(-1), atol=2e-2, rtol=0)
+    with pytest.raises(VitkitError, match="a preprocessed batch is already square"):
+        predict(model, torch.zeros(1, 3, 32, 32), naflex=16, classes=["a", "b"])

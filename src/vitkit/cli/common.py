@@ -314,6 +314,18 @@ def merge_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def naflex_argument(p: argparse.ArgumentParser) -> None:
+    """``--naflex N``: each image at its own aspect ratio, in at most N patches (NaFlex)."""
+    p.add_argument(
+        "--naflex",
+        type=count(1, 16384),
+        default=None,
+        metavar="N",
+        help="NaFlex: see each image at its own aspect ratio, resized whole to at most N patches, instead of "
+        "squashed or cropped to the model's square (models with learned, sin-cos or rotary positions)",
+    )
+
+
 def with_merging(model: Any, r: int) -> Any:
     """``model`` merging ``r`` tokens a block (:func:`vitkit.models.merge.apply_token_merging`), or
     as it is for 0."""
@@ -383,10 +395,11 @@ def chosen_backend(args: argparse.Namespace, model: Any, precision: str, calibra
 
     backend = backend_of(args)
     asked = getattr(args, "backend_given", True)
-    if getattr(args, "merge", 0) and backend != "torch":
-        if asked and backend != "auto":
-            raise UsageError(f"--merge runs on vitkit's own path; --backend {backend} runs a runtime without it")
-        return None  # token merging is vitkit's own path
+    for flag, on in (("--merge", getattr(args, "merge", 0)), ("--naflex", getattr(args, "naflex", None))):
+        if on and backend != "torch":
+            if asked and backend != "auto":
+                raise UsageError(f"{flag} runs on vitkit's own path; --backend {backend} runs a runtime without it")
+            return None  # token merging and NaFlex are vitkit's own path
     runner, decision = serving_backend(model, backend, precision, args.device, calibration)
     if decision is not None and decision.reason is None:
         speeds = ", ".join(f"{name} {ips:,.1f}" for name, ips in decision.images_per_s.items())

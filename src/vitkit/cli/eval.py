@@ -20,6 +20,7 @@ from .common import (
     load_model,
     merge_argument,
     model_arguments,
+    naflex_argument,
     pct,
     precision_argument,
     progress,
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model (its 10-20 s are in the throughput)")
     merge_argument(p)
+    naflex_argument(p)
     p.add_argument("--split", default="test")
     adapter_argument(p)
     p.add_argument("--max-images", type=count(1), default=None, help="a random subset of the split")
@@ -157,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         )
     order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
+    if args.naflex and (args.serve or precision == "int8" or args.compile):
+        raise UsageError("--naflex runs vitkit's eager path; leave out --serve, --precision int8 and --compile")
     if args.compile and backend_of(args) not in ("torch", "auto"):
         raise UsageError(f"--compile compiles vitkit's own path; --backend {args.backend} runs a runtime instead")
     runner = chosen_backend(args, model, precision, _calibration(model, args))
@@ -177,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             progress=update,
             logit_order=order,
+            **({"naflex": args.naflex} if args.naflex else {}),
         )
 
     if m["skipped"]:

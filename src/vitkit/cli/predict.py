@@ -14,6 +14,7 @@ from .common import (
     describe,
     load_model,
     merge_argument,
+    naflex_argument,
     parse_device,
     precision_argument,
     with_merging,
@@ -29,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=parse_device, default="cpu")
     precision_argument(p)
     merge_argument(p)
+    naflex_argument(p)
     backend_argument(p)
     p.add_argument("--json", help="also write the predictions to this JSON file")
     adapter_argument(p)
@@ -46,17 +48,21 @@ def run(args: argparse.Namespace) -> int:
     model = model if exported else with_merging(model, args.merge)
     if not model.cfg.num_classes:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
-    images = load_images(args.images, model.preprocessing, model.cfg.in_chans)  # every file read before any work
+    if args.naflex and exported:
+        raise UsageError(f"--naflex runs on vitkit's own path; {args.ckpt} is an export of square inputs")
+    # every file read before any work
+    images = load_images(args.images, model.preprocessing, model.cfg.in_chans) if not args.naflex else None
     precision = chosen_precision(args.precision, args.device)
     thresholds = stored_thresholds(model)  # a multi-label model's, chosen on its minival
     runner = None if exported and args.backend is None else chosen_backend(args, model, precision)
     predictions = predict(
         runner if runner is not None else model,
-        images.inputs,
+        images.inputs if images is not None else args.images,
         top_k=args.top_k,
         device=args.device,
         precision=precision if runner is None else "fp32",  # a runtime carries its precision
         thresholds=thresholds,
+        naflex=args.naflex,
     )
     for path, preds in zip(args.images, predictions):
         print(path)

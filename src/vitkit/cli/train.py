@@ -23,6 +23,7 @@ FLAG_KEYS = {
     "precision": "train.precision",
     "data": "data.name",
     "accum_steps": "train.accum_steps",
+    "naflex": "data.naflex.max_tokens",
 }
 
 
@@ -93,6 +94,13 @@ def recipe_arguments(
         "weights; fp32: neither",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--naflex",
+        type=int,
+        metavar="N",
+        help="NaFlex: train and evaluate on each image at its own aspect ratio, in at most N patches "
+        "(data.naflex.max_tokens)",
+    )
     p.add_argument(
         "--plan", action="store_true", help="print the run's plan (every derived value, every check) and train nothing"
     )

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, UsageError
+from ..errors import CheckpointError, DataError, UsageError
+from ..models.naflex import NaflexBatch
 from ..precision import PrecisionLike, as_precision
 
 if TYPE_CHECKING:
@@ -154,12 +155,55 @@ def as_inputs(model: nn.Module, images: Any) -> torch.Tensor:
         DataError: a file that cannot be read as an image, or no images.
         UsageError: something that is neither a tensor, a path nor a Pillow image.
     """
-    from PIL import Image
-
-    from ..preprocessing import Preprocessing, prepare_images, read_image
+    from ..preprocessing import Preprocessing, prepare_images
 
     if isinstance(images, torch.Tensor):
         return images
+    cfg = getattr(model, "cfg", None)
+    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(cfg)
+    return prepare_images(_named_images(images), pre, int(getattr(cfg, "in_chans", 3))).inputs
+
+
+def naflex_inputs(model: nn.Module, images: Any, max_tokens: int) -> list[NaflexBatch]:
+    """Image files or Pillow images as NaFlex batches of one image each: every image at its own
+    aspect ratio, resized whole to the largest grid of the model's patches that ``max_tokens``
+    allows, then prepared with the model's ``preprocessing`` at that size.
+
+    Args:
+        model: a ViT that takes NaFlex batches (:func:`~vitkit.models.naflex.check_naflex_model`).
+        images: an image file or Pillow image, or a sequence of them.
+        max_tokens: the most patches an image may have.
+
+    Returns:
+        One batch per image, in order.
+
+    Raises:
+        DataError: a file that cannot be read as an image, or no images.
+        UsageError: a model that cannot take NaFlex batches, or ``max_tokens`` below 1.
+    """
+    from dataclasses import replace
+
+    from ..models.naflex import collate, fit_grid, naflex_patch
+    from ..preprocessing import Preprocessing, prepare_images
+
+    patch = naflex_patch(model)
+    if max_tokens < 1:
+        raise UsageError(f"naflex: max_tokens must be at least 1 (one patch), got {max_tokens}")
+    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(model.cfg)
+    batches = []
+    for name, im in _named_images(images):
+        rows, cols = fit_grid(im.size[1], im.size[0], patch, max_tokens)
+        x = prepare_images([(name, im)], replace(pre, img_size=(rows * patch, cols * patch)), model.cfg.in_chans)
+        batches.append(collate([x.inputs[0]], patch, max_tokens, fitted=True))
+    return batches
+
+
+def _named_images(images: Any) -> list[tuple[str, Any]]:
+    """(name, Pillow image) of each file or Pillow image given, every file read before any is used."""
+    from PIL import Image
+
+    from ..preprocessing import read_image
+
     items = [images] if isinstance(images, (str, Path, Image.Image)) else list(images)
     named = []
     for i, item in enumerate(items):
@@ -169,9 +213,9 @@ def as_inputs(model: nn.Module, images: Any) -> torch.Tensor:
             named.append((f"image {i + 1}", item))
         else:
             raise UsageError(f"image {i + 1}: expected a file path or a PIL image, got {type(item).__name__}")
-    cfg = getattr(model, "cfg", None)
-    pre = getattr(model, "preprocessing", None) or Preprocessing.for_config(cfg)
-    return prepare_images(named, pre, int(getattr(cfg, "in_chans", 3))).inputs
+    if not named:
+        raise DataError("no images given")
+    return named
 
 
 @torch.inference_mode()
@@ -183,6 +227,7 @@ def predict(
     device: str | torch.device = "cpu",
     precision: PrecisionLike = "fp32",
     thresholds: Sequence[float] | str | None = "stored",
+    naflex: int | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The ``top_k`` most probable classes of each image, named by the model's class names, as
     ``vitkit predict`` prints them: per image, ``{"class", "index", "prob"}`` rows, most probable
@@ -209,6 +254,8 @@ def predict(
         precision: a :class:`~vitkit.precision.Precision`, or "fp32", "bf16" or "auto".
         thresholds: "stored" (a multi-label model's own; none: the softmax), one probability
             threshold per class, or None: the softmax's top classes.
+        naflex: see each image at its own aspect ratio, in at most this many patches
+            (:func:`naflex_inputs`; files and Pillow images only); None: resized to the model's size.
 
     Returns:
         Per image, its rows ``{"class", "index", "prob"}`` (and ``"threshold"``), most probable
@@ -223,7 +270,9 @@ def predict(
         if thresholds != "stored":
             raise UsageError(f"thresholds: 'stored', a list of probabilities or None, got {thresholds!r}")
         thresholds = stored_thresholds(model)
-    images = as_inputs(model, images)
+    if naflex is not None and isinstance(images, torch.Tensor):
+        raise UsageError("naflex: give image files or Pillow images; a preprocessed batch is already square")
+    images = as_inputs(model, images) if naflex is None else naflex_inputs(model, images, naflex)
     k_model = int(getattr(model, "num_classes", 0) or 0)
     if not k_model:
         raise UsageError("the model has no classification head (num_classes=0); nothing to predict")
@@ -238,7 +287,8 @@ def predict(
     model.eval().to(dev)
     try:
         with torch.inference_mode(), compute.autocast(dev):
-            logits = torch.cat([model(x[None].to(dev)).float().cpu() for x in images])  # (B, K)
+            one = (lambda x: x.to(dev)) if naflex is not None else (lambda x: x[None].to(dev))
+            logits = torch.cat([model(one(x)).float().cpu() for x in images])  # (B, K)
     finally:
         model.train(was_training)
     return top_classes(logits, names, top_k, thresholds)
