@@ -200,9 +200,10 @@ def test_naflex_on_the_command_line(tmp_path, capsys):
     from vitkit.cli import main
 
     recipe = _naflex_recipe(tmp_path)
-    assert main(["train", "--config", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run"), "--steps", "4"]) == 0
+    recipe_file, run = str(tmp_path / "recipe.yaml"), str(tmp_path / "run")
+    assert main(["train", "--config", recipe_file, "--out", run, "--steps", "4"]) == 0
     assert recipe.data.naflex == {"max_tokens": 16}
-    run, photos = str(tmp_path / "run"), str(tmp_path / "photos")
+    photos = str(tmp_path / "photos")
     out = tmp_path / "eval.json"
     assert main(["eval", run, "--data", photos, "--split", "val", "--naflex", "16", "--json", str(out)]) == 0
     naflex = json.loads(out.read_text())
