@@ -26,6 +26,7 @@ from ..models.registry import HEAD_PREFIXES, RELEASES, build_model, canonical_na
 from ..preprocessing import Preprocessing
 from . import values
 from .io import read_npz, read_safetensors, read_safetensors_metadata, read_torch_state_dict
+from .naflexvit import is_naflexvit, naflexvit_to_timm
 from .native import FORMAT, carried_metadata, config_from_meta, preprocessing_from_meta, read_native
 from .official import convert_official, is_official, select_arrays
 from .peers import (
@@ -219,6 +220,8 @@ def _read(p: Path, num_heads: int | None) -> _Loaded:
     else:
         raise CheckpointError(f"{p}: unknown weight format '{suffix}' (expected .safetensors, .npz, .bin or .pth)")
     keys = set(tensors)
+    if is_naflexvit(keys):
+        return _read_naflexvit(p, tensors, hf_cfg(), num_heads)
     if is_hf(keys):
         return _read_hf(p, tensors, hf_cfg(), num_heads, in_hf_folder)
     if is_timm(keys):
@@ -293,6 +296,24 @@ def _read_timm(
             loaded.cfg = cfg.replace(img_size=tuple(pre.img_size))
     elif cfg.pos_embed == "none":
         loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
+    return loaded
+
+
+def _read_naflexvit(
+    p: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any] | None, num_heads: int | None
+) -> _Loaded:
+    """A timm NaFlexVit file: read as timm's plain ViT, with what its layout fixes and what timm's
+    NaFlexVit assumes (the activation, how the position table follows another grid) said aloud."""
+    plain, fixed, assumed = naflexvit_to_timm(tensors, p)
+    loaded = _read_timm(p, plain, config, num_heads)
+    values = {**fixed, **{k: v for k, (v, _) in assumed.items()}}
+    loaded.cfg = loaded.cfg.replace(**values)
+    loaded.assumed.pop("act", None)
+    loaded.assumed.update(assumed)
+    loaded.assumed.pop("ln_eps", None)  # timm's 1e-6, as its plain ViT's
+    loaded.assumed["ln_eps"] = (loaded.cfg.ln_eps, "timm's NaFlexVit")
+    if loaded.preprocessing.img_size != loaded.cfg.img_size:
+        loaded.preprocessing = Preprocessing.for_config(loaded.cfg)
     return loaded
 
 

@@ -33,6 +33,11 @@ ACTIVATIONS: tuple[str, ...] = ("gelu_tanh", "gelu", "quick_gelu")
 # mlp: Linear -> activation -> Linear (eq. 3); swiglu: the gated MLP of DINOv2's giant model,
 # SiLU(x W_gate) * (x W_value) -> Linear, the two input projections packed in one layer.
 MlpType = Literal["mlp", "swiglu"]
+# How a learned position table is resampled for another token grid: "bilinear" with aligned corners and
+# no antialiasing (the official code's and vitkit's own); "bilinear_aa" with antialiasing, corners not
+# aligned (SigLIP 2); "bicubic_aa" likewise, bicubic (timm's NaFlexVit)
+PosResize = Literal["bilinear", "bilinear_aa", "bicubic_aa"]
+POS_RESIZES: tuple[str, ...] = ("bilinear", "bilinear_aa", "bicubic_aa")
 MLP_TYPES: tuple[str, ...] = ("mlp", "swiglu")
 MAX_REGISTERS = 1 << 10  # register tokens a model may have (DINOv2's have 4, the paper tries up to 16)
 
@@ -184,6 +189,7 @@ class ViTConfig:
     mlp_type: MlpType = "mlp"  # swiglu: mlp_dim is the gated width, the packed input layer twice that
     patch_bias: bool = True  # False: the patch embedding has no bias (CLIP)
     rope_theta: float = 100.0  # RoPE's base: frequencies theta ** (-4k / head_dim) (both RoPE kinds; DINOv3's 100)
+    pos_resize: PosResize = "bilinear"  # how a learned table follows another grid (see PosResize)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
@@ -199,6 +205,8 @@ class ViTConfig:
         if self.pos_embed not in POS_EMBEDS:
             choices = ", ".join(repr(c) for c in POS_EMBEDS[:-1]) + f" or {POS_EMBEDS[-1]!r}"
             raise ValueError(f"pos_embed must be {choices}, got {self.pos_embed!r}")
+        if self.pos_resize not in POS_RESIZES:
+            raise ValueError(f"pos_resize must be 'bilinear', 'bilinear_aa' or 'bicubic_aa', got {self.pos_resize!r}")
         if self.act not in ACTIVATIONS:
             raise ValueError(f"act must be 'gelu_tanh', 'gelu' or 'quick_gelu', got {self.act!r}")
         if self.mlp_type not in MLP_TYPES:

@@ -69,6 +69,7 @@ def resample_pos_embed(
     num_prefix_tokens: int = 1,
     mode: Literal["bilinear", "bicubic"] = "bilinear",
     align_corners: bool | None = None,
+    antialias: bool | None = None,
 ) -> torch.Tensor:
     """Resize a learned position embedding (1, prefix + gh*gw, D) to another grid.
 
@@ -85,6 +86,8 @@ def resample_pos_embed(
         mode: "bilinear" or "bicubic".
         align_corners: as in :func:`torch.nn.functional.interpolate`; None: True for bilinear,
             False for bicubic.
+        antialias: as in :func:`torch.nn.functional.interpolate`; None: for bicubic where a
+            side shrinks, else not.
 
     Returns:
         The table (1, prefix + gh'*gw', D) in the input's dtype; ``pos_embed`` itself when the
@@ -106,10 +109,19 @@ def resample_pos_embed(
     D = grid.shape[-1]
     dtype = grid.dtype
     g = grid.double().reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, gh, gw)
-    antialias = mode == "bicubic" and (new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1])
+    if antialias is None:
+        antialias = mode == "bicubic" and (new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1])
     g = F.interpolate(g, size=new_grid, mode=mode, align_corners=align_corners, antialias=antialias)
     g = g.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, gh'*gw', D)
     return torch.cat([prefix, g], dim=1)
+
+
+# ViTConfig.pos_resize -> resample_pos_embed's (mode, align_corners, antialias)
+POS_RESIZE_ARGS: dict[str, tuple[Literal["bilinear", "bicubic"], bool | None, bool | None]] = {
+    "bilinear": ("bilinear", None, None),
+    "bilinear_aa": ("bilinear", False, True),
+    "bicubic_aa": ("bicubic", False, True),
+}
 
 
 def resample_1d(table: torch.Tensor, new_length: int, num_prefix_tokens: int = 0) -> torch.Tensor:

@@ -42,6 +42,7 @@ from .config import ATTENTION_POS_EMBEDS, ROPE_POS_EMBEDS, ViTConfig, check_divi
 from .heads import MAPHead, ReplaceableHead
 from .naflex import NaflexBatch, forward_naflex
 from .posembed import (
+    POS_RESIZE_ARGS,
     learned_2d_pos_table,
     relative_num_offsets,
     resample_1d,
@@ -526,7 +527,10 @@ class VisionTransformer(ReplaceableHead, nn.Module):
             return self.pos_embed
         if cfg.pos_embed == "sincos2d":
             return sincos_pos_table(grid, cfg.width, cfg.pos_prefix_rows).to(self.pos_embed)
-        return resample_pos_embed(self.pos_embed, grid, old_grid=cfg.grid_size, num_prefix_tokens=cfg.pos_prefix_rows)
+        mode, corners, antialias = POS_RESIZE_ARGS[cfg.pos_resize]
+        return resample_pos_embed(
+            self.pos_embed, grid, cfg.grid_size, cfg.pos_prefix_rows, mode, align_corners=corners, antialias=antialias
+        )
 
     def _rope_table(self, grid: tuple[int, int]) -> torch.Tensor:
         cfg = self.cfg
