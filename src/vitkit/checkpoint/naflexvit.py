@@ -37,7 +37,20 @@ def is_naflexvit(keys: set[str]) -> bool:
     return "embeds.proj.weight" in keys
 
 
-def _channels_and_patch(width: int, values: int, path: Any) -> tuple[int, int]:
+def channels_and_patch(width: int, values: int, path: Any) -> tuple[int, int]:
+    """The channels and patch side of a linear patch embedding of ``values`` inputs (P*P*C).
+
+    Args:
+        width: the layer's outputs (for the message).
+        values: its inputs.
+        path: the file, for the message.
+
+    Returns:
+        (C, P): RGB where P*P*3 fits, else grey.
+
+    Raises:
+        CheckpointError: ``values`` is not P*P*C for C of 1 or 3.
+    """
     for channels in (3, 1):  # RGB first: what every released NaFlexVit takes
         side = math.isqrt(values // channels)
         if values % channels == 0 and side * side * channels == values:
@@ -72,7 +85,7 @@ def naflexvit_to_timm(
     if w.ndim != 2:
         raise CheckpointError(f"{path}: embeds.proj.weight must be a linear layer's (2 dims), got {tuple(w.shape)}")
     width = w.shape[0]
-    channels, patch = _channels_and_patch(width, w.shape[1], path)
+    channels, patch = channels_and_patch(width, w.shape[1], path)
     out: dict[str, torch.Tensor] = {}
     fixed: dict[str, Any] = {"cls_pos_embed": False, "in_chans": channels}
     for key, value in tensors.items():
@@ -108,4 +121,4 @@ def naflexvit_to_timm(
     return out, fixed, assumed
 
 
-__all__ = ["is_naflexvit", "naflexvit_to_timm"]
+__all__ = ["channels_and_patch", "is_naflexvit", "naflexvit_to_timm"]

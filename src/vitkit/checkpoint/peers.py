@@ -24,6 +24,7 @@ from ..models.posembed import square_side
 from ..models.registry import RELEASES
 from ..preprocessing import Preprocessing
 from . import values
+from .naflexvit import channels_and_patch
 
 # Pieces of timm's (and Meta's DINOv3 files') ViTs that vitkit's does not have: a part of a key ->
 # what it is. timm's DINOv3 files (its Eva layout) hold no RoPE tensor: their RoPE is DINOv3's.
@@ -502,6 +503,8 @@ HF_MODEL_TYPES = {
     "clip_vision_model": "clip",
     "siglip": "siglip",
     "siglip_vision_model": "siglip",
+    "siglip2": "siglip",
+    "siglip2_vision_model": "siglip",
 }
 # What each family's config class has when its config.json leaves a key out.
 HF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -860,7 +863,17 @@ def _hf_siglip(r: _HFReader) -> dict[str, Any]:
     "gap"), as ``SiglipForImageClassification`` does before its ``classifier``, read as the head."""
     p = _vision_prefix(r)
     emb = f"{p}embeddings."
-    r.put("patch_embed.proj", f"{emb}patch_embedding")
+    fields: dict[str, Any] = {}
+    if r.has(f"{emb}patch_embedding.weight") and r.sd[f"{emb}patch_embedding.weight"].ndim == 2:
+        # SigLIP 2: a linear layer over patches in (row, col, channel) order, and its table resampled
+        # for each image's grid with antialiasing (its NaFlex towers)
+        w = r.take(f"{emb}patch_embedding.weight")  # (D, P*P*C)
+        channels, side = channels_and_patch(w.shape[0], w.shape[1], r.path)
+        r.out["patch_embed.proj.weight"] = w.reshape(w.shape[0], side, side, channels).permute(0, 3, 1, 2)
+        r.out["patch_embed.proj.bias"] = r.take(f"{emb}patch_embedding.bias")
+        fields["pos_resize"] = "bilinear_aa"
+    else:
+        r.put("patch_embed.proj", f"{emb}patch_embedding")
     r.out["pos_embed"] = r.take(f"{emb}position_embedding.weight")[None]  # (1, N, D): no class token
     r.prefix_rows = 0
     _hf_tower_layers(r, p)
@@ -868,7 +881,7 @@ def _hf_siglip(r: _HFReader) -> dict[str, Any]:
     if not r.has(f"{head}probe"):
         if r.has("classifier.weight"):
             r.put("head", "classifier")
-        return {"classifier": "gap"}
+        return {"classifier": "gap", **fields}
     D = r.out["pos_embed"].shape[-1]
     r.out["attn_pool.latent"] = r.take(f"{head}probe")  # (1, 1, D)
     for t, src in (("weight", "in_proj_weight"), ("bias", "in_proj_bias")):
@@ -878,7 +891,7 @@ def _hf_siglip(r: _HFReader) -> dict[str, Any]:
     r.put("attn_pool.norm", f"{head}layernorm")
     r.put("attn_pool.mlp.fc1", f"{head}mlp.fc1")
     r.put("attn_pool.mlp.fc2", f"{head}mlp.fc2")
-    return {"classifier": "map"}
+    return {"classifier": "map", **fields}
 
 
 def check_hf_shapes(config: dict[str, Any], sd: dict[str, torch.Tensor], depth: int, where: str) -> None:

@@ -1,4 +1,4 @@
-"""timm's NaFlexVit files load into vitkit with timm's outputs on NaFlex batches (random weights).
+"""timm's NaFlexVit and Hugging Face's SigLIP 2 files load into vitkit with their own outputs on NaFlex batches.
 
 Runs in the peers tier (``make test-peers``: timm on the path); skipped where timm is absent.
 """
@@ -75,3 +75,24 @@ def test_timm_naflexvit_pieces_vitkit_lacks_are_named(tmp_path):
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
     with pytest.raises(VitkitError, match="embeds.pos_embed_y: timm's factorized position table"):
         vitkit.load_pretrained(str(path), num_heads=2)
+
+
+def test_hf_siglip2_naflex_folder_gives_transformers_outputs(tmp_path):
+    t = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
+    from vitkit.models.naflex import naflex_features
+
+    cfg = t.Siglip2VisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, patch_size=16, num_patches=64
+    )
+    peer = _randomised(t.Siglip2VisionModel(cfg))
+    peer.save_pretrained(tmp_path / "hf")
+    ours = vitkit.load_pretrained(tmp_path / "hf").eval()
+    assert ours.cfg.pos_resize == "bilinear_aa" and ours.cfg.classifier == "map" and ours.cfg.img_size == (128, 128)
+    b = _batch()
+    shapes = torch.tensor(b.grids)
+    with torch.no_grad():
+        out = peer(pixel_values=b.patches, pixel_attention_mask=b.valid.long(), spatial_shapes=shapes)
+        tokens, mask = naflex_features(ours, b)
+        pooled = ours(b)  # no head: the pooled output
+    torch.testing.assert_close(pooled, out.pooler_output, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(tokens[mask], out.last_hidden_state[b.valid], atol=2e-5, rtol=1e-4)
