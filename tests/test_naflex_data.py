@@ -207,7 +207,7 @@ def test_naflex_on_the_command_line(tmp_path, capsys):
     out = tmp_path / "eval.json"
     assert main(["eval", run, "--data", photos, "--split", "val", "--naflex", "16", "--json", str(out)]) == 0
     naflex = json.loads(out.read_text())
-    assert main(["eval", run, "--data", photos, "--split", "val", "--json", str(out)]) == 0
+    assert main(["eval", run, "--data", photos, "--split", "val", "--naflex", "0", "--json", str(out)]) == 0
     square = json.loads(out.read_text())
     assert naflex["num_images"] == square["num_images"] == 16 and naflex["loss"] != square["loss"]
     image = str(tmp_path / "photos" / "val" / "a" / "0.png")
@@ -233,3 +233,26 @@ def test_predict_naflex_equals_evaluate_naflex_where_no_crop(tmp_path):
     torch.testing.assert_close(probs, out.outputs.softmax(-1), atol=2e-2, rtol=0)
     with pytest.raises(VitkitError, match="a preprocessed batch is already square"):
         predict(model, torch.zeros(1, 3, 32, 32), naflex=16, classes=["a", "b"])
+
+
+def test_a_naflex_run_stores_its_budget_and_is_seen_so_by_default(tmp_path, capsys):
+    import json
+
+    from vitkit.cli import main
+    from vitkit.eval.predict import predict
+    from vitkit.train import train
+
+    result = train(_naflex_recipe(tmp_path), tmp_path / "run")
+    best = vitkit.load_pretrained(str(tmp_path / "run" / "best.safetensors"))
+    assert best.preprocessing.naflex == 16
+    ds = ImageFolder(str(tmp_path / "photos"), "val", load_size=16)
+    assert evaluate(best, ds)["top1"] == pytest.approx(result.best_top1)  # NaFlex, as trained
+    square = evaluate(best, ds, naflex=0)
+    assert square["loss"] != pytest.approx(evaluate(best, ds)["loss"])
+    out = tmp_path / "eval.json"
+    run, photos = str(tmp_path / "run"), str(tmp_path / "photos")
+    assert main(["eval", run, "--data", photos, "--split", "val", "--json", str(out)]) == 0
+    assert "NaFlex: at most 16 patches" in json.loads(out.read_text())["mode"]
+    image = str(tmp_path / "photos" / "val" / "a" / "0.png")
+    stored, forced = predict(best, [image], top_k=2), predict(best, [image], top_k=2, naflex=16)
+    assert stored == forced and predict(best, [image], top_k=2, naflex=0) != stored

@@ -41,6 +41,8 @@ class Preprocessing:
             keeps, as above; 1.0: as ``crop_mode`` says.
         crop_mode: at ``crop_pct`` 1: "squash" the whole image, or "center" (shorter side, then
             crop).
+        naflex: the most patches an image may have when it is seen whole at its own aspect ratio
+            (NaFlex: the model was trained so); None: every image resized to ``img_size``.
     """
 
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -49,6 +51,7 @@ class Preprocessing:
     interpolation: str = "bilinear"
     crop_pct: float = 1.0
     crop_mode: str = "squash"
+    naflex: int | None = None
 
     @classmethod
     def for_config(cls, cfg: Any) -> Preprocessing:
@@ -68,13 +71,15 @@ class Preprocessing:
 
         Returns:
             ``mean``, ``std`` and ``img_size`` as lists, ``interpolation``, ``crop_pct`` unless it
-            is 1.0, and ``crop_mode`` unless it is "squash".
+            is 1.0, ``crop_mode`` unless it is "squash", and ``naflex`` where it is set.
         """
         d = asdict(self)
         if d["crop_pct"] == 1.0:
             del d["crop_pct"]
         if d["crop_mode"] == "squash":
             del d["crop_mode"]
+        if d["naflex"] is None:
+            del d["naflex"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
@@ -83,8 +88,8 @@ class Preprocessing:
 
         Args:
             d: a dict with ``mean``, ``std`` and ``img_size``, and optionally ``interpolation``
-                (default "bilinear"), ``crop_pct`` (default 1.0) and ``crop_mode`` (default
-                "squash"). Values are not checked here.
+                (default "bilinear"), ``crop_pct`` (default 1.0), ``crop_mode`` (default
+                "squash") and ``naflex`` (default None). Values are not checked here.
 
         Returns:
             The preprocessing.
@@ -99,6 +104,7 @@ class Preprocessing:
             interpolation=d.get("interpolation", "bilinear"),
             crop_pct=float(d.get("crop_pct", 1.0)),
             crop_mode=str(d.get("crop_mode", "squash")),
+            naflex=None if d.get("naflex") is None else int(d["naflex"]),
         )
 
 

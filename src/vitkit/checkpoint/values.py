@@ -233,6 +233,9 @@ def check_grid(cfg: Any, where: str) -> None:
         raise CheckpointError(f"{where}: {problem}")
 
 
+MAX_NAFLEX_TOKENS = 16384  # patches an image under NaFlex: a 2048 px square of 16 px patches
+
+
 def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
     """The preprocessing a file records (:meth:`vitkit.Preprocessing.to_dict`, or a peer's
     equivalent), each value within what any real weights use: the mean and std of each channel
@@ -250,7 +253,7 @@ def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
     """
     if not isinstance(d, dict):
         raise CheckpointError(f"{where}: preprocessing must be a JSON object, got {type(d).__name__}")
-    fields = ("mean", "std", "img_size", "interpolation", "crop_pct", "crop_mode")
+    fields = ("mean", "std", "img_size", "interpolation", "crop_pct", "crop_mode", "naflex")
     unknown = sorted(str(k)[:40] for k in d if k not in fields)  # shown as a list: escaped
     if unknown:
         raise CheckpointError(f"{where}: unknown preprocessing field(s) {unknown[:5]}")
@@ -267,3 +270,5 @@ def check_preprocessing(d: Any, in_chans: int, where: str) -> None:
         choice(d["crop_mode"], where, "preprocessing['crop_mode']", ("squash", "center"))
     if "crop_pct" in d:
         number(d["crop_pct"], where, "preprocessing['crop_pct']", *CROP_PCT_RANGE)
+    if "naflex" in d:  # NaFlex's most patches an image
+        integer(d["naflex"], where, "preprocessing['naflex']", 1, MAX_NAFLEX_TOKENS)

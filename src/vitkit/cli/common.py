@@ -318,12 +318,21 @@ def naflex_argument(p: argparse.ArgumentParser) -> None:
     """``--naflex N``: each image at its own aspect ratio, in at most N patches (NaFlex)."""
     p.add_argument(
         "--naflex",
-        type=count(1, 16384),
+        type=count(0, 16384),
         default=None,
         metavar="N",
         help="NaFlex: see each image at its own aspect ratio, resized whole to at most N patches, instead of "
-        "squashed or cropped to the model's square (models with learned, sin-cos or rotary positions)",
+        "squashed or cropped to the model's square (models with learned, sin-cos or rotary positions); "
+        "default: as the model was trained (its stored preprocessing); 0: squares",
     )
+
+
+def naflex_of(args: argparse.Namespace, model: Any) -> int | None:
+    """The NaFlex budget a command runs with: ``--naflex``, else the model's stored one; 0: none."""
+    given = getattr(args, "naflex", None)
+    if given is None:
+        given = getattr(getattr(model, "preprocessing", None), "naflex", None)
+    return given or None
 
 
 def with_merging(model: Any, r: int) -> Any:
@@ -395,7 +404,7 @@ def chosen_backend(args: argparse.Namespace, model: Any, precision: str, calibra
 
     backend = backend_of(args)
     asked = getattr(args, "backend_given", True)
-    for flag, on in (("--merge", getattr(args, "merge", 0)), ("--naflex", getattr(args, "naflex", None))):
+    for flag, on in (("--merge", getattr(args, "merge", 0)), ("--naflex", naflex_of(args, model))):
         if on and backend != "torch":
             if asked and backend != "auto":
                 raise UsageError(f"{flag} runs on vitkit's own path; --backend {backend} runs a runtime without it")

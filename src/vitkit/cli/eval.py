@@ -21,6 +21,7 @@ from .common import (
     merge_argument,
     model_arguments,
     naflex_argument,
+    naflex_of,
     pct,
     precision_argument,
     progress,
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         )
     order = _class_order(model, dataset, args)
     precision, mode = args.precision, "autocast" if args.precision == "bf16" else "eager"
+    args.naflex = naflex_of(args, model)
     if args.naflex and (args.serve or precision == "int8" or args.compile):
         raise UsageError("--naflex runs vitkit's eager path; leave out --serve, --precision int8 and --compile")
     if args.compile and backend_of(args) not in ("torch", "auto"):
@@ -171,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         precision = "fp32"  # the served model carries its precision; no autocast around it
     if args.compile and runner is None:
         model, mode = torch.compile(model), f"{mode}, compiled"  # the throughput includes compiling
+    if args.naflex:
+        mode = f"{mode}, NaFlex: at most {args.naflex} patches an image"
     with progress(f"eval {args.split}", size_of(dataset, args.max_images)) as update:
         m = evaluate(
             model,
@@ -181,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             progress=update,
             logit_order=order,
-            **({"naflex": args.naflex} if args.naflex else {}),
+            naflex=args.naflex or 0,
         )
 
     if m["skipped"]:

@@ -15,6 +15,7 @@ from .common import (
     load_model,
     merge_argument,
     naflex_argument,
+    naflex_of,
     parse_device,
     precision_argument,
     with_merging,
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.ckpt}: the model has no classification head; nothing to predict")
     if args.naflex and exported:
         raise UsageError(f"--naflex runs on vitkit's own path; {args.ckpt} is an export of square inputs")
+    args.naflex = None if exported else naflex_of(args, model)
     # every file read before any work
     images = load_images(args.images, model.preprocessing, model.cfg.in_chans) if not args.naflex else None
     precision = chosen_precision(args.precision, args.device)
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         precision=precision if runner is None else "fp32",  # a runtime carries its precision
         thresholds=thresholds,
-        naflex=args.naflex,
+        naflex=args.naflex or 0,
     )
     for path, preds in zip(args.images, predictions):
         print(path)

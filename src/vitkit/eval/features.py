@@ -145,6 +145,8 @@ def model_inputs(
         num_workers: decode streamed sources in that many loader processes (0: this process).
         naflex: each image at its own aspect ratio, in at most this many patches (NaFlex): the
             batches are :class:`~vitkit.models.naflex.NaflexBatch` es and the model keeps its size.
+            None: as the model's ``preprocessing.naflex`` says (unless ``transform`` is given);
+            0: squares.
 
     Returns:
         An iterator of (images (B, C, H, W) float32 on ``device``, or NaFlex batches, labels as
@@ -155,6 +157,9 @@ def model_inputs(
     """
     dev = torch.device(device)
     cfg = getattr(model, "cfg", None)
+    if naflex is None and transform is None:  # a model trained on NaFlex batches is evaluated so
+        naflex = getattr(getattr(model, "preprocessing", None), "naflex", None)
+    naflex = naflex or None  # 0: square, whatever the model was trained on
     patch = naflex_patch(model) if naflex is not None else 0
     if transform is None:
         pre = model_preprocessing(model, img_size)

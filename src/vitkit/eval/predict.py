@@ -255,7 +255,9 @@ def predict(
         thresholds: "stored" (a multi-label model's own; none: the softmax), one probability
             threshold per class, or None: the softmax's top classes.
         naflex: see each image at its own aspect ratio, in at most this many patches
-            (:func:`naflex_inputs`; files and Pillow images only); None: resized to the model's size.
+            (:func:`naflex_inputs`; files and Pillow images only); None: as the model's
+            ``preprocessing.naflex`` says (a model trained on NaFlex batches); 0: resized to the
+            model's size.
 
     Returns:
         Per image, its rows ``{"class", "index", "prob"}`` (and ``"threshold"``), most probable
@@ -270,6 +272,9 @@ def predict(
         if thresholds != "stored":
             raise UsageError(f"thresholds: 'stored', a list of probabilities or None, got {thresholds!r}")
         thresholds = stored_thresholds(model)
+    if naflex is None and not isinstance(images, torch.Tensor):  # as the model was trained: NaFlex or squares
+        naflex = getattr(getattr(model, "preprocessing", None), "naflex", None)
+    naflex = naflex or None  # 0: squares
     if naflex is not None and isinstance(images, torch.Tensor):
         raise UsageError("naflex: give image files or Pillow images; a preprocessed batch is already square")
     images = as_inputs(model, images) if naflex is None else naflex_inputs(model, images, naflex)

@@ -7,7 +7,7 @@ A run that could fail for a reason knowable at its start fails at its start, in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -309,8 +309,9 @@ class RunPlan:
             teacher = Teacher(t.teacher, cfg.num_classes, cfg.in_chans, pre, env.device, precision)
         objective = objective_for(r.train, model.num_classes, mix, teacher)
         naflex = r.data.naflex.get("max_tokens")
-        if naflex is not None:
+        if naflex is not None:  # stored with the weights: eval, predict and embed see images so too
             train_ds = naflex_source(train_ds, _check_naflex(r, model, mix, naflex), naflex)
+            pre = replace(pre, naflex=naflex)
         return cls(
             r, env, precision, micro, train_ds, eval_ds, multilabel, model, pre, _transform_config(r, pre), mix,
             teacher, objective, notes, naflex,
