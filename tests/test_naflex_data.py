@@ -256,3 +256,20 @@ def test_a_naflex_run_stores_its_budget_and_is_seen_so_by_default(tmp_path, caps
     image = str(tmp_path / "photos" / "val" / "a" / "0.png")
     stored, forced = predict(best, [image], top_k=2), predict(best, [image], top_k=2, naflex=16)
     assert stored == forced and predict(best, [image], top_k=2, naflex=0) != stored
+
+
+def test_embed_a_folder_with_naflex(tmp_path):
+    from vitkit.eval.embed import embed_folder
+
+    folder = _folder(tmp_path)
+    model = _model(pos_embed="learned2d", classifier="gap")
+    ds = ImageFolder(str(folder), "val", load_size=32)
+    files = [str(__import__("pathlib").Path(p).relative_to(folder)) for p, _ in ds.samples]
+    res = embed_folder(model, folder, batch_size=3, files=files, naflex=16)
+    want = model_outputs(model, ds, head="pre_logits", batch_size=4, naflex=16).outputs
+    torch.testing.assert_close(res.vectors, want, atol=1e-5, rtol=1e-5)  # the same Pillow resize to the grid
+    assert res.metadata["preprocessing"]["naflex"] == 16
+    square = embed_folder(model, folder, batch_size=3, files=files)
+    assert not torch.allclose(square.vectors, res.vectors)
+    with pytest.raises(VitkitError, match="NaFlex embeddings cannot be computed with --pool patch"):
+        embed_folder(model, folder, pool="patch", files=files, naflex=16)

@@ -18,6 +18,7 @@ from .common import (
     count,
     load_model,
     merge_argument,
+    naflex_argument,
     parse_device,
     parse_size,
     precision_argument,
@@ -58,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=parse_device, default="cpu", help="cpu, cuda, cuda:1...")
     precision_argument(p)
     merge_argument(p)
+    naflex_argument(p)
     backend_argument(p)
     p.add_argument("--workers", type=count(0, 256), default=4, help="threads that decode images (0: none)")
     adapter_argument(p)
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 workers=args.workers,
                 progress=update,
                 runner=runner,
+                naflex=args.naflex,
             )
     except KeyboardInterrupt:
         print(f"note: finished batches are kept in {out}.parts; the same command resumes", file=sys.stderr)

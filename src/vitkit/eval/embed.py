@@ -54,6 +54,7 @@ from ..checkpoint.io import CHECKSUM_KEY, read_safetensors, write_safetensors
 from ..data.folder import IMAGE_EXTENSIONS
 from ..errors import CheckpointError, DataError, UsageError
 from ..files import atomic_write, temporary_target, write_json
+from ..models.naflex import NaflexBatch, collate, fit_grid, forward_naflex, naflex_features, naflex_patch
 from ..precision import Precision, PrecisionLike, as_precision
 from ..preprocessing import Preprocessing, prepare_images, read_image
 from .features import model_preprocessing
@@ -177,12 +178,24 @@ def pool_function(model: nn.Module, pool: str) -> Callable[[torch.Tensor], torch
         UsageError: an unknown pool, or "cls" for a model without a class token.
     """
     if pool == "pooled":
-        return lambda x: model.forward_head(model.forward_features(x), pre_logits=True)
+
+        def pooled(x: torch.Tensor | NaflexBatch) -> torch.Tensor:
+            if isinstance(x, NaflexBatch):
+                return forward_naflex(model, x, pre_logits=True)
+            return model.forward_head(model.forward_features(x), pre_logits=True)
+
+        return pooled
     if pool == "cls":
         if getattr(model, "cls_token", None) is None:
             how = getattr(getattr(model, "cfg", None), "classifier", type(model).__name__)
             raise UsageError(f"the model has no class token (it pools by {how}); use --pool pooled or patch")
-        return lambda x: model.forward_features(x)[:, 0]  # (B, D)
+
+        def cls(x: torch.Tensor | NaflexBatch) -> torch.Tensor:
+            if isinstance(x, NaflexBatch):
+                return naflex_features(model, x)[0][:, 0]
+            return model.forward_features(x)[:, 0]  # (B, D)
+
+        return cls
     if pool == "patch":
         prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
 
@@ -253,11 +266,17 @@ def _config(model: nn.Module) -> dict[str, Any] | None:
     return asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else None
 
 
-def _read_one(folder: Path, rel: str, pre: Preprocessing, in_chans: int) -> torch.Tensor | str:
-    """One file as the model takes it, (C, H, W), or why it could not be read."""
+def _read_one(folder: Path, rel: str, pre: Preprocessing, in_chans: int, patch: int = 0) -> torch.Tensor | str:
+    """One file as the model takes it, (C, H, W) (NaFlex, ``patch`` > 0: at its grid's size), or why
+    it could not be read."""
     full = folder / rel
     try:
-        return prepare_images([(rel, read_image(full))], pre, in_chans).inputs[0]
+        image = read_image(full)
+        if pre.naflex:  # whole, at its own aspect ratio: the largest grid of patches the budget allows
+            rows, cols = fit_grid(image.size[1], image.size[0], patch, pre.naflex)
+            grid_pre = dataclasses.replace(pre, img_size=(rows * patch, cols * patch))
+            return prepare_images([(rel, image)], grid_pre, in_chans).inputs[0]
+        return prepare_images([(rel, image)], pre, in_chans).inputs[0]
     except DataError as e:
         text = str(e)
         return text[len(str(full)) + 2 :] if text.startswith(f"{full}: ") else text
@@ -282,6 +301,7 @@ class _Run:
     precision: Precision
     metadata: dict[str, Any]  # what the file's metadata says of the run
     key: dict[str, Any]  # what must be the same for parts of an earlier call to be used
+    patch: int = 0  # NaFlex's patch side (pre.naflex set); 0: squares
 
     @property
     def served(self) -> bool:
@@ -390,6 +410,7 @@ def embed_folder(
     workers: int = 0,
     progress: Callable[[int], None] | None = None,
     runner: nn.Module | None = None,
+    naflex: int | None = None,
 ) -> EmbeddingResult:
     """Embed every image file under ``folder`` with ``model`` (see the module doc).
 
@@ -413,6 +434,8 @@ def embed_folder(
         runner: what computes the embeddings instead of ``model`` (a
             :class:`vitkit.backends.RuntimeModel`, which carries its own precision); None: ``model``
             as ``precision`` says.
+        naflex: see each image whole at its own aspect ratio, in at most this many patches
+            (NaFlex); None: as the model's ``preprocessing.naflex`` says; 0: resized to its size.
 
     Returns:
         An :class:`EmbeddingResult`. Its ``vectors`` are None when ``out`` is given (the file
@@ -428,7 +451,10 @@ def embed_folder(
     pool_fn = pool_function(model, pool)
     dev = torch.device(device)
     listed = list(files) if files is not None else None
-    run = _prepare_run(model, Path(folder), listed, pool, batch_size, dev, as_precision(precision, dev))
+    run = _prepare_run(model, Path(folder), listed, pool, batch_size, dev, as_precision(precision, dev), naflex)
+    if run.pre.naflex and (pool == "patch" or runner is not None):
+        what = "--pool patch (each image has its own number of patches)" if pool == "patch" else "a runtime"
+        raise UsageError(f"NaFlex embeddings cannot be computed with {what}; embed with squares (naflex 0)")
     if runner is not None:  # it carries its precision (no autocast); batches of another backend are not reused
         run = dataclasses.replace(run, precision=Precision("fp32", "fp32", f"computed by {runner.backend}"))
         run.key["computed_by"] = run.metadata["backend"] = f"{runner.backend} {runner.precision}"
@@ -554,8 +580,9 @@ def _prepare_run(
     batch_size: int,
     device: torch.device,
     precision: Precision,
+    naflex: int | None = None,
 ) -> _Run:
-    """The run's files, preprocessing, metadata and key."""
+    """The run's files, preprocessing (NaFlex's budget in it), metadata and key."""
     files = image_files(folder) if files is None else files
     if not files:
         raise DataError(f"{folder}: no image files to embed")
@@ -565,6 +592,9 @@ def _prepare_run(
             f"{folder}: {len(files):,} files, more paths than one embeddings file holds; embed its sub-folders apart"
         )
     pre = model_preprocessing(model)
+    naflex = pre.naflex if naflex is None else naflex or None
+    pre = dataclasses.replace(pre, naflex=naflex)
+    patch = naflex_patch(model) if naflex else 0
     cfg = getattr(model, "cfg", None)
     in_chans = int(getattr(cfg, "in_chans", len(pre.mean)))
     digest = model_digest(model)
@@ -593,7 +623,7 @@ def _prepare_run(
         "precision": precision.name,
         "folder": str(folder.resolve()),
     }
-    return _Run(model, folder, files, pool, pre, in_chans, batch_size, device, precision, metadata, key)
+    return _Run(model, folder, files, pool, pre, in_chans, batch_size, device, precision, metadata, key, patch)
 
 
 def _embed_batch(
@@ -602,14 +632,18 @@ def _embed_batch(
     """One batch of files -> (vectors of the readable ones, their paths, (path, why) of the others)."""
 
     def read(rel: str) -> torch.Tensor | str:
-        return _read_one(run.folder, rel, run.pre, run.in_chans)
+        return _read_one(run.folder, rel, run.pre, run.in_chans, run.patch)
 
     loaded = list(threads.map(read, chunk) if threads is not None else map(read, chunk))
     paths = [rel for rel, x in zip(chunk, loaded) if isinstance(x, torch.Tensor)]
     skipped = [(rel, x) for rel, x in zip(chunk, loaded) if isinstance(x, str)]
     if not paths:
         return torch.empty(0), paths, skipped
-    x = torch.stack([t for t in loaded if isinstance(t, torch.Tensor)]).to(run.device)  # (B, C, H, W)
+    images = [t for t in loaded if isinstance(t, torch.Tensor)]
+    if run.pre.naflex:  # each at its own grid, padded to the longest
+        x = collate(images, run.patch, run.pre.naflex, fitted=True).to(run.device)
+    else:
+        x = torch.stack(images).to(run.device)  # (B, C, H, W)
     with torch.inference_mode(), contextlib.nullcontext() if run.served else run.precision.autocast(run.device):
         x = x.to(torch.bfloat16) if run.served else x  # bf16 weights (_served): bf16 inputs
         vectors = pool_fn(x).float().cpu().contiguous()  # (B, D) or (B, tokens, D)
