@@ -9,7 +9,7 @@ import yaml
 import vitkit
 from vitkit.models import count_params, model_flops
 from vitkit.models.config import ResNetConfig
-from vitkit.models.vit import add_tokens_and_positions
+from vitkit.models.posembed import add_tokens_and_positions
 
 TINY_VIT = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5)
 TINY_RESNET = dict(num_classes=5, img_size=32)

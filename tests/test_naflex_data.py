@@ -7,11 +7,11 @@ from PIL import Image
 
 import vitkit
 from vitkit.data.folder import ImageFolder
-from vitkit.data.naflex import naflex_source, to_naflex
 from vitkit.data.streaming import decode_image
 from vitkit.errors import VitkitError
 from vitkit.eval.classify import evaluate
 from vitkit.eval.features import model_inputs, model_outputs
+from vitkit.eval.naflex import naflex_source, to_naflex
 from vitkit.models.naflex import NaflexBatch, collate
 
 SHAPES = [(40, 120), (120, 40), (64, 64), (30, 200)]  # (H, W): wide, tall, square, very wide

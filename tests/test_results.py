@@ -244,6 +244,22 @@ def _check_adapters(table: Table, data: dict, args: dict[str, str]) -> None:
         assert shown_equals(row[4], r["peak_mb"]), row
 
 
+def _check_naflex_cost(table: Table, data: dict, args: dict[str, str]) -> None:
+    """naflex_cost.py: the square, NaFlex and squares-through-NaFlex rows, in that order; real and
+    computed patches, the median step and the cost per real patch against the square's."""
+    square, naflex, as_naflex = table.rows
+    med = data["step_median"]
+    expect = [
+        (square, data["square_tokens"], data["square_tokens"], med["square"], 1.0),
+        (naflex, data["real_tokens"], data["padded_tokens"], med["naflex"], data["per_token_ratio"]),
+        (as_naflex, data["square_tokens"], data["square_tokens"], med["squares_as_naflex"], data["mask_ratio"]),
+    ]
+    for row, real, computed, seconds, ratio in expect:
+        shown_real, shown_computed = (c.strip() for c in row[1].split("/"))
+        assert shown_equals(shown_real, real) and shown_equals(shown_computed, computed), row
+        assert shown_equals(row[2], seconds) and shown_equals(row[3], ratio), row
+
+
 RULES = {
     "adapters": _check_adapters,
     "loop_overhead": _check_loop_overhead,
@@ -254,6 +270,7 @@ RULES = {
     "peers": _check_peers,
     "embed_speed": _check_embed_speed,
     "reproduce_budget": _check_reproduce_budget,
+    "naflex_cost": _check_naflex_cost,
 }
 
 
@@ -276,6 +293,8 @@ def _kind(data: dict) -> str:
         return "embed_speed"
     if "calls" in data and "kinds" in data:
         return "reproduce_budget"
+    if "per_token_ratio" in data:
+        return "naflex_cost"
     raise AssertionError("no rule in tests/test_results.py for this kind of file")
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import DataError
+from .errors import DataError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -362,10 +362,43 @@ def eight_bit(img: Image.Image, name: str) -> Image.Image:
     return img
 
 
+def fit_grid(height: int, width: int, patch: int, max_tokens: int) -> tuple[int, int]:
+    """The largest grid with the image's aspect ratio whose patch count fits ``max_tokens``.
+
+    Args:
+        height: image height in pixels.
+        width: image width in pixels.
+        patch: patch side in pixels.
+        max_tokens: the most patches the image may have (at least 1).
+
+    Returns:
+        (rows, cols), each at least 1, with rows * cols <= max_tokens.
+
+    Raises:
+        UsageError: ``max_tokens`` below 1.
+        DataError: an image with no pixels.
+    """
+    if max_tokens < 1:
+        raise UsageError(f"naflex max_tokens={max_tokens}: an image needs at least 1 patch")
+    if height < 1 or width < 1:
+        raise DataError(f"naflex: image of size {height}x{width} has no pixels")
+    # Scale s so that (h*s/p) * (w*s/p) ~= max_tokens, then step down until the rounded-up grid fits.
+    scale = math.sqrt(max_tokens * patch * patch / (height * width))
+    while True:
+        rows = max(1, math.ceil(height * scale / patch))
+        cols = max(1, math.ceil(width * scale / patch))
+        if rows * cols <= max_tokens:
+            return rows, cols
+        if rows == 1 and cols == 1:
+            return 1, 1
+        scale *= 0.99
+
+
 __all__ = [
     "LoadedImages",
     "Preprocessing",
     "eight_bit",
+    "fit_grid",
     "integer_range",
     "load_images",
     "normalize",

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .common import count
+
 HELP = "train a model from a recipe (resumes an existing --out)"
 
 # command-line flag -> the recipe key it sets
@@ -96,7 +98,7 @@ def recipe_arguments(
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
         "--naflex",
-        type=int,
+        type=count(1, 16384),
         metavar="N",
         help="NaFlex: train and evaluate on each image at its own aspect ratio, in at most N patches "
         "(data.naflex.max_tokens)",

@@ -56,7 +56,7 @@ def decode_image(
 
     With ``fit`` = (patch, max_tokens) the image keeps its aspect ratio instead (NaFlex): it is
     resized whole to the largest grid of patches that ``max_tokens`` allows
-    (:func:`vitkit.models.naflex.fit_grid`), and ``size`` is not used.
+    (:func:`vitkit.preprocessing.fit_grid`), and ``size`` is not used.
 
     Images deeper than 8 bits (16-bit PNG or TIFF, 32-bit integer or float TIFF) are scaled to
     8 bits by the value range of their format (:func:`vitkit.data.pixels.eight_bit`), not clipped.
@@ -82,7 +82,7 @@ def decode_image(
     with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as img:
         w0, h0 = img.size
         if fit is not None:  # the grid the image's own aspect ratio gets, stretched to exactly it
-            from ..models.naflex import fit_grid
+            from ..preprocessing import fit_grid
 
             rows, cols = fit_grid(h0, w0, *fit)
             height, width, resize = rows * fit[0], cols * fit[0], "plain"

@@ -17,12 +17,12 @@ import torch
 from torch import nn
 
 from ..data.base import Dataset
-from ..data.naflex import naflex_source, to_naflex
 from ..data.transforms import TransformConfig, eval_transform, match_channels
 from ..errors import UsageError
 from ..models.naflex import NaflexBatch, forward_naflex, naflex_patch
 from ..precision import PrecisionLike, ServingPrecision, as_precision, serving_precision
 from ..preprocessing import Preprocessing
+from .naflex import naflex_source, to_naflex
 
 Head = Literal["logits", "pre_logits"]
 

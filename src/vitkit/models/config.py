@@ -152,6 +152,8 @@ class ViTConfig:
             width).
         patch_bias: whether the patch embedding has a bias.
         rope_theta: the RoPE base (above 1) of the rotary kinds of ``pos_embed``.
+        pos_resize: how a learned position table follows another grid: "bilinear", "bilinear_aa"
+            (SigLIP 2's, antialiased) or "bicubic_aa" (timm NaFlexVit's, antialiased).
 
     Raises:
         ValueError: a field out of its range or choices, a combination vitkit cannot build (such

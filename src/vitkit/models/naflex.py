@@ -6,7 +6,6 @@ column of each patch in its image's grid) and ``valid (B, L)`` (False on padding
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +13,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from vitkit.errors import UsageError
+from vitkit.models.posembed import add_tokens_and_positions
+from vitkit.preprocessing import fit_grid
 
 
 @dataclass
@@ -56,34 +57,6 @@ class NaflexBatch:
     def real_tokens(self) -> int:
         """The patches of the batch that are not padding."""
         return int(self.valid.sum())
-
-
-def fit_grid(height: int, width: int, patch: int, max_tokens: int) -> tuple[int, int]:
-    """The largest grid with the image's aspect ratio whose patch count fits ``max_tokens``.
-
-    Args:
-        height: image height in pixels.
-        width: image width in pixels.
-        patch: patch side in pixels.
-        max_tokens: the most patches the image may have (at least 1).
-
-    Returns:
-        (rows, cols), each at least 1, with rows * cols <= max_tokens.
-    """
-    if max_tokens < 1:
-        raise UsageError(f"naflex max_tokens={max_tokens}: an image needs at least 1 patch")
-    if height < 1 or width < 1:
-        raise UsageError(f"naflex: image of size {height}x{width} has no pixels")
-    # Scale s so that (h*s/p) * (w*s/p) ~= max_tokens, then step down until the rounded-up grid fits.
-    scale = math.sqrt(max_tokens * patch * patch / (height * width))
-    while True:
-        rows = max(1, math.ceil(height * scale / patch))
-        cols = max(1, math.ceil(width * scale / patch))
-        if rows * cols <= max_tokens:
-            return rows, cols
-        if rows == 1 and cols == 1:
-            return 1, 1
-        scale *= 0.99
 
 
 def patchify(image: torch.Tensor, grid: tuple[int, int], patch: int) -> torch.Tensor:
@@ -261,8 +234,6 @@ def naflex_features(model: torch.nn.Module, batch: NaflexBatch) -> tuple[torch.T
             idx = batch.coords[i, :, 0] * grid[1] + batch.coords[i, :, 1]
             rows.append(table[0, table.shape[1] - n :][idx] * batch.valid[i, :, None])
         pos = torch.cat([prefix_rows.expand(B, -1, -1), torch.stack(rows)], dim=1)  # (B, P+L, D)
-    from vitkit.models.vit import add_tokens_and_positions
-
     x = add_tokens_and_positions(x, model.prefix_tokens(), pos, model.cfg.cls_pos_embed, model.reg_token)
     x = model._pre_norm(x)
     T = x.shape[1] - L

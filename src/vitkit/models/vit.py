@@ -43,6 +43,7 @@ from .heads import MAPHead, ReplaceableHead
 from .naflex import NaflexBatch, forward_naflex
 from .posembed import (
     POS_RESIZE_ARGS,
+    add_tokens_and_positions,
     learned_2d_pos_table,
     relative_num_offsets,
     resample_1d,
@@ -95,34 +96,6 @@ FLAT_PATCH_RANGE = 0.02
 def kept_patches(patches: int, rate: float) -> int:
     """How many of ``patches`` tokens an image keeps at patch drop ``rate`` (at least one)."""
     return max(1, round(patches * (1.0 - rate)))
-
-
-def add_tokens_and_positions(
-    patches: torch.Tensor,
-    prefix: torch.Tensor | None,
-    pos: torch.Tensor | None,
-    cls_pos_embed: bool,
-    registers: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """z0 of eq. 1 from the patch tokens (B, N, D): the prefix tokens (1, P, D) (the class token,
-    then DeiT's distillation token; None for none) put first and E_pos (if any) added, to every
-    token or, with ``cls_pos_embed`` False (big_vision), to the patches before the prefix joins them.
-    The register tokens (1, R, D), if any, go in after the prefix tokens once the positions are
-    added: they have none (DINOv2 with registers)."""
-    x = patches
-    if prefix is not None:
-        tokens = prefix.expand(x.shape[0], -1, -1)  # (B, P, D)
-        if pos is not None and not cls_pos_embed:
-            x = x + pos
-            pos = None
-        x = torch.cat([tokens, x], dim=1)  # (B, P+N, D)
-    if pos is not None:
-        x = x + pos
-    if registers is not None:
-        p = 0 if prefix is None else prefix.shape[1]
-        regs = registers.expand(x.shape[0], -1, -1)  # (B, R, D)
-        x = torch.cat([x[:, :p], regs, x[:, p:]], dim=1)  # (B, P+R+N, D)
-    return x
 
 
 # ----------------------------------------------------------------------------------------------

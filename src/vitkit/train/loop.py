@@ -27,14 +27,15 @@ from torch import nn
 
 from ..cpu import cpu_info
 from ..data import step_generator, train_transform
-from ..data.naflex import to_naflex
 from ..data.streaming import StreamingDataset
 from ..data.transforms import match_channels
 from ..errors import DataError, RecipeError, RunStopped, TrainingError
 from ..eval import evaluate
 from ..eval.classify import NonFiniteOutputs
 from ..eval.multilabel import evaluate_multilabel
+from ..eval.naflex import to_naflex
 from ..files import write_text
+from ..models.config import ViTConfig
 from ..models.naflex import NaflexBatch
 from ..precision import Precision, take_warning
 from ..runtime import measured_choices, wait_policy_line
@@ -150,6 +151,21 @@ def _agreed(flags: list[bool], info: D.DistInfo, device: torch.device) -> list[b
         return flags
     t = D.all_reduce_sum(torch.tensor([float(f) for f in flags], device=device), info)
     return [bool(v > 0) for v in t.tolist()]
+
+
+def _model_input(
+    x: torch.Tensor | list[torch.Tensor], g: torch.Generator, plan: RunPlan, cfg: ViTConfig, device: torch.device
+) -> torch.Tensor | NaflexBatch:
+    """A micro-batch as the data gives it -> the model's input: the recipe's augmentation of the
+    square batch, or of each image at its own size for NaFlex (then cut into patches)."""
+    if plan.naflex is None:
+        return train_transform(match_channels(x.to(device, non_blocking=True), cfg.in_chans), plan.transform, g)
+
+    def per_image(im: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        return train_transform(match_channels(im, cfg.in_chans), replace(plan.transform, img_size=size), g)
+
+    on_dev = x.to(device) if isinstance(x, torch.Tensor) else [im.to(device) for im in x]
+    return to_naflex(on_dev, int(cfg.patch_size[0]), plan.naflex, per_image)
 
 
 class Trainer:
@@ -280,7 +296,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(_micro_batches(images, n), labels.chunk(n))):
             g = step_generator(r.seed * 1009 + self.info.rank, step * n + i, self.device)
-            x = self._augment(x, g)
+            x = _model_input(x, g, self.plan, self.model.cfg, self.device)
             x, y = objective.targets(x, y.to(self.device, non_blocking=True), g)
             with self.compute.no_sync(last=i == n - 1):
                 loss = objective.loss(x, self.compute.forward(x), y) / n
@@ -310,19 +326,6 @@ class Trainer:
             self.ema.update(self.model)
         self.compute.weights_changed()
         return float(total.item())
-
-    def _augment(self, x: torch.Tensor | list[torch.Tensor], g: torch.Generator) -> torch.Tensor | NaflexBatch:
-        """A micro-batch as the data gives it -> the model's input: the recipe's augmentation of
-        the square batch, or of each image at its own size for NaFlex (then cut into patches)."""
-        in_chans, transform, naflex = self.model.cfg.in_chans, self.plan.transform, self.plan.naflex
-        if naflex is None:
-            return train_transform(match_channels(x.to(self.device, non_blocking=True), in_chans), transform, g)
-
-        def per_image(im: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-            return train_transform(match_channels(im, in_chans), replace(transform, img_size=size), g)
-
-        on_dev = x.to(self.device) if isinstance(x, torch.Tensor) else [im.to(self.device) for im in x]
-        return to_naflex(on_dev, int(self.model.cfg.patch_size[0]), naflex, per_image)
 
     def run(self) -> RunResult:
         """Train to the last step; the run folder is let go when it ends, however it ends. Ctrl-C

@@ -15,10 +15,10 @@ from torch import nn
 
 from ..data import Dataset, TransformConfig, build_dataset, is_labels_file
 from ..data.mix import MixConfig
-from ..data.naflex import naflex_source
 from ..data.randaugment import RandAugmentConfig
 from ..data.transforms import EraseConfig
 from ..errors import RecipeError, UsageError
+from ..eval.naflex import naflex_source
 from ..models.attention import choose_training_path
 from ..models.config import ATTENTION_POS_EMBEDS, ViTConfig
 from ..models.flops import check_memory

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..data.base import Dataset
 from ..errors import UsageError
-from ..models.naflex import NaflexBatch, collate, fit_grid
-from .base import Dataset
+from ..models.naflex import NaflexBatch, collate
+from ..preprocessing import fit_grid
 
 # (uint8 image (1, C, h, w) on the device, (H, W) wanted) -> float (1, C, H, W) in the model's range
 PerImage = Callable[[torch.Tensor, tuple[int, int]], torch.Tensor]
