@@ -41,6 +41,7 @@ from .peers import (
     read_hf_dir,
     read_json_beside,
     timm_model_name,
+    timm_pooling,
     timm_preprocessing,
     timm_to_vitkit,
 )
@@ -274,7 +275,10 @@ def _read_timm(
     if heads is None and config is not None and "num_heads" in config:
         heads = values.integer(config["num_heads"], str(where), "num_heads")
     notes: list[str] = []
-    sd, cfg = convert_timm(tensors, p, heads, notes)
+    global_pool = config.get("global_pool") if config is not None else None
+    if global_pool is not None and not isinstance(global_pool, str):
+        raise CheckpointError(f"{where}: global_pool must be a string, got {values.printable(repr(global_pool), 60)}")
+    sd, cfg = convert_timm(tensors, p, heads, notes, global_pool=global_pool)
     pre = timm_preprocessing(config.get("pretrained_cfg"), where) if config is not None else None
     loaded = _Loaded(sd, cfg, "timm", pre or Preprocessing.for_config(cfg), notes, heads_known=heads is not None)
     if config is not None and isinstance(config.get("architecture"), str):
@@ -282,17 +286,22 @@ def _read_timm(
     if heads is None:
         loaded.assumed["num_heads"] = heads_for(cfg.width)
     dinov3 = cfg.pos_embed in ROPE_POS_EMBEDS
+    meta = "storage_tokens" in tensors  # Meta's own DINOv3 file, not timm's
+    library = "Meta's DINOv3" if meta else "timm's DINOv3" if dinov3 else "timm's"
     family = " for its DINOv3 models" if dinov3 else " for its CLIP towers" if cfg.pre_norm else ""
-    loaded.assumed["act"] = (cfg.act, "timm's default")
-    loaded.assumed["ln_eps"] = (cfg.ln_eps, f"timm's default{family}")
+    loaded.assumed["act"] = (cfg.act, "Meta's DINOv3" if meta else "timm's default")
+    loaded.assumed["ln_eps"] = (cfg.ln_eps, "Meta's DINOv3" if meta else f"timm's default{family}")
     if dinov3:  # RoPE takes any input size: the size the weights were published for, where it is said
-        why = "timm's DINOv3: its Eva layout with storage tokens and no position table"
-        loaded.assumed["pos_embed"] = (cfg.pos_embed, why)
-        loaded.assumed["rope_theta"] = (cfg.rope_theta, "timm's DINOv3")
+        layout = "storage tokens" if meta else "timm's Eva layout with storage tokens"
+        loaded.assumed["pos_embed"] = (cfg.pos_embed, f"{library}: {layout} and no position table")
+        loaded.assumed["rope_theta"] = (cfg.rope_theta, library)
         if pre is not None and all(s % p == 0 for s, p in zip(pre.img_size, cfg.patch_size)):
             loaded.cfg = cfg.replace(img_size=tuple(pre.img_size))
     elif cfg.pos_embed == "none":
         loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
+    _, pooling_grounds = timm_pooling(tensors, global_pool, p)
+    if pooling_grounds is not None:  # the pooling the tensors do not show: the default of the file's library
+        loaded.assumed["classifier"] = (cfg.classifier, pooling_grounds)
     return loaded
 
 
