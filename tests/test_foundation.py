@@ -239,6 +239,7 @@ TIMM_CASES = {
     "siglip": ("vit_base_patch16_siglip_224", {}, {}),
     "qk_norm": ("vit_small_patch16_224", dict(qk_norm=True, num_classes=6), {}),
     "reg4_gap_fc_norm": ("vit_base_patch16_reg4_gap_256", dict(num_classes=6), {}),
+    "class_token_avg_fc_norm": ("vit_small_patch16_224", dict(global_pool="avg", num_classes=6), {}),
 }
 
 
@@ -272,7 +273,7 @@ def test_timm_release_loads_exactly(case, tmp_path):
         if peer.num_classes:
             diffs.append((ours(x) - peer(x)).abs().max())
     assert max(diffs) < 1e-5, diffs
-    assert not ours.load_report.assumed.keys() - {"act", "ln_eps"}  # the heads were given
+    assert not ours.load_report.assumed.keys() - {"act", "ln_eps", "classifier"}  # the heads were given
 
 
 def test_timm_file_pieces_read_from_the_tensors(tmp_path):
@@ -331,13 +332,23 @@ def test_pieces_vitkit_does_not_have_are_refused_by_name(key, piece, tmp_path):
         vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
 
 
-def test_timm_class_token_with_fc_norm_is_refused(tmp_path):
+def test_timm_class_token_with_fc_norm_pools_the_mean_of_the_patches(tmp_path):
+    """A class token and fc_norm: timm builds these for global_pool='avg', the mean of the patch
+    tokens with the class token kept in the sequence, then the norm; assumed aloud."""
     from vitkit.checkpoint import to_timm
 
-    sd = to_timm(tiny().state_dict())
+    model = tiny(num_classes=0, act="gelu").eval()
+    sd = to_timm(model.state_dict())
     sd["fc_norm.weight"], sd["fc_norm.bias"] = sd.pop("norm.weight"), sd.pop("norm.bias")
-    with pytest.raises(vitkit.CheckpointError, match="global_pool='avg'"):
-        vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
+    back = vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
+    assert back.cfg.classifier == "gap" and back.cfg.has_class_token and back.cfg.fc_norm
+    assert back.load_report.assumed["classifier"] == "gap"
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        last = model.forward_intermediates(x, indices=[-1])["tokens"][0]  # (B, 1 + N, D): z_L, not normed
+        norm = model.norm
+        expected = torch.nn.functional.layer_norm(last[:, 1:].mean(dim=1), (32,), norm.weight, norm.bias, norm.eps)
+        torch.testing.assert_close(back(x), expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,7 +540,8 @@ def test_a_timm_folder_names_its_release(tmp_path):
     config = {"architecture": "vit_small_patch14_reg4_dinov2", "pretrained_cfg": {**pretrained, "crop_pct": 1.0}}
     (folder / "config.json").write_text(json.dumps(config))
     back = vitkit.load_pretrained(folder / "model.safetensors")
-    assert not back.load_report.assumed and back.cfg.num_heads == 6 and back.cfg.num_registers == 4
+    assert back.load_report.assumed == {"classifier": "token"}  # timm's default global_pool for this model
+    assert back.cfg.num_heads == 6 and back.cfg.num_registers == 4
     assert back.preprocessing.mean == (0.485, 0.456, 0.406) and back.preprocessing.interpolation == "bicubic"
     x = torch.randn(1, 3, 28, 28)
     with torch.no_grad():
