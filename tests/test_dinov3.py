@@ -346,6 +346,7 @@ def test_metas_dinov3_files_read_the_class_token_and_say_so(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         ours = vitkit.load_pretrained(path, num_heads=2)
     assert ours.cfg.classifier == "token" and ours.load_report.assumed["classifier"] == "token"
+    assert "rope_theta" not in ours.load_report.assumed  # the file's periods say it
     (line,) = _warnings(caplog)
     assert "classifier='token' (Meta's DINOv3 reads the class token" in line, line
 

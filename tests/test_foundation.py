@@ -55,6 +55,11 @@ def test_config_writes_only_the_pieces_in_use_and_reads_them_back():
     cfg = ViTConfig(**{**TINY, **ALL_PIECES, "fc_norm": True, "classifier": "gap", "patch_bias": False})
     d = cfg.to_dict()
     assert {"num_registers", "layer_scale_init", "pre_norm", "qk_norm", "mlp_type", "fc_norm", "patch_bias"} <= set(d)
+    assert "class_token" not in d and not cfg.has_class_token
+    assert ViTConfig.from_dict(d) == cfg
+    cfg = cfg.replace(class_token=True)
+    d = cfg.to_dict()
+    assert d["class_token"] is True and cfg.has_class_token and cfg.num_prefix_tokens == 1 + 3
     assert ViTConfig.from_dict(d) == cfg
 
 
@@ -67,11 +72,30 @@ def test_config_writes_only_the_pieces_in_use_and_reads_them_back():
         (dict(mlp_type="geglu"), "mlp_type"),
         (dict(act="relu"), "quick_gelu"),
         (dict(distill_token=True, fc_norm=True), "fc_norm"),
+        (dict(class_token=False), "class_token"),  # classifier "token" pools it
+        (dict(class_token=1, classifier="gap"), "class_token"),
     ],
 )
 def test_config_refuses_wrong_pieces(bad, match):
     with pytest.raises(ValueError, match=match):
         ViTConfig(**{**TINY, **bad})
+
+
+def test_a_class_token_kept_with_average_pooling(tmp_path):
+    """``class_token=True`` with "gap": the class token is in the sequence (with its position row)
+    but the pooling is the mean of the patch tokens alone; saved and loaded back as it is."""
+    model = tiny(classifier="gap", class_token=True, num_registers=2).eval()
+    assert model.cls_token is not None and model.num_prefix_tokens == 3 and model.pos_embed.shape == (1, 1 + 16, 32)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        tokens = model.forward_features(x)  # (B, 1 + 2 + 16, D)
+        assert tokens.shape == (2, 19, 32)
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tokens[:, 3:].mean(dim=1))
+    vitkit.save_checkpoint(model, tmp_path / "m.safetensors")
+    back = vitkit.load_pretrained(tmp_path / "m.safetensors")
+    assert back.cfg == model.cfg and not back.load_report.assumed
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
 
 
 def test_registers_follow_the_class_token_without_a_position():

@@ -294,7 +294,8 @@ def _read_timm(
     if dinov3:  # RoPE takes any input size: the size the weights were published for, where it is said
         layout = "storage tokens" if meta else "timm's Eva layout with storage tokens"
         loaded.assumed["pos_embed"] = (cfg.pos_embed, f"{library}: {layout} and no position table")
-        loaded.assumed["rope_theta"] = (cfg.rope_theta, library)
+        if not any(k.endswith("rope_embed.periods") for k in tensors):  # Meta's files hold the periods, checked
+            loaded.assumed["rope_theta"] = (cfg.rope_theta, library)
         if pre is not None and all(s % p == 0 for s, p in zip(pre.img_size, cfg.patch_size)):
             loaded.cfg = cfg.replace(img_size=tuple(pre.img_size))
     elif cfg.pos_embed == "none":
