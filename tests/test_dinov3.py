@@ -342,6 +342,9 @@ def test_metas_dinov3_files_read_the_class_token_and_say_so(tmp_path, caplog):
     """Meta's own DINOv3 files pool as Meta's DINOv3 (and transformers' pooler_output) do: the
     class token; the warning names that too."""
     model = tiny(mlp_type="swiglu", num_classes=0).eval()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.qkv.bias[32:64] = 0  # DINOv3's key bias is zero
     path = _save(_meta_file(model, key_bias=torch.zeros(32)), tmp_path / "meta.safetensors")
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         ours = vitkit.load_pretrained(path, num_heads=2)
@@ -349,6 +352,28 @@ def test_metas_dinov3_files_read_the_class_token_and_say_so(tmp_path, caplog):
     assert "rope_theta" not in ours.load_report.assumed  # the file's periods say it
     (line,) = _warnings(caplog)
     assert "classifier='token' (Meta's DINOv3 reads the class token" in line, line
+    mean = vitkit.load_pretrained(path, num_heads=2, classifier="gap")  # the class token stays, unpooled
+    assert mean.cfg.has_class_token and "classifier" not in mean.load_report.assumed
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(mean(x), model.forward_features(x)[:, 5:].mean(dim=1))
+
+
+def test_convert_records_the_pooling_given(tmp_path, caplog):
+    """``vitkit convert --classifier``: a vitkit file that records the pooling (nothing assumed)."""
+    from vitkit.cli import main
+
+    model = tiny(num_classes=0).eval()
+    src, dst = _save(_eva_file(model), tmp_path / "eva.safetensors"), tmp_path / "out.safetensors"
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["convert", str(src), str(dst), "--num-heads", "2"]) == 0
+    assert "--classifier ..." in _warnings(caplog)[0]
+    assert main(["convert", str(src), str(dst), "--num-heads", "2", "--classifier", "token"]) == 0
+    back = vitkit.load_pretrained(dst)
+    assert back.cfg.classifier == "token" and not back.load_report.assumed
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
 
 
 def test_timm_eva_names_pack_into_vitkits_layers(tmp_path):

@@ -322,7 +322,13 @@ def _read_timm_with_config(p: Path, tensors: dict, meta: dict[str, str], num_hea
 
 
 # The command-line option of ``vitkit convert`` that sets each value a file may not record.
-_CONVERT_OPTIONS = {"num_heads": "--num-heads", "act": "--act", "ln_eps": "--ln-eps", "img_size": "--img-size"}
+_CONVERT_OPTIONS = {
+    "num_heads": "--num-heads",
+    "act": "--act",
+    "ln_eps": "--ln-eps",
+    "img_size": "--img-size",
+    "classifier": "--classifier",
+}
 
 
 def _assumed_warning(path: Path, assumed: dict[str, tuple[Any, str]]) -> str:
@@ -514,13 +520,16 @@ def load_pretrained(
     are config fields: a different ``img_size`` resizes the position embeddings (``pos_embed_mode``
     "bilinear", the official method, or "bicubic"; the 1-D tables of "learned2d" and "relative"
     linearly, in 1-D); a different ``num_classes`` replaces the head
-    by a zero-initialised one; others (dropout rates, ``dynamic_img_size``...) are set as given.
+    by a zero-initialised one; a ``classifier`` other than "token" on weights with a class token keeps
+    the token in the sequence (``class_token=True``), left out of the pooling; others
+    (dropout rates, ``dynamic_img_size``...) are set as given.
     ``num_heads`` gives the heads where the file does not (timm tensors, Hugging Face weights
     without config.json); a file that records them must agree. A value the file does not
-    record and nothing given says (timm's tensors show neither the heads, the activation nor the
-    LayerNorm epsilon) is assumed, and a warning (logger ``vitkit``) names each value assumed and
-    how to give it; they are in ``load_report.assumed``. Weights holding NaN or inf are refused
-    unless ``allow_nonfinite``.
+    record and nothing given says (timm's tensors show neither the heads, the activation, the
+    LayerNorm epsilon nor the pooling) is assumed, the default of the library whose layout the
+    file has, and a warning (logger ``vitkit``) names each value assumed, on what grounds, and how
+    to give it; they are in ``load_report.assumed``. Weights holding NaN or inf are refused unless
+    ``allow_nonfinite``.
     The returned model has ``.load_report`` (a :class:`LoadReport`), ``.preprocessing`` and
     ``.class_names`` (the names stored with the weights, one per class, or None).
     ``features_only`` (with ``out_indices``) returns it wrapped as
@@ -559,6 +568,9 @@ def load_pretrained(
     new_classes = overrides.get("num_classes", cfg.num_classes)
     new_classes = 0 if new_classes is None else int(new_classes)
     _check_file(loaded, p, new_classes != cfg.num_classes, allow_nonfinite)
+    keep_token = overrides.get("classifier", "token") != "token" and "class_token" not in overrides
+    if isinstance(cfg, ViTConfig) and cfg.has_class_token and keep_token:  # the weights' class token stays
+        overrides = {**overrides, "class_token": True}
     try:  # what the caller asks for is checked before any tensor is touched
         target = cfg.replace(**overrides)
     except ValueError as e:
