@@ -96,6 +96,13 @@ def test_a_class_token_kept_with_average_pooling(tmp_path):
     assert back.cfg == model.cfg and not back.load_report.assumed
     with torch.no_grad():
         torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+    from vitkit.export import export_weights
+
+    plain = tiny(classifier="gap", class_token=True).eval()  # no registers: timm's layout
+    with pytest.raises(vitkit.CheckpointError, match="classifier='gap'"):  # it would read back as "token"
+        export_weights(plain, tmp_path / "o.npz", "official")
+    export_weights(plain, tmp_path / "t.safetensors", "timm")  # the config travels in the metadata
+    assert vitkit.load_pretrained(tmp_path / "t.safetensors").cfg == plain.cfg
 
 
 def test_registers_follow_the_class_token_without_a_position():
