@@ -323,7 +323,8 @@ def test_timm_dinov3_files_pool_as_timm_does_and_say_so(tmp_path, caplog):
     assert ours.cfg.classifier == "gap" and ours.cfg.has_class_token and ours.cls_token is not None
     assert ours.load_report.assumed["classifier"] == "gap"
     (line,) = _warnings(caplog)
-    assert "classifier='gap' (timm's global_pool='avg'" in line and "Eva layout" in line, line
+    grounds = "timm's Eva layout, its DINOv3 models: timm pools the mean of the patch tokens, global_pool='avg'"
+    assert f"classifier='gap' ({grounds})" in line, line
     x = torch.randn(2, 3, 32, 40)
     with torch.no_grad():
         tokens = model.forward_features(x)  # (B, 1 + 4 + N, D)
@@ -351,7 +352,7 @@ def test_metas_dinov3_files_read_the_class_token_and_say_so(tmp_path, caplog):
     assert ours.cfg.classifier == "token" and ours.load_report.assumed["classifier"] == "token"
     assert "rope_theta" not in ours.load_report.assumed  # the file's periods say it
     (line,) = _warnings(caplog)
-    assert "classifier='token' (Meta's DINOv3 reads the class token" in line, line
+    assert "classifier='token' (Meta's DINOv3 reads the class token, as transformers' pooler_output" in line, line
     mean = vitkit.load_pretrained(path, num_heads=2, classifier="gap")  # the class token stays, unpooled
     assert mean.cfg.has_class_token and "classifier" not in mean.load_report.assumed
     x = torch.randn(2, 3, 32, 32)

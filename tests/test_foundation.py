@@ -4,6 +4,7 @@ peers' own models as the reference where they are installed."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -322,14 +323,16 @@ def test_timm_file_pieces_read_from_the_tensors(tmp_path):
         torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
 
 
-def test_dinov2_own_file_names_and_register_positions(tmp_path):
+def test_dinov2_own_file_names_and_register_positions(tmp_path, caplog):
     """DINOv2's own files (torch.hub): ``register_tokens``, the SwiGLU's ``w12``/``w3`` and the
     masked-image token; a file giving the registers position rows has them folded into the tokens."""
     model = tiny(num_registers=2, mlp_type="swiglu", layer_scale_init=1e-5, act="gelu").eval()
     sd = {k.replace("reg_token", "register_tokens").replace("mlp.fc1", "mlp.w12").replace("mlp.fc2", "mlp.w3"): v
           for k, v in model.state_dict().items()}  # fmt: skip
     sd["mask_token"] = torch.zeros(1, 32)
-    back = vitkit.load_pretrained(_save(sd, tmp_path / "dinov2.safetensors"), num_heads=2)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        back = vitkit.load_pretrained(_save(sd, tmp_path / "dinov2.safetensors"), num_heads=2)
+    assert "classifier='token' (DINOv2's own file: DINOv2 reads the class token)" in caplog.text
     assert any("mask_token" in n for n in back.load_report.notes)
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():

@@ -286,23 +286,25 @@ def timm_pooling(keys: Any, global_pool: str | None = None, path: Any = "<timm>"
         return {"classifier": "map"}, None
     if global_pool is not None:
         if global_pool not in ("token", "avg") or (global_pool == "token" and not cls):
-            choices = "'token' (the class token) or 'avg'" if cls else "'avg' (there is no class token)"
+            ways = "'token' (the class token) or 'avg'" if cls else "'avg' alone (they have no class token)"
             raise CheckpointError(
-                f"{path}: global_pool={global_pool!r}: vitkit pools these weights by {choices}, the mean of the "
+                f"{path}: global_pool={global_pool!r}: vitkit pools these weights by {ways}, the mean of the "
                 "patch tokens"
             )
         if global_pool == "token":
             return {"classifier": "token"}, None
         return {"classifier": "gap", "class_token": True if cls else None}, None
     if "storage_tokens" in keys:
-        return {"classifier": "token"}, "Meta's DINOv3 reads the class token (transformers' pooler_output too)"
-    avg = "timm's global_pool='avg': the mean of the patch tokens"
+        return {"classifier": "token"}, "Meta's DINOv3 reads the class token, as transformers' pooler_output does"
+    if {"register_tokens", "mask_token"} & keys or any(".mlp.w12." in k for k in keys):
+        return {"classifier": "token"}, "DINOv2's own file: DINOv2 reads the class token"
+    avg = "timm pools the mean of the patch tokens, global_pool='avg'"
     if not cls:
-        return {"classifier": "gap"}, f"{avg}, as timm pools a ViT without a class token"
+        return {"classifier": "gap"}, f"no class token: {avg}"
     if _is_eva(keys):
-        return {"classifier": "gap", "class_token": True}, f"{avg}, timm's default for its Eva layout (DINOv3)"
+        return {"classifier": "gap", "class_token": True}, f"timm's Eva layout, its DINOv3 models: {avg}"
     if "fc_norm.weight" in keys:
-        return {"classifier": "gap", "class_token": True}, f"{avg}, for which timm builds fc_norm"
+        return {"classifier": "gap", "class_token": True}, f"a class token and fc_norm, built for avg pooling: {avg}"
     return {"classifier": "token"}, "timm's default, global_pool='token': the class token"
 
 
