@@ -476,15 +476,19 @@ def test_timm_heads_are_assumed_aloud_and_can_be_given(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         guessed = vitkit.load_pretrained(p)
     (line,) = warnings_of(caplog)
-    assert line.startswith(f"warning: {p}: the file does not record num_heads, act or ln_eps; assumed num_heads=2")
-    assert "pass num_heads=..., act=..., ln_eps=... to load_pretrained" in line and "--num-heads" in line
+    listed = "num_heads, act, ln_eps or classifier"
+    assert line.startswith(f"warning: {p}: the file does not record {listed}; assumed num_heads=2")
+    assert "classifier='token' (timm's default, global_pool='token': the class token)" in line
+    assert "pass num_heads=..., act=..., ln_eps=..., classifier=... to load_pretrained" in line
+    assert "--num-heads" in line
     assert "\n" not in line
-    assert guessed.cfg.num_heads == 2 and guessed.load_report.assumed == {"num_heads": 2, "act": "gelu", "ln_eps": 1e-6}
+    assert guessed.cfg.num_heads == 2
+    assert guessed.load_report.assumed == {"num_heads": 2, "act": "gelu", "ln_eps": 1e-6, "classifier": "token"}
     assert not torch.allclose(outputs(guessed), outputs(m), atol=1e-4)  # the guess changes the outputs
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vitkit"):
-        given = vitkit.load_pretrained(p, num_heads=4, act="gelu", ln_eps=1e-6)
+        given = vitkit.load_pretrained(p, num_heads=4, act="gelu", ln_eps=1e-6, classifier="token")
     assert warnings_of(caplog) == [] and given.load_report.assumed == {}
     assert torch.equal(outputs(given), outputs(m))
 
@@ -655,11 +659,11 @@ def test_image_size_without_a_position_table_is_assumed_aloud(tmp_path, caplog):
     p = tmp_path / "nopos.safetensors"
     save_file({k: v.contiguous() for k, v in to_timm(m.state_dict()).items()}, str(p))
     with caplog.at_level(logging.WARNING, logger="vitkit"):
-        guessed = vitkit.load_pretrained(p, num_heads=2, act="gelu", ln_eps=1e-6)
+        guessed = vitkit.load_pretrained(p, num_heads=2, act="gelu", ln_eps=1e-6, classifier="token")
     (line,) = warnings_of(caplog)
     assert "does not record img_size; assumed img_size=224x224 (no position table shows it)" in line
     assert "--img-size" in line and guessed.cfg.img_size == (224, 224)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vitkit"):
-        given = vitkit.load_pretrained(p, num_heads=2, act="gelu", ln_eps=1e-6, img_size=32)
+        given = vitkit.load_pretrained(p, num_heads=2, act="gelu", ln_eps=1e-6, classifier="token", img_size=32)
     assert warnings_of(caplog) == [] and given.cfg.img_size == (32, 32) and torch.equal(outputs(given), outputs(m))

@@ -5,6 +5,7 @@ reference where they are installed (random weights: nothing is downloaded)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -177,7 +178,7 @@ def test_dinov3_release_models_build():
 
 
 # ---------------------------------------------------------------------------------------------
-# timm's DINOv3 (its Eva layout), against timm's forward with the class token pooled.
+# timm's DINOv3 (its Eva layout), against timm's forward.
 
 SMALL_TIMM = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, global_pool="token")
 TIMM_ARCHS = [
@@ -199,7 +200,8 @@ def test_timm_dinov3_loads_exactly(arch, tmp_path):
     torch.manual_seed(0)
     peer = timm.create_model(arch, pretrained=False, num_classes=0, **SMALL_TIMM).eval()
     _randomise(peer)
-    ours = vitkit.load_pretrained(_save(peer.state_dict(), tmp_path / "timm.safetensors"), num_heads=2)
+    path = _save(peer.state_dict(), tmp_path / "timm.safetensors")
+    ours = vitkit.load_pretrained(path, num_heads=2, classifier="token")  # as the peer was built
     assert ours.cfg.pos_embed == "rope_dinov3" and ours.cfg.num_registers == 4 and ours.cfg.ln_eps == 1e-5
     assert set(ours.load_report.assumed) == {"act", "ln_eps", "pos_embed", "rope_theta"}
     for size in ((32, 32), (48, 40)):  # the size built for, and another (timm's dynamic_img_size)
@@ -213,9 +215,33 @@ def test_timm_dinov3_loads_exactly(arch, tmp_path):
 
 
 @pytest.mark.peers
+@pytest.mark.parametrize("arch", TIMM_ARCHS[:3])
+def test_timm_dinov3_pooled_output_and_logits_equal_timms(arch, tmp_path):
+    """timm's DINOv3 models as timm builds them (global_pool='avg': the mean of the normed patch
+    tokens, the class and storage tokens left out; no fc_norm), with a head: vitkit's pooled output
+    and logits are timm's ``forward_head(..., pre_logits=True)`` and its logits."""
+    timm = _timm()
+    torch.manual_seed(0)
+    small = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    peer = timm.create_model(arch, pretrained=False, **small).eval()
+    assert peer.global_pool == "avg" and isinstance(peer.fc_norm, torch.nn.Identity)
+    _randomise(peer)
+    ours = vitkit.load_pretrained(_save(peer.state_dict(), tmp_path / "timm.safetensors"), num_heads=2)
+    assert ours.cfg.classifier == "gap" and ours.load_report.assumed["classifier"] == "gap"
+    for size in ((32, 32), (48, 40)):
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            pooled = ours.forward_head(ours.forward_features(x), pre_logits=True)
+            ref_pooled = peer.forward_head(peer.forward_features(x), pre_logits=True)
+            diffs = [(pooled - ref_pooled).abs().max(), (ours(x) - peer(x)).abs().max()]
+        assert max(diffs) < 1e-5, (size, diffs)
+
+
+@pytest.mark.peers
 def test_timm_dinov3_folder_names_its_release(tmp_path):
-    """A timm hub folder: the architecture names the vitkit model (nothing assumed) and the
-    pretrained_cfg gives the preprocessing and the size."""
+    """A timm hub folder: the architecture names the vitkit model, global_pool the pooling (nothing
+    assumed; without it, timm's default for the model is, aloud) and the pretrained_cfg gives the
+    preprocessing and the size."""
     timm = _timm()
     torch.manual_seed(0)
     peer = timm.create_model("vit_small_patch16_dinov3", pretrained=False, num_classes=0, img_size=32)
@@ -225,14 +251,23 @@ def test_timm_dinov3_folder_names_its_release(tmp_path):
     _save(peer.state_dict(), folder / "model.safetensors")
     pretrained = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_size": [3, 256, 256]}
     config = {"architecture": "vit_small_patch16_dinov3", "pretrained_cfg": {**pretrained, "crop_pct": 1.0}}
-    (folder / "config.json").write_text(json.dumps(config))
-    ours = vitkit.load_pretrained(folder / "model.safetensors")
-    assert not ours.load_report.assumed and ours.cfg.num_heads == 6 and ours.cfg.img_size == (256, 256)
-    assert ours.preprocessing.img_size == (256, 256) and ours.preprocessing.interpolation == "bicubic"
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
-        ref = peer.forward_features(x)[:, 0]  # timm pools the mean by default; DINOv3 reads the class token
-        assert (ours.forward_head(ours.forward_features(x), pre_logits=True) - ref).abs().max() < 1e-5
+        tokens = peer.forward_features(x)
+        pooled = {"avg": peer.forward_head(tokens, pre_logits=True), "token": tokens[:, 0], None: None}
+    pooled[None] = pooled["avg"]  # timm's default for its DINOv3 models
+    for global_pool, ref in pooled.items():
+        said = {} if global_pool is None else {"global_pool": global_pool}
+        (folder / "config.json").write_text(json.dumps({**config, **said}))
+        ours = vitkit.load_pretrained(folder / "model.safetensors")
+        assumed = {"classifier": "gap"} if global_pool is None else {}
+        assert ours.load_report.assumed == assumed and ours.cfg.num_heads == 6 and ours.cfg.img_size == (256, 256)
+        assert ours.preprocessing.img_size == (256, 256) and ours.preprocessing.interpolation == "bicubic"
+        with torch.no_grad():
+            assert (ours.forward_head(ours.forward_features(x), pre_logits=True) - ref).abs().max() < 1e-5
+    (folder / "config.json").write_text(json.dumps({**config, "global_pool": "max"}))
+    with pytest.raises(vitkit.CheckpointError, match="global_pool='max'"):
+        vitkit.load_pretrained(folder / "model.safetensors")
 
 
 @pytest.mark.peers
@@ -254,23 +289,100 @@ def test_dinov3_parameter_counts_equal_timm(name):
     assert count_params(ours) - biases * ours.cfg.depth * ours.cfg.width == count_params(peer)
 
 
-def test_timm_eva_names_pack_into_vitkits_layers(tmp_path):
-    """Without timm: a DINOv3 model written with timm's Eva names (gamma_1, q_bias and v_bias, an
-    unpacked SwiGLU) reads back as the same model; Eva files in other layouts are refused."""
-    model = tiny(mlp_type="swiglu", num_classes=0).eval()
+def _eva_file(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model`` (a DINOv3-like vitkit model of width 32, SwiGLU or not) in timm's Eva names: gamma_1,
+    q_bias and v_bias (its key bias set to zero, as DINOv3's is), an unpacked SwiGLU."""
     with torch.no_grad():
         for blk in model.blocks:
             blk.attn.qkv.bias[32:64] = 0  # DINOv3's key bias is zero
     sd = {}
+    swiglu = model.cfg.mlp_type == "swiglu"
     for k, v in model.state_dict().items():
         k = k.replace("ls1.gamma", "gamma_1").replace("ls2.gamma", "gamma_2")
         if k.endswith("attn.qkv.bias"):
             sd[k.replace("qkv.bias", "q_bias")], sd[k.replace("qkv.bias", "v_bias")] = v[:32], v[64:]
-        elif ".mlp.fc1." in k:
+        elif swiglu and ".mlp.fc1." in k:
             sd[k.replace("fc1", "fc1_g")], sd[k.replace("fc1", "fc1_x")] = v[:64], v[64:]
         else:
             sd[k] = v
-    back = vitkit.load_pretrained(_save(sd, tmp_path / "eva.safetensors"), num_heads=2)
+    return sd
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "vitkit"]
+
+
+def test_timm_dinov3_files_pool_as_timm_does_and_say_so(tmp_path, caplog):
+    """A file in timm's Eva layout (its DINOv3 models) pools as timm builds those models: the mean of
+    the normed patch tokens, the class and storage tokens left out; the warning names the pooling
+    and its grounds, and ``classifier="token"`` reads the class token instead (nothing assumed)."""
+    model = tiny().eval()  # a head of 5 classes
+    path = _save(_eva_file(model), tmp_path / "eva.safetensors")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        ours = vitkit.load_pretrained(path, num_heads=2)
+    assert ours.cfg.classifier == "gap" and ours.cfg.has_class_token and ours.cls_token is not None
+    assert ours.load_report.assumed["classifier"] == "gap"
+    (line,) = _warnings(caplog)
+    grounds = "timm's Eva layout, its DINOv3 models: timm pools the mean of the patch tokens, global_pool='avg'"
+    assert f"classifier='gap' ({grounds})" in line, line
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        tokens = model.forward_features(x)  # (B, 1 + 4 + N, D)
+        mean = tokens[:, 5:].mean(dim=1)  # the patch tokens alone
+        torch.testing.assert_close(ours.forward_head(ours.forward_features(x), pre_logits=True), mean)
+        torch.testing.assert_close(ours(x), model.head(mean))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        token = vitkit.load_pretrained(path, num_heads=2, classifier="token")
+    assert "classifier" not in token.load_report.assumed and "classifier" not in _warnings(caplog)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(token(x), model(x), atol=0, rtol=0)
+
+
+def test_metas_dinov3_files_read_the_class_token_and_say_so(tmp_path, caplog):
+    """Meta's own DINOv3 files pool as Meta's DINOv3 (and transformers' pooler_output) do: the
+    class token; the warning names that too."""
+    model = tiny(mlp_type="swiglu", num_classes=0).eval()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.qkv.bias[32:64] = 0  # DINOv3's key bias is zero
+    path = _save(_meta_file(model, key_bias=torch.zeros(32)), tmp_path / "meta.safetensors")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        ours = vitkit.load_pretrained(path, num_heads=2)
+    assert ours.cfg.classifier == "token" and ours.load_report.assumed["classifier"] == "token"
+    assert "rope_theta" not in ours.load_report.assumed  # the file's periods say it
+    (line,) = _warnings(caplog)
+    assert "classifier='token' (Meta's DINOv3 reads the class token, as transformers' pooler_output" in line, line
+    mean = vitkit.load_pretrained(path, num_heads=2, classifier="gap")  # the class token stays, unpooled
+    assert mean.cfg.has_class_token and "classifier" not in mean.load_report.assumed
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(mean(x), model.forward_features(x)[:, 5:].mean(dim=1))
+
+
+def test_convert_records_the_pooling_given(tmp_path, caplog):
+    """``vitkit convert --classifier``: a vitkit file that records the pooling (nothing assumed)."""
+    from vitkit.cli import main
+
+    model = tiny(num_classes=0).eval()
+    src, dst = _save(_eva_file(model), tmp_path / "eva.safetensors"), tmp_path / "out.safetensors"
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["convert", str(src), str(dst), "--num-heads", "2"]) == 0
+    assert "--classifier ..." in _warnings(caplog)[0]
+    assert main(["convert", str(src), str(dst), "--num-heads", "2", "--classifier", "token"]) == 0
+    back = vitkit.load_pretrained(dst)
+    assert back.cfg.classifier == "token" and not back.load_report.assumed
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+
+
+def test_timm_eva_names_pack_into_vitkits_layers(tmp_path):
+    """Without timm: a DINOv3 model written with timm's Eva names (gamma_1, q_bias and v_bias, an
+    unpacked SwiGLU) reads back as the same model; Eva files in other layouts are refused."""
+    model = tiny(mlp_type="swiglu", num_classes=0).eval()
+    sd = _eva_file(model)
+    back = vitkit.load_pretrained(_save(sd, tmp_path / "eva.safetensors"), num_heads=2, classifier="token")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)

@@ -4,6 +4,7 @@ peers' own models as the reference where they are installed."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -55,6 +56,11 @@ def test_config_writes_only_the_pieces_in_use_and_reads_them_back():
     cfg = ViTConfig(**{**TINY, **ALL_PIECES, "fc_norm": True, "classifier": "gap", "patch_bias": False})
     d = cfg.to_dict()
     assert {"num_registers", "layer_scale_init", "pre_norm", "qk_norm", "mlp_type", "fc_norm", "patch_bias"} <= set(d)
+    assert "class_token" not in d and not cfg.has_class_token
+    assert ViTConfig.from_dict(d) == cfg
+    cfg = cfg.replace(class_token=True)
+    d = cfg.to_dict()
+    assert d["class_token"] is True and cfg.has_class_token and cfg.num_prefix_tokens == 1 + 3
     assert ViTConfig.from_dict(d) == cfg
 
 
@@ -67,11 +73,37 @@ def test_config_writes_only_the_pieces_in_use_and_reads_them_back():
         (dict(mlp_type="geglu"), "mlp_type"),
         (dict(act="relu"), "quick_gelu"),
         (dict(distill_token=True, fc_norm=True), "fc_norm"),
+        (dict(class_token=False), "class_token"),  # classifier "token" pools it
+        (dict(class_token=1, classifier="gap"), "class_token"),
     ],
 )
 def test_config_refuses_wrong_pieces(bad, match):
     with pytest.raises(ValueError, match=match):
         ViTConfig(**{**TINY, **bad})
+
+
+def test_a_class_token_kept_with_average_pooling(tmp_path):
+    """``class_token=True`` with "gap": the class token is in the sequence (with its position row)
+    but the pooling is the mean of the patch tokens alone; saved and loaded back as it is."""
+    model = tiny(classifier="gap", class_token=True, num_registers=2).eval()
+    assert model.cls_token is not None and model.num_prefix_tokens == 3 and model.pos_embed.shape == (1, 1 + 16, 32)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        tokens = model.forward_features(x)  # (B, 1 + 2 + 16, D)
+        assert tokens.shape == (2, 19, 32)
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tokens[:, 3:].mean(dim=1))
+    vitkit.save_checkpoint(model, tmp_path / "m.safetensors")
+    back = vitkit.load_pretrained(tmp_path / "m.safetensors")
+    assert back.cfg == model.cfg and not back.load_report.assumed
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+    from vitkit.export import export_weights
+
+    plain = tiny(classifier="gap", class_token=True).eval()  # no registers: timm's layout
+    with pytest.raises(vitkit.CheckpointError, match="classifier='gap'"):  # it would read back as "token"
+        export_weights(plain, tmp_path / "o.npz", "official")
+    export_weights(plain, tmp_path / "t.safetensors", "timm")  # the config travels in the metadata
+    assert vitkit.load_pretrained(tmp_path / "t.safetensors").cfg == plain.cfg
 
 
 def test_registers_follow_the_class_token_without_a_position():
@@ -239,6 +271,7 @@ TIMM_CASES = {
     "siglip": ("vit_base_patch16_siglip_224", {}, {}),
     "qk_norm": ("vit_small_patch16_224", dict(qk_norm=True, num_classes=6), {}),
     "reg4_gap_fc_norm": ("vit_base_patch16_reg4_gap_256", dict(num_classes=6), {}),
+    "class_token_avg_fc_norm": ("vit_small_patch16_224", dict(global_pool="avg", num_classes=6), {}),
 }
 
 
@@ -272,7 +305,7 @@ def test_timm_release_loads_exactly(case, tmp_path):
         if peer.num_classes:
             diffs.append((ours(x) - peer(x)).abs().max())
     assert max(diffs) < 1e-5, diffs
-    assert not ours.load_report.assumed.keys() - {"act", "ln_eps"}  # the heads were given
+    assert not ours.load_report.assumed.keys() - {"act", "ln_eps", "classifier"}  # the heads were given
 
 
 def test_timm_file_pieces_read_from_the_tensors(tmp_path):
@@ -290,14 +323,16 @@ def test_timm_file_pieces_read_from_the_tensors(tmp_path):
         torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
 
 
-def test_dinov2_own_file_names_and_register_positions(tmp_path):
+def test_dinov2_own_file_names_and_register_positions(tmp_path, caplog):
     """DINOv2's own files (torch.hub): ``register_tokens``, the SwiGLU's ``w12``/``w3`` and the
     masked-image token; a file giving the registers position rows has them folded into the tokens."""
     model = tiny(num_registers=2, mlp_type="swiglu", layer_scale_init=1e-5, act="gelu").eval()
     sd = {k.replace("reg_token", "register_tokens").replace("mlp.fc1", "mlp.w12").replace("mlp.fc2", "mlp.w3"): v
           for k, v in model.state_dict().items()}  # fmt: skip
     sd["mask_token"] = torch.zeros(1, 32)
-    back = vitkit.load_pretrained(_save(sd, tmp_path / "dinov2.safetensors"), num_heads=2)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        back = vitkit.load_pretrained(_save(sd, tmp_path / "dinov2.safetensors"), num_heads=2)
+    assert "classifier='token' (DINOv2's own file: DINOv2 reads the class token)" in caplog.text
     assert any("mask_token" in n for n in back.load_report.notes)
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
@@ -331,13 +366,23 @@ def test_pieces_vitkit_does_not_have_are_refused_by_name(key, piece, tmp_path):
         vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
 
 
-def test_timm_class_token_with_fc_norm_is_refused(tmp_path):
+def test_timm_class_token_with_fc_norm_pools_the_mean_of_the_patches(tmp_path):
+    """A class token and fc_norm: timm builds these for global_pool='avg', the mean of the patch
+    tokens with the class token kept in the sequence, then the norm; assumed aloud."""
     from vitkit.checkpoint import to_timm
 
-    sd = to_timm(tiny().state_dict())
+    model = tiny(num_classes=0, act="gelu").eval()
+    sd = to_timm(model.state_dict())
     sd["fc_norm.weight"], sd["fc_norm.bias"] = sd.pop("norm.weight"), sd.pop("norm.bias")
-    with pytest.raises(vitkit.CheckpointError, match="global_pool='avg'"):
-        vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
+    back = vitkit.load_pretrained(_save(sd, tmp_path / "m.safetensors"), num_heads=2)
+    assert back.cfg.classifier == "gap" and back.cfg.has_class_token and back.cfg.fc_norm
+    assert back.load_report.assumed["classifier"] == "gap"
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        last = model.forward_intermediates(x, indices=[-1])["tokens"][0]  # (B, 1 + N, D): z_L, not normed
+        norm = model.norm
+        expected = torch.nn.functional.layer_norm(last[:, 1:].mean(dim=1), (32,), norm.weight, norm.bias, norm.eps)
+        torch.testing.assert_close(back(x), expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,7 +574,8 @@ def test_a_timm_folder_names_its_release(tmp_path):
     config = {"architecture": "vit_small_patch14_reg4_dinov2", "pretrained_cfg": {**pretrained, "crop_pct": 1.0}}
     (folder / "config.json").write_text(json.dumps(config))
     back = vitkit.load_pretrained(folder / "model.safetensors")
-    assert not back.load_report.assumed and back.cfg.num_heads == 6 and back.cfg.num_registers == 4
+    assert back.load_report.assumed == {"classifier": "token"}  # timm's default global_pool for this model
+    assert back.cfg.num_heads == 6 and back.cfg.num_registers == 4
     assert back.preprocessing.mean == (0.485, 0.456, 0.406) and back.preprocessing.interpolation == "bicubic"
     x = torch.randn(1, 3, 28, 28)
     with torch.no_grad():

@@ -42,6 +42,7 @@ from .peers import (
     read_hf_dir,
     read_json_beside,
     timm_model_name,
+    timm_pooling,
     timm_preprocessing,
     timm_to_vitkit,
 )
@@ -277,7 +278,10 @@ def _read_timm(
     if heads is None and config is not None and "num_heads" in config:
         heads = values.integer(config["num_heads"], str(where), "num_heads")
     notes: list[str] = []
-    sd, cfg = convert_timm(tensors, p, heads, notes)
+    global_pool = config.get("global_pool") if config is not None else None
+    if global_pool is not None and not isinstance(global_pool, str):
+        raise CheckpointError(f"{where}: global_pool must be a string, got {values.printable(repr(global_pool), 60)}")
+    sd, cfg = convert_timm(tensors, p, heads, notes, global_pool=global_pool)
     pre = timm_preprocessing(config.get("pretrained_cfg"), where) if config is not None else None
     loaded = _Loaded(sd, cfg, "timm", pre or Preprocessing.for_config(cfg), notes, heads_known=heads is not None)
     if config is not None and isinstance(config.get("architecture"), str):
@@ -285,17 +289,23 @@ def _read_timm(
     if heads is None:
         loaded.assumed["num_heads"] = heads_for(cfg.width)
     dinov3 = cfg.pos_embed in ROPE_POS_EMBEDS
+    meta = "storage_tokens" in tensors  # Meta's own DINOv3 file, not timm's
+    library = "Meta's DINOv3" if meta else "timm's DINOv3" if dinov3 else "timm's"
     family = " for its DINOv3 models" if dinov3 else " for its CLIP towers" if cfg.pre_norm else ""
-    loaded.assumed["act"] = (cfg.act, "timm's default")
-    loaded.assumed["ln_eps"] = (cfg.ln_eps, f"timm's default{family}")
+    loaded.assumed["act"] = (cfg.act, "Meta's DINOv3" if meta else "timm's default")
+    loaded.assumed["ln_eps"] = (cfg.ln_eps, "Meta's DINOv3" if meta else f"timm's default{family}")
     if dinov3:  # RoPE takes any input size: the size the weights were published for, where it is said
-        why = "timm's DINOv3: its Eva layout with storage tokens and no position table"
-        loaded.assumed["pos_embed"] = (cfg.pos_embed, why)
-        loaded.assumed["rope_theta"] = (cfg.rope_theta, "timm's DINOv3")
+        layout = "storage tokens" if meta else "timm's Eva layout with storage tokens"
+        loaded.assumed["pos_embed"] = (cfg.pos_embed, f"{library}: {layout} and no position table")
+        if not any(k.endswith("rope_embed.periods") for k in tensors):  # Meta's files hold the periods, checked
+            loaded.assumed["rope_theta"] = (cfg.rope_theta, library)
         if pre is not None and all(s % p == 0 for s, p in zip(pre.img_size, cfg.patch_size)):
             loaded.cfg = cfg.replace(img_size=tuple(pre.img_size))
     elif cfg.pos_embed == "none":
         loaded.assumed["img_size"] = (cfg.img_size, "no position table shows it")
+    _, pooling_grounds = timm_pooling(tensors, global_pool, p)
+    if pooling_grounds is not None:  # the pooling the tensors do not show: the default of the file's library
+        loaded.assumed["classifier"] = (cfg.classifier, pooling_grounds)
     return loaded
 
 
@@ -333,7 +343,13 @@ def _read_timm_with_config(p: Path, tensors: dict, meta: dict[str, str], num_hea
 
 
 # The command-line option of ``vitkit convert`` that sets each value a file may not record.
-_CONVERT_OPTIONS = {"num_heads": "--num-heads", "act": "--act", "ln_eps": "--ln-eps", "img_size": "--img-size"}
+_CONVERT_OPTIONS = {
+    "num_heads": "--num-heads",
+    "act": "--act",
+    "ln_eps": "--ln-eps",
+    "img_size": "--img-size",
+    "classifier": "--classifier",
+}
 
 
 def _assumed_warning(path: Path, assumed: dict[str, tuple[Any, str]]) -> str:
@@ -525,13 +541,16 @@ def load_pretrained(
     are config fields: a different ``img_size`` resizes the position embeddings (``pos_embed_mode``
     "bilinear", the official method, or "bicubic"; the 1-D tables of "learned2d" and "relative"
     linearly, in 1-D); a different ``num_classes`` replaces the head
-    by a zero-initialised one; others (dropout rates, ``dynamic_img_size``...) are set as given.
+    by a zero-initialised one; a ``classifier`` other than "token" on weights with a class token keeps
+    the token in the sequence (``class_token=True``), left out of the pooling; others
+    (dropout rates, ``dynamic_img_size``...) are set as given.
     ``num_heads`` gives the heads where the file does not (timm tensors, Hugging Face weights
     without config.json); a file that records them must agree. A value the file does not
-    record and nothing given says (timm's tensors show neither the heads, the activation nor the
-    LayerNorm epsilon) is assumed, and a warning (logger ``vitkit``) names each value assumed and
-    how to give it; they are in ``load_report.assumed``. Weights holding NaN or inf are refused
-    unless ``allow_nonfinite``.
+    record and nothing given says (timm's tensors show neither the heads, the activation, the
+    LayerNorm epsilon nor the pooling) is assumed, the default of the library whose layout the
+    file has, and a warning (logger ``vitkit``) names each value assumed, on what grounds, and how
+    to give it; they are in ``load_report.assumed``. Weights holding NaN or inf are refused unless
+    ``allow_nonfinite``.
     The returned model has ``.load_report`` (a :class:`LoadReport`), ``.preprocessing`` and
     ``.class_names`` (the names stored with the weights, one per class, or None).
     ``features_only`` (with ``out_indices``) returns it wrapped as
@@ -570,6 +589,9 @@ def load_pretrained(
     new_classes = overrides.get("num_classes", cfg.num_classes)
     new_classes = 0 if new_classes is None else int(new_classes)
     _check_file(loaded, p, new_classes != cfg.num_classes, allow_nonfinite)
+    keep_token = overrides.get("classifier", "token") != "token" and "class_token" not in overrides
+    if isinstance(cfg, ViTConfig) and cfg.has_class_token and keep_token:  # the weights' class token stays
+        overrides = {**overrides, "class_token": True}
     try:  # what the caller asks for is checked before any tensor is touched
         target = cfg.replace(**overrides)
     except ValueError as e:

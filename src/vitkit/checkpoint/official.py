@@ -360,6 +360,8 @@ def check_official(cfg: ViTConfig) -> None:
         )
     if cfg.distill_token:
         refuse("has no distillation token (DeiT's, distill_token=True)")
+    if cfg.has_class_token and cfg.classifier != "token":
+        refuse(f"reads a class token as the classifier's; this model pools with classifier={cfg.classifier!r}")
     if cfg.act != "gelu_tanh":
         refuse(f"does not record the activation (it reads back as act='gelu_tanh'), this model's is act={cfg.act!r}")
     if cfg.ln_eps != 1e-6:

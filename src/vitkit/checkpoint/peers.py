@@ -260,12 +260,65 @@ def _timm_rope(keys: Any, out: dict[str, torch.Tensor], path: Any) -> dict[str, 
     return dict(TIMM_DINOV3_ROPE)
 
 
+def timm_pooling(keys: Any, global_pool: str | None = None, path: Any = "<timm>") -> tuple[dict[str, Any], str | None]:
+    """How the tokens of a timm state dict (or of DINOv2's or Meta's DINOv3 files) are pooled:
+    the ``classifier`` and ``class_token`` config fields, and, where neither the tensors nor
+    ``global_pool`` say it, on what grounds the library's default was taken. An attention-pooling
+    latent says "map"; timm's ``global_pool`` ("token" or "avg", from its hub ``config.json``) says
+    the rest; otherwise the default of the library whose layout the file has: Meta's DINOv3 (and
+    DINOv2) read the class token; timm averages the patch tokens of its Eva models (its DINOv3),
+    of models with ``fc_norm`` and of models without a class token, and reads the class token of
+    the others. timm's average leaves out the class and register tokens, as vitkit's "gap" does.
+
+    Args:
+        keys: the state dict's keys, in the file's names.
+        global_pool: timm's ``global_pool`` where the file's config says it; None: not said.
+        path: the file's name, for the messages.
+
+    Returns:
+        The config fields, and the grounds of the default taken (None when nothing was assumed).
+
+    Raises:
+        CheckpointError: a ``global_pool`` vitkit does not pool with, or "token" without a class token.
+    """
+    keys = set(keys)
+    cls = "cls_token" in keys
+    if "attn_pool.latent" in keys:
+        return {"classifier": "map"}, None
+    if global_pool is not None:
+        if global_pool not in ("token", "avg") or (global_pool == "token" and not cls):
+            ways = "'token' (the class token) or 'avg'" if cls else "'avg' alone (they have no class token)"
+            raise CheckpointError(
+                f"{path}: global_pool={global_pool!r}: vitkit pools these weights by {ways}, the mean of the "
+                "patch tokens"
+            )
+        if global_pool == "token":
+            return {"classifier": "token"}, None
+        return {"classifier": "gap", "class_token": True if cls else None}, None
+    if "storage_tokens" in keys:
+        return {"classifier": "token"}, "Meta's DINOv3 reads the class token, as transformers' pooler_output does"
+    if {"register_tokens", "mask_token"} & keys or any(".mlp.w12." in k for k in keys):
+        return {"classifier": "token"}, "DINOv2's own file: DINOv2 reads the class token"
+    avg = "timm pools the mean of the patch tokens, global_pool='avg'"
+    if not cls:
+        return {"classifier": "gap"}, f"no class token: {avg}"
+    if _is_eva(keys):
+        return {"classifier": "gap", "class_token": True}, f"timm's Eva layout, its DINOv3 models: {avg}"
+    if "fc_norm.weight" in keys:
+        return {"classifier": "gap", "class_token": True}, f"a class token and fc_norm, built for avg pooling: {avg}"
+    return {"classifier": "token"}, "timm's default, global_pool='token': the class token"
+
+
 def convert_timm(
-    sd: dict[str, torch.Tensor], path: Any = "<timm>", num_heads: int | None = None, notes: list[str] | None = None
+    sd: dict[str, torch.Tensor],
+    path: Any = "<timm>",
+    num_heads: int | None = None,
+    notes: list[str] | None = None,
+    global_pool: str | None = None,
 ) -> tuple[dict[str, torch.Tensor], ViTConfig]:
     """timm ``VisionTransformer`` state dict (or DINOv2's own) -> (vitkit state dict, config read
     off the tensors). What was changed on the way is said in ``notes``: a position row of a
-    register token folded into it, a token left out.
+    register token folded into it, a token left out. The pooling is :func:`timm_pooling`'s.
 
     Args:
         sd: the timm (or DINOv2) state dict.
@@ -273,6 +326,8 @@ def convert_timm(
         num_heads: the attention heads, which the tensors do not show; None: assumed from the
             width (:func:`heads_for`).
         notes: a list the notes are appended to; None: they are dropped.
+        global_pool: timm's ``global_pool`` where the file's config says it; None: the default
+            of the file's layout (:func:`timm_pooling`).
 
     Returns:
         The state dict in vitkit's names (float32) and the config read off the tensors.
@@ -297,9 +352,9 @@ def convert_timm(
         cin = out["patch_embed.backbone.conv_root.weight"].shape[1]
         units = _count_units(out)
     stride = hybrid_stem_stride(units)
-    classifier = "token" if "cls_token" in out else "map" if "attn_pool.latent" in out else "gap"
+    pooling, _ = timm_pooling(sd, global_pool, path)
     distill = "dist_token" in out  # DeiT's distilled models: a second prefix token and head_dist
-    prefix = (1 if classifier == "token" else 0) + (1 if distill else 0)
+    prefix = (1 if "cls_token" in out else 0) + (1 if distill else 0)
     img, cls_pos_embed = (224, 224), True
     rope = _timm_rope(sd, out, path)
     if "pos_embed" in out:
@@ -314,7 +369,7 @@ def convert_timm(
         width=width,
         depth=depth,
         num_heads=num_heads or heads_for(width)[0],
-        classifier=classifier,
+        **pooling,
         representation_size=out["pre_logits.weight"].shape[0] if "pre_logits.weight" in out else None,
         pos_embed=rope.get("pos_embed", "learned" if "pos_embed" in out else "none"),
         rope_theta=rope.get("rope_theta", 100.0),
@@ -335,11 +390,6 @@ def _timm_pieces(out: dict[str, torch.Tensor], path: Any, dinov3: bool = False) 
         raise CheckpointError(f"{path}: a final norm both before and after pooling; vitkit's ViT has one of them")
     if "fc_norm.weight" not in out and "norm.weight" not in out:
         raise CheckpointError(f"{path}: no final norm (timm's final_norm=False); vitkit's ViT always has one")
-    if "fc_norm.weight" in out and "cls_token" in out:
-        raise CheckpointError(
-            f"{path}: a class token and a norm after pooling: timm builds these for global_pool='avg', the mean "
-            "of the patch tokens with the class token kept in the sequence, which vitkit's ViT does not pool"
-        )
     fc1, fc2 = out["blocks.0.mlp.fc1.weight"].shape[0], out["blocks.0.mlp.fc2.weight"].shape[1]
     swiglu = fc1 == 2 * fc2 and fc1 != fc2
     pre_norm = "norm_pre.weight" in out

@@ -54,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="LayerNorm epsilon, for weights that do not record it (timm's: 1e-6 unless given)",
     )
+    p.add_argument(
+        "--classifier",
+        choices=["token", "gap"],
+        default=None,
+        help="pooling, for weights that do not record it: the class token or the mean of the patch tokens "
+        "(timm's: as timm builds the file's layout, the mean for its DINOv3 models)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["act"] = args.act
     if args.ln_eps is not None:
         overrides["ln_eps"] = args.ln_eps
+    if args.classifier is not None:
+        overrides["classifier"] = args.classifier
     with download_bar(args.src) as bar:
         model = load_pretrained(args.src, name=args.name, num_heads=args.num_heads, progress=bar, **overrides)
     for note in model.load_report.notes:

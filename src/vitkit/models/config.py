@@ -125,6 +125,9 @@ class ViTConfig:
         mlp_dim: the hidden size of each block's MLP.
         classifier: how the tokens are pooled for the head: "token" (the class token), "gap" (the
             mean of the patch tokens) or "map" (a learned attention probe).
+        class_token: whether the sequence starts with a class token; None: exactly when
+            ``classifier`` is "token". True with "gap" keeps a class token that the pooling leaves
+            out (timm's ``class_token=True, global_pool='avg'``: its DINOv3 models).
         representation_size: a tanh pre-logits layer of this size before the head (the paper's
             pre-training head); None: none.
         pos_embed: the position embedding: "learned", "learned2d", "sincos2d", "relative",
@@ -192,6 +195,7 @@ class ViTConfig:
     patch_bias: bool = True  # False: the patch embedding has no bias (CLIP)
     rope_theta: float = 100.0  # RoPE's base: frequencies theta ** (-4k / head_dim) (both RoPE kinds; DINOv3's 100)
     pos_resize: PosResize = "bilinear"  # how a learned table follows another grid (see PosResize)
+    class_token: bool | None = None  # None: a class token exactly when classifier is "token"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
@@ -249,6 +253,10 @@ class ViTConfig:
             raise ValueError(f"layer_scale_init must be a finite number or None (no LayerScale), got {scale!r}")
         if self.distill_token and self.fc_norm:
             raise ValueError("distill_token (DeiT) feeds its two heads from the normed tokens; it takes no fc_norm")
+        if not (self.class_token is None or isinstance(self.class_token, bool)):
+            raise ValueError(f"class_token must be True, False or None (as classifier says), got {self.class_token!r}")
+        if self.class_token is False and self.classifier == "token":
+            raise ValueError("classifier 'token' pools the class token: it needs class_token True or None, got False")
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
             raise ValueError(f"rope_theta must be a finite number above 1, got {theta!r}")
@@ -287,10 +295,16 @@ class ViTConfig:
         return (size[0] // sh, size[1] // sw)
 
     @property
+    def has_class_token(self) -> bool:
+        """Whether the sequence starts with a class token: ``class_token``, or when that is None,
+        whether the classifier is "token"."""
+        return self.classifier == "token" if self.class_token is None else self.class_token
+
+    @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token (classifier "token"), DeiT's distillation
+        """Tokens before the patches: the class token (:attr:`has_class_token`), DeiT's distillation
         token (``distill_token``), then the register tokens (``num_registers``)."""
-        return (1 if self.classifier == "token" else 0) + (1 if self.distill_token else 0) + self.num_registers
+        return (1 if self.has_class_token else 0) + (1 if self.distill_token else 0) + self.num_registers
 
     @property
     def pos_prefix_rows(self) -> int:
@@ -353,6 +367,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "mlp_type": "mlp",
     "patch_bias": True,
     "rope_theta": 100.0,
+    "class_token": None,
 }
 
 

@@ -357,7 +357,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
         D = cfg.width
 
         self.patch_embed = PatchEmbed(cfg)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.classifier == "token" else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.has_class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_registers, D)) if cfg.num_registers else None
         (gh, gw), prefix_rows = cfg.grid_size, cfg.pos_prefix_rows
@@ -601,7 +601,7 @@ class VisionTransformer(ReplaceableHead, nn.Module):
 
     def prefix_tokens(self) -> torch.Tensor | None:
         """The learned tokens put before the patches that may have a position, (1, P, D): the
-        class token, then the distillation token; None for a GAP model. The register tokens
+        class token, then the distillation token; None for a model with neither. The register tokens
         (``reg_token``, (1, R, D)) follow them, without a position (:func:`add_tokens_and_positions`).
 
         Returns:
