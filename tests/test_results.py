@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -260,6 +261,22 @@ def _check_naflex_cost(table: Table, data: dict, args: dict[str, str]) -> None:
         assert shown_equals(row[2], seconds) and shown_equals(row[3], ratio), row
 
 
+def _check_naflex_accuracy(table: Table, data: dict, args: dict[str, str]) -> None:
+    """naflex_accuracy.py: one row an arm; mean top-1, NaFlex's paired difference from the arm
+    with its interval (none on NaFlex's own row) and the median training seconds."""
+    assert [row[0] for row in table.rows] == list(data["top1"])
+    for row in table.rows:
+        arm = row[0]
+        assert shown_equals(row[1].rstrip("%"), 100 * statistics.mean(data["top1"][arm])), row
+        assert shown_equals(row[3], statistics.median(data["train_seconds"][arm])), row
+        if arm == "naflex":
+            assert row[2] == "—", row
+            continue
+        diff = data["naflex_minus"][arm]
+        mean, lo, hi = re.fullmatch(r"(\S+) \((\S+) to (\S+)\)", row[2]).groups()
+        assert shown_equals(mean, diff["mean"]) and shown_equals(lo, diff["lo"]) and shown_equals(hi, diff["hi"]), row
+
+
 RULES = {
     "adapters": _check_adapters,
     "loop_overhead": _check_loop_overhead,
@@ -271,6 +288,7 @@ RULES = {
     "embed_speed": _check_embed_speed,
     "reproduce_budget": _check_reproduce_budget,
     "naflex_cost": _check_naflex_cost,
+    "naflex_accuracy": _check_naflex_accuracy,
 }
 
 
@@ -293,6 +311,8 @@ def _kind(data: dict) -> str:
         return "embed_speed"
     if "calls" in data and "kinds" in data:
         return "reproduce_budget"
+    if "naflex_minus" in data:
+        return "naflex_accuracy"
     if "per_token_ratio" in data:
         return "naflex_cost"
     raise AssertionError("no rule in tests/test_results.py for this kind of file")
