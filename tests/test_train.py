@@ -242,6 +242,16 @@ def test_resume_with_another_recipe_is_refused(tmp_path):
     assert result.step == 4
 
 
+@pytest.mark.parametrize("text", ["", "# a comment only\n", "model:\n  name: vit\n"])
+def test_resume_names_an_emptied_saved_recipe(tmp_path, text):
+    recipe = load_recipe(write_recipe(tmp_path, train__steps=4))
+    train(recipe, tmp_path / "run")
+    (tmp_path / "run" / "config.yaml").write_text(text)
+    # the same recipe again: the damaged file is named, not read as a run of another recipe
+    with pytest.raises(TrainingError, match=r"config\.yaml: the recipe saved with this run .* emptied or cut"):
+        train(recipe, tmp_path / "run")
+
+
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     recipe = load_recipe(
         write_recipe(

@@ -49,7 +49,7 @@ from .objectives import loss_fn
 from .optim import build_optimizer, lr_at, set_lr
 from .plan import RunPlan
 from .process import configure_process
-from .runfolder import RunFolder
+from .runfolder import RunFolder, check_saved_recipe
 from .state import TrainState, list_checkpoints
 from .summary import RunOutcome, RunReport, write_run_report
 from .timing import Stopwatch, Window, due
@@ -616,6 +616,7 @@ def _check_resume_recipe(out: Path, recipe: Recipe) -> None:
     saved = out / "config.yaml"
     if not (saved.is_file() and list_checkpoints(out / "checkpoints")):
         return
+    check_saved_recipe(saved)  # an emptied or cut file is named as such, not read as another recipe
     try:
         old = recipe_from_dict(read_yaml_mapping(saved, "recipe"))
     except RecipeError as e:
