@@ -10,6 +10,7 @@ import torch
 
 from vitkit.checkpoint import save_checkpoint
 from vitkit.checkpoint.load import load_pretrained
+from vitkit.errors import CheckpointError
 from vitkit.eval.predict import class_names, stored_thresholds
 from vitkit.export import export_weights
 from vitkit.models.registry import create_model
@@ -129,3 +130,40 @@ def test_the_preprocessor_config_reads_back_as_the_same_preprocessing(tmp_path, 
     back = load_pretrained(tmp_path / "hf").preprocessing
     paths = _photos(tmp_path)
     torch.testing.assert_close(load_images(paths, back, 3).inputs, load_images(paths, model.preprocessing, 3).inputs)
+
+
+def test_hf_thresholds_without_class_names_are_kept(tmp_path):
+    run = _run_folder(tmp_path, multilabel=True)
+    out = tmp_path / "hf"
+    export_weights(load_pretrained(run / "best.safetensors"), out, "hf")
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["id2label"], cfg["label2id"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert stored_thresholds(load_pretrained(out)) == [0.5, 0.25, 0.75]
+
+
+@pytest.mark.parametrize(
+    "stored, message",
+    [
+        ("[0.5, NaN, 0.5]", r"'thresholds'\[1\] must be a number in \[0.0, 1.0\], got nan"),
+        ("[0.5, -0.1, 0.5]", r"'thresholds'\[1\] must be .* got -0.1"),
+        ("[0.5, 0.5]", "'thresholds' must be a list of 3 numbers .* got 2 values"),
+        ('["0.5", 0.5, 0.5]', r"'thresholds'\[0\] must be .* got '0.5'"),
+        ("{not json", "'thresholds' is not JSON"),
+    ],
+)
+def test_bad_stored_thresholds_are_named_not_dropped(tmp_path, capsys, stored, message):
+    model = create_model("vit_s16", num_classes=3, **TINY)
+    path = tmp_path / "w.safetensors"
+    save_checkpoint(model, path, extra={"multilabel": "true", "thresholds": stored})
+    with pytest.raises(CheckpointError, match=f"{path}: metadata {message}"):
+        stored_thresholds(load_pretrained(path))
+    # the command line says it in one line
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    Image.new("RGB", (16, 16)).save(tmp_path / "img.png")
+    code = main(["predict", str(path), str(tmp_path / "img.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("vitkit predict: error:") and "thresholds" in err[-1]

@@ -162,6 +162,7 @@ def load_adapters(model: nn.Module, path: str | Path, merge: bool = False) -> nn
     extra = {k: v for k, v in meta.items() if k not in _OWN_KEYS and not k.startswith("vitkit_")}
     model.adapter_info.metadata = extra
     model.adapter_metadata = extra
+    model.adapter_source = str(path)  # named in messages about that metadata
     report = getattr(model, "load_report", None)
     if report is not None and extra:  # saved again with the model: a merged export keeps the class names
         report.metadata = {**report.metadata, **extra}

@@ -1243,11 +1243,12 @@ def read_hf_dir(path: Path) -> dict[str, Any] | None:
 def hf_label_metadata(folder: Path, num_classes: int | None = None) -> dict[str, str]:
     """A Hugging Face folder's class names (``id2label`` of its ``config.json``) and, for a
     multi-label model vitkit exported, its thresholds, as vitkit checkpoint metadata; {} where
-    the config has none.
+    the config has none (thresholds are kept where the config names no classes).
 
     Args:
         folder: the folder of ``config.json``.
-        num_classes: the outputs of the model's head; None: as many as ``id2label`` names.
+        num_classes: the outputs of the model's head; None: as many as ``id2label`` names (or
+            as thresholds, where it has no ``id2label``).
 
     Returns:
         ``classes`` (a JSON list, names made printable), and ``multilabel``/``thresholds``.
@@ -1258,14 +1259,19 @@ def hf_label_metadata(folder: Path, num_classes: int | None = None) -> dict[str,
     from .io import CLASSES_KEY, printable_class_names
 
     cfg = read_hf_dir(folder)
-    labels = (cfg or {}).get("id2label")
-    if cfg is None or labels is None:
+    if cfg is None:
         return {}
-    k = num_classes if num_classes is not None else len(labels) if isinstance(labels, (dict, list)) else 1
+    labels, given = cfg.get("id2label"), cfg.get("vitkit_thresholds")
+    if num_classes is not None:
+        k = num_classes
+    elif labels is not None:
+        k = len(labels) if isinstance(labels, (dict, list)) else 1
+    else:  # thresholds without names: as many classes as thresholds
+        k = len(given) if isinstance(given, list) else 1
     names, thresholds = hf_labels(cfg, k, str(folder / "config.json"))
-    if names is None:
-        return {}
-    out = {CLASSES_KEY: printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")}
+    out = {}
+    if names is not None:
+        out[CLASSES_KEY] = printable_class_names(json.dumps(names), f"{folder / 'config.json'}: id2label")
     if thresholds is not None:
         out.update(multilabel="true", thresholds=json.dumps(thresholds))
     return out

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from torch import nn
 
+from ..checkpoint.values import number, printable
 from ..errors import CheckpointError, DataError, UsageError
 from ..models.naflex import NaflexBatch
 from ..precision import PrecisionLike, as_precision
@@ -78,21 +79,41 @@ def stored_thresholds(model: nn.Module) -> list[float] | None:
 
     Returns:
         One threshold per output (a class is predicted when its sigmoid reaches it), or None for a
-        single-label model, or thresholds that do not fit the head.
+        single-label model or a multi-label one stored without thresholds.
+
+    Raises:
+        CheckpointError: stored thresholds that are not one number in [0, 1] per output of the
+            head, naming the file (they are not dropped: the predictions would change unsaid).
     """
     meta = _stored_metadata(model)
     if meta.get("multilabel") != "true":
         return None
-    try:
-        values = json.loads(meta.get("thresholds") or "null")
-    except (json.JSONDecodeError, RecursionError):
-        return None
+    text = meta.get("thresholds") or "null"
     k = int(getattr(model, "num_classes", 0) or 0)
+    where = _metadata_source(model, "thresholds")
+    try:
+        values = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise CheckpointError(
+            f"{where}: metadata 'thresholds' is not JSON ({printable(text, 40)!r}); "
+            f"it must be a list of {k} numbers in [0, 1]"
+        ) from None
+    if values is None:
+        return None
     if not isinstance(values, list) or len(values) != k:
-        return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in values):
-        return None
-    return [float(v) for v in values]
+        what = f"{len(values)} values" if isinstance(values, list) else f"a {type(values).__name__}"
+        raise CheckpointError(
+            f"{where}: metadata 'thresholds' must be a list of {k} numbers (one per output of the head), got {what}"
+        )
+    return [number(v, where, f"metadata 'thresholds'[{i}]", 0.0, 1.0) for i, v in enumerate(values)]
+
+
+def _metadata_source(model: nn.Module, key: str) -> str:
+    """The file whose metadata :func:`_stored_metadata` read ``key`` from (for messages)."""
+    if key in (getattr(model, "adapter_metadata", None) or {}):
+        return str(getattr(model, "adapter_source", None) or "the adapter file")
+    report = getattr(model, "load_report", None)
+    return str(getattr(report, "path", "") or "the model's checkpoint")
 
 
 def stored_class_names(model: nn.Module) -> list[str] | None:
