@@ -328,6 +328,10 @@ def test_finetune_with_no_other_flag_fits_its_recipe_and_says_so_first(tmp_path,
     assert out[1].startswith("schedule: 30 epochs of the 14 training images (2 classes): 30 steps of batch 8")
     assert out[2].startswith("learning rate: the new head at 0.0025 (SGD, momentum 0.9, cosine)")
     recipe = load_recipe(tmp_path / "ft" / "config.yaml")
+    from vitkit.train.plan import RunPlan
+
+    # the run's own plan counts epochs as the fitted recipe does (a short last batch left out)
+    assert any(line.startswith("schedule: 30 steps (30.0 epochs)") for line in RunPlan.from_recipe(recipe).describe())
     assert (recipe.optim.name, recipe.optim.layer_decay, recipe.train.steps, recipe.log.eval_every) == (
         "sgd",
         0.75,

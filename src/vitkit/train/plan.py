@@ -338,7 +338,8 @@ class RunPlan:
         n_eval = "none" if self.eval_ds is None else f"{self.eval_ds.name}, {len(self.eval_ds)} images"
         epochs = ""
         if n_train != "a stream":
-            epochs = f" ({t.steps * self.global_batch / len(self.train_ds):.1f} epochs)"
+            per_epoch = max(1, len(self.train_ds) // self.global_batch)  # a short last batch is left out
+            epochs = f" ({t.steps / per_epoch:.1f} epochs)"
         started = r.model.init_from or "scratch"
         w = self.env.info.world_size
         lines = [
