@@ -310,6 +310,23 @@ def test_bad_input_is_one_line(ckpt, data, tmp_path, capsys):
         ["fewshot", "--train-embeddings", str(ckpt), "--test-embeddings", str(files["va"])], capsys
     )
 
+    # vectors that are not finite are named, not fitted (a probe of NaNs scores 0% and says nothing)
+    from vitkit.checkpoint.io import CHECKSUM_KEY, read_safetensors, write_safetensors
+
+    tensors, meta = read_safetensors(files["va"])
+    tensors["embeddings"][3] = float("nan")
+    files["nan"] = tmp_path / "nan.safetensors"
+    write_safetensors(files["nan"], tensors, {k: v for k, v in meta.items() if k != CHECKSUM_KEY})
+    assert "1 of its 15 vectors are not finite (NaN or infinity), the first of cat/03.png" in probe("nan")
+    few = ["fewshot", "--train-embeddings", str(files["va"]), "--test-embeddings", str(files["nan"])]
+    assert "not finite" in _one_line_error(few, capsys)
+    # an existing file that is not an embeddings file (the model's own weights) is never overwritten
+    before = ckpt.read_bytes()
+    assert "is not an embeddings file of vitkit embed; it is not overwritten" in _one_line_error(
+        [*embed, str(data / "val"), "--out", str(ckpt)], capsys
+    )
+    assert ckpt.read_bytes() == before
+
 
 def test_parquet_without_pyarrow_is_one_line_and_with_it_round_trips(ckpt, data, tmp_path, capsys):
     out = tmp_path / "e.parquet"

@@ -63,6 +63,31 @@ def test_predict_on_an_export_reads_its_class_names_and_preprocessing(tmp_path, 
     _same(vitkit.predict(served, photos, top_k=2), want)
 
 
+@pytest.mark.slow  # exports (seconds each)
+@pytest.mark.parametrize("suffix", [".onnx", ".pt2"])
+def test_a_multilabel_export_keeps_its_thresholds(tmp_path, weights, suffix):
+    if suffix == ".onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+    from vitkit.eval.predict import stored_thresholds
+
+    path, photos = weights
+    model = vitkit.load_pretrained(path)
+    multi = tmp_path / "multi.safetensors"
+    extra = {"classes": json.dumps(["cat", "dog", "fox"]), "multilabel": "true", "thresholds": "[0.5, 0.25, 0.75]"}
+    vitkit.save_checkpoint(model, multi, extra=extra)
+    exported = tmp_path / f"multi{suffix}"
+    assert main(["convert", str(multi), str(exported)]) == 0
+    assert stored_thresholds(load_exported(exported)) == [0.5, 0.25, 0.75]
+    # predict on the export applies them as it does on the weights (each class above its threshold)
+    want = _predicted(tmp_path, multi, photos)
+    got = _predicted(tmp_path, exported, photos)
+    assert sum(map(len, want)) > 0 and all("threshold" in r for preds in want for r in preds)
+    assert [[r["class"] for r in g] for g in got] == [[r["class"] for r in w] for w in want]
+    for g, w in zip(got, want):
+        assert np.allclose([r["prob"] for r in g], [r["prob"] for r in w], atol=1e-4)
+
+
 def test_a_file_without_vitkit_metadata_is_refused_in_one_line(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper

@@ -77,6 +77,15 @@ def test_csv_and_jsonl_read_the_same_with_a_stratified_minival(tmp_path):
         assert images.shape == (4, 3, 16, 16) and labels.dtype == torch.int64
 
 
+def test_a_spreadsheets_csv_with_a_byte_order_mark_and_crlf_reads_as_plain_csv(tmp_path):
+    rows = single_rows(10)
+    plain = labels_file(tmp_path, rows)
+    excel = tmp_path / "excel.csv"  # what "CSV UTF-8" of a spreadsheet writes
+    excel.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+    a, b = build_dataset(str(plain), "train", load_size=16), build_dataset(str(excel), "train", load_size=16)
+    assert a.classes == b.classes and a.samples == b.samples
+
+
 def test_a_validation_file_is_read_with_the_training_classes(tmp_path):
     train_file = labels_file(tmp_path, single_rows(6))
     val_file = labels_file(tmp_path, [(f"images/v{c}.png", c) for c in "ab"], "val.csv")

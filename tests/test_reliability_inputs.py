@@ -21,7 +21,7 @@ from _recipes import TINY_VIT, changed
 from vitkit.cpu import device_problem
 from vitkit.data import build_dataset
 from vitkit.data.carve import MINIVAL, carve, multilabel_minival
-from vitkit.errors import CheckpointError, DataError, DownloadError, RecipeError
+from vitkit.errors import CheckpointError, DataError, DownloadError, RecipeError, UsageError
 from vitkit.export import export_weights
 from vitkit.files import check_yaml_text, yaml_text_problem
 
@@ -78,6 +78,20 @@ def test_a_truncated_weight_file_in_the_hub_cache_is_caught_by_its_structure(tmp
     with pytest.raises(DownloadError, match=r"model.safetensors in the hub cache is damaged or incomplete .*delete"):
         vitkit.load_pretrained("hf-hub:org/cut")
     assert not hashed  # refused before the whole file is read to hash it
+
+
+@pytest.mark.parametrize("revision", ["../refs/main", "a b", "x\x01", "main..dev", "refs/heads/", "v1~1", "-x"])
+def test_a_revision_git_would_refuse_is_one_line_before_the_cache(revision):
+    # a revision is joined into paths of the hub cache: '..' must not walk out of a repository's folder
+    with pytest.raises(UsageError, match=r"hf-hub:org/good: the revision .* is not a branch, tag or commit name"):
+        vitkit.load_pretrained(f"hf-hub:org/good@{revision}")
+
+
+def test_revisions_git_allows_are_taken():
+    from vitkit.hub.hf import parse
+
+    for rev in ("main", "v1.0", "refs/pr/3", "0123abcd" * 5, "release_2024-01"):
+        assert parse(f"hf-hub:org/good@{rev}") == ("org/good", rev)
 
 
 # -- YAML and devices ------------------------------------------------------------------------------

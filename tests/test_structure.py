@@ -239,3 +239,66 @@ def test_help_starts_without_torch():
     code += "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "usage: vitkit" in out and out.strip().endswith("False"), out
+
+
+# json.loads recurses once per level of nesting: a file nested thousands deep raises a
+# RecursionError, which a handler of ValueError does not catch.
+_DEEP_JSON_CAUGHT_BY = {"RecursionError", "Exception", "BaseException"}
+
+
+def _uncaught_json_loads(tree: ast.AST) -> list[int]:
+    """Lines of ``json.loads``/``json.load`` calls not inside a ``try`` that catches RecursionError."""
+    bad: list[int] = []
+
+    def caught(handlers: list[ast.ExceptHandler]) -> bool:
+        names = set()
+        for h in handlers:
+            kinds = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
+            names.update(k.id if isinstance(k, ast.Name) else getattr(k, "attr", "") for k in kinds if k is not None)
+            if h.type is None:
+                return True
+        return bool(names & _DEEP_JSON_CAUGHT_BY)
+
+    def visit(node: ast.AST, guarded: bool) -> None:
+        if isinstance(node, ast.Try):
+            inner = guarded or caught(node.handlers)
+            for child in node.body:
+                visit(child, inner)
+            for child in [*node.handlers, *node.orelse, *node.finalbody]:
+                visit(child, guarded)
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            guarded = False  # a function body runs where it is called, not where it is defined
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("loads", "load")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "json"
+            and not guarded
+        ):
+            bad.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, guarded)
+
+    visit(tree, False)
+    return bad
+
+
+def test_every_json_parse_catches_deep_nesting():
+    """Parsing outside input is bounded: every ``json.loads`` is guarded against a RecursionError
+    (or goes through ``vitkit.checkpoint.values.loads``, which checks the depth first)."""
+    bad = [
+        f"{path.relative_to(SRC.parent)}:{line}"
+        for path in _modules().values()
+        for line in _uncaught_json_loads(ast.parse(path.read_text()))
+    ]
+    assert not bad, "json.loads without a handler of RecursionError: " + ", ".join(bad)
+
+
+def test_the_json_check_finds_an_unguarded_parse():
+    src = (
+        "import json\ntry:\n    json.loads(t)\nexcept ValueError:\n    pass\n"
+        "try:\n    json.loads(t)\nexcept (ValueError, RecursionError):\n    pass\n"
+    )
+    assert _uncaught_json_loads(ast.parse(src)) == [3]

@@ -249,7 +249,11 @@ def _ort_optimized(path: Path) -> Path:
 
     graph = onnx.load(str(path))
     meta = {p.key: p.value for p in graph.metadata_props}
-    cfg = json.loads(meta.get("vitkit.config", "{}"))
+    try:
+        cfg = json.loads(meta.get("vitkit.config", "{}"))
+    except (ValueError, RecursionError):
+        cfg = {}  # no heads or width known: the optimizer fuses without them
+    cfg = cfg if isinstance(cfg, dict) else {}
     heads, width = int(cfg.get("num_heads", 0) or 0), int(cfg.get("width", 0) or 0)
     optimized = optimize_model(str(path), model_type="vit", num_heads=heads, hidden_size=width, opt_level=1)
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
@@ -536,8 +540,8 @@ def decision_file(model: nn.Module, key: str) -> Path:
 def _read_decisions(path: Path, key: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    except (OSError, ValueError, RecursionError):
+        return {}  # damaged: measured again
     ok = isinstance(data, dict) and data.get("version") == DECISION_VERSION and data.get("weights_sha256") == key
     return data.get("decisions", {}) if ok and isinstance(data.get("decisions"), dict) else {}
 

@@ -174,10 +174,11 @@ def _compare(
 def _metadata(model: nn.Module) -> dict[str, str]:
     """What a serving file records of the model besides its graph: its architecture and config,
     the preprocessing its inputs need (``vitkit.preprocessing``, JSON) and, where the weights
-    stored them, its class names (``vitkit.classes``, a JSON list): what :func:`load_exported`
-    reads back."""
+    stored them, its class names (``vitkit.classes``, a JSON list) and a multi-label model's
+    per-class thresholds (``vitkit.multilabel``, ``vitkit.thresholds``): what
+    :func:`load_exported` reads back."""
     from .checkpoint.native import config_to_meta
-    from .eval.predict import stored_class_names
+    from .eval.predict import stored_class_names, stored_thresholds
     from .preprocessing import Preprocessing
 
     meta = config_to_meta(model.cfg)
@@ -190,6 +191,9 @@ def _metadata(model: nn.Module) -> dict[str, str]:
     names = stored_class_names(model)
     if names is not None:
         out["vitkit.classes"] = json.dumps(names, ensure_ascii=False)
+    thresholds = stored_thresholds(model)
+    if thresholds is not None:
+        out.update({"vitkit.multilabel": "true", "vitkit.thresholds": json.dumps(thresholds)})
     return out
 
 
@@ -843,12 +847,16 @@ class ExportedModel(nn.Module):
         preprocessing: the preprocessing its inputs need.
         class_names: one name per class, or None where the weights had none.
         load_report: the file read and its format ("onnx" or "pt2").
+        exported_metadata: a multi-label model's ``multilabel`` and ``thresholds``, as the
+            weights stored them (:func:`vitkit.eval.predict.stored_thresholds` reads them); {}
+            for a single-label model.
     """
 
     def __init__(self, run: Any, cfg: Any, preprocessing: Any, class_names: list[str] | None, report: Any) -> None:
         super().__init__()
         self._run = run
         self.cfg, self.preprocessing, self.class_names, self.load_report = cfg, preprocessing, class_names, report
+        self.exported_metadata: dict[str, str] = {}
 
     @property
     def num_classes(self) -> int:
@@ -892,7 +900,7 @@ def _exported_metadata(meta: dict[str, str], path: Path) -> tuple[Any, Any, list
     cfg = config_from_meta({"arch": meta.get("vitkit.arch", "vit"), "config": meta["vitkit.config"]}, path)
     try:
         pre = Preprocessing.from_dict(json.loads(meta["vitkit.preprocessing"]))
-    except (KeyError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, RecursionError):
         pre = Preprocessing.for_config(cfg)
     names = stored_names({"classes": meta.get("vitkit.classes", "null")}, int(getattr(cfg, "num_classes", 0) or 0))
     return cfg, pre, names
@@ -926,7 +934,10 @@ def load_exported(path: str | Path) -> ExportedModel:
     else:
         raise UsageError(f"{p}: not an exported model (.onnx or .pt2)")
     cfg, pre, names = _exported_metadata(meta, p)
-    return ExportedModel(run, cfg, pre, names, LoadReport(str(p), fmt)).eval()
+    model = ExportedModel(run, cfg, pre, names, LoadReport(str(p), fmt)).eval()
+    if meta.get("vitkit.multilabel") == "true":  # checked against the head when predict reads them
+        model.exported_metadata = {"multilabel": "true", "thresholds": meta.get("vitkit.thresholds") or "null"}
+    return model
 
 
 def _onnx_runner(p: Path) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:

@@ -483,4 +483,7 @@ def embedded_data(html: str) -> dict[str, Any]:
     end = html.find("</script>", start)
     if start < 0 or end < 0:
         raise ValueError("not a page of vitkit view: no vitkit-data script")
-    return json.loads(html[start + len(start_tag) : end])
+    try:
+        return json.loads(html[start + len(start_tag) : end])
+    except RecursionError:
+        raise ValueError("the page's vitkit-data is nested too deeply to be vitkit view's data") from None

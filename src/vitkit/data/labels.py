@@ -49,7 +49,8 @@ def is_labels_file(spec: str) -> bool:
 
 def _csv_rows(path: Path) -> list[tuple[int, str, list[str]]]:
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark (what spreadsheets write as "CSV UTF-8") is not part of the header
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
@@ -71,7 +72,7 @@ def _csv_rows(path: Path) -> list[tuple[int, str, list[str]]]:
 
 def _jsonl_rows(path: Path) -> list[tuple[int, str, list[str]]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue

@@ -50,7 +50,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..checkpoint.io import CHECKSUM_KEY, read_safetensors, write_safetensors
+from ..checkpoint.io import CHECKSUM_KEY, read_safetensors, read_safetensors_metadata, write_safetensors
+from ..checkpoint.values import printable
 from ..data.folder import IMAGE_EXTENSIONS
 from ..errors import CheckpointError, DataError, UsageError
 from ..files import atomic_write, temporary_target, write_json
@@ -545,7 +546,8 @@ def check_output(out: str | Path | None) -> Path | None:
 
     Raises:
         UsageError: a suffix other than .safetensors or .parquet, .parquet without pyarrow, a
-            folder that does not exist, or a folder where the file goes.
+            folder that does not exist, a folder where the file goes, or an existing file that
+            is not an embeddings file (a model's weights, say), which is never overwritten.
     """
     if out is None:
         return None
@@ -558,7 +560,26 @@ def check_output(out: str | Path | None) -> Path | None:
         raise UsageError(f"{path}: the folder {path.parent} does not exist; create it first")
     if path.is_dir():
         raise UsageError(f"{path}: a folder; give a file name")
+    if path.is_file() and not _is_embeddings_file(path):
+        raise UsageError(
+            f"{path}: exists and is not an embeddings file of vitkit embed; it is not overwritten: give another --out"
+        )
     return path
+
+
+def _is_embeddings_file(path: Path) -> bool:
+    """Whether ``path``'s header says vitkit embed wrote it (the header only: nothing else is read)."""
+    if path.stat().st_size == 0:
+        return True  # an empty file (touched, or torn before its header): nothing to lose
+    try:
+        if path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            raw = pq.read_schema(path).metadata or {}
+            return raw.get(b"format", b"").decode(errors="replace") == FORMAT
+        return read_safetensors_metadata(path).get("format") == FORMAT
+    except (CheckpointError, OSError, ValueError):
+        return False
 
 
 def _pyarrow(path: Path) -> Any:
@@ -938,6 +959,21 @@ def _check_pair(train: Embeddings, test: Embeddings) -> None:
             raise UsageError(f"{train.file} and {test.file} were embedded with different {what}; embed both alike")
 
 
+def _check_finite(e: Embeddings) -> None:
+    """Refuse, naming the file and the first image, vectors holding NaN or infinity (a classifier
+    fitted to them predicts nothing meaningful, and says nothing)."""
+    x = e.vectors
+    if x is None:
+        return
+    bad = (~torch.isfinite(x.reshape(x.shape[0], -1))).any(dim=1).nonzero().flatten()
+    if len(bad):
+        first = int(bad[0])
+        raise UsageError(
+            f"{e.file}: {len(bad)} of its {x.shape[0]} vectors are not finite (NaN or infinity), the first of "
+            f"{printable(e.paths[first], 80)}; embed the images again (the model's outputs were not finite?)"
+        )
+
+
 def labelled_embeddings(
     train: str | Path | Embeddings,
     test: str | Path | Embeddings,
@@ -960,11 +996,14 @@ def labelled_embeddings(
 
     Raises:
         UsageError: patch embeddings, files of different models, pools, preprocessing or widths,
-            a path without a class folder, fewer than two classes, or test classes not in train.
+            vectors that are not finite, a path without a class folder, fewer than two classes,
+            or test classes not in train.
     """
     tr = train if isinstance(train, Embeddings) else read_embeddings(train)
     te = test if isinstance(test, Embeddings) else read_embeddings(test)
     _check_pair(tr, te)
+    for e in (tr, te):
+        _check_finite(e)
     tr_names, te_names = labels_from_paths(tr.paths, str(tr.file)), labels_from_paths(te.paths, str(te.file))
     classes = sorted(set(tr_names))
     if len(classes) < 2:

@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 
 
 def _stored_metadata(model: nn.Module) -> dict[str, str]:
-    """The metadata of the vitkit checkpoint a model was loaded from ({} for none), and over it
-    that of the adapter file applied onto it (a fine-tune's class names)."""
+    """The metadata of the vitkit checkpoint a model was loaded from ({} for none) or what an
+    exported file recorded of it, and over it that of the adapter file applied onto it (a
+    fine-tune's class names)."""
     adapter = getattr(model, "adapter_metadata", None) or {}
-    return {**_checkpoint_metadata(model), **adapter}
+    exported = getattr(model, "exported_metadata", None) or {}  # an ONNX or .pt2 file's (vitkit.export)
+    return {**_checkpoint_metadata(model), **exported, **adapter}
 
 
 def _checkpoint_metadata(model: nn.Module) -> dict[str, str]:

@@ -376,7 +376,7 @@ def _goog_md5(headers) -> str | None:
 def _read_state(state: Path) -> dict:
     try:
         d = json.loads(state.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return d if isinstance(d, dict) else {}
 

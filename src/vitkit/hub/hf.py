@@ -54,12 +54,29 @@ def parse(spec: str) -> tuple[str, str | None]:
         The repository id and the revision (None without one).
 
     Raises:
-        UsageError: the repository is not ``org/name`` (letters, digits, ``_``, ``.`` and ``-``).
+        UsageError: the repository is not ``org/name`` (letters, digits, ``_``, ``.`` and ``-``),
+            or the revision is not a name git allows (``..`` in it, say).
     """
     repo, _, revision = spec[len(PREFIX) :].strip().partition("@")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
         raise UsageError(f"{spec}: a hub name is hf-hub:org/name (optionally @revision)")
+    if revision and not _is_git_ref(revision):
+        shown = revision.encode("unicode_escape").decode()[:80]
+        raise UsageError(
+            f"hf-hub:{repo}: the revision {shown!r} is not a branch, tag or commit name "
+            "(git's rules: no '..', spaces, control characters or ~^:?*[\\)"
+        )
     return repo, revision or None
+
+
+def _is_git_ref(name: str) -> bool:
+    """Whether ``name`` may name a git branch, tag or commit (``git check-ref-format``'s rules):
+    a revision is joined into paths of the hub cache, so ``..`` must not reach past it."""
+    if name.startswith(("/", "-")) or name.endswith(("/", ".", ".lock")):
+        return False
+    if any(bad in name for bad in ("..", "//", "@{", "/.")) or name.startswith("."):
+        return False
+    return not any(c.isspace() or ord(c) < 32 or ord(c) == 127 or c in "~^:?*[\\" for c in name)
 
 
 def fetch_hub(spec: str) -> HubFiles:

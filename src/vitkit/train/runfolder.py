@@ -325,11 +325,12 @@ def read_metrics(path: str | Path, strict: bool = True) -> list[tuple[str, dict[
             rec = json.loads(line)
             if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
                 raise ValueError("not a record with a step")
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             if number == len(lines) or not strict:
                 continue
+            why = e if isinstance(e, ValueError) else "nested too deeply"
             raise TrainingError(
-                f"{path}: line {number} is damaged ({e}); remove it (or the file) to resume the run"
+                f"{path}: line {number} is damaged ({why}); remove it (or the file) to resume the run"
             ) from None
         out.append((line, rec))
     return out

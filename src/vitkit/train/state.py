@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import values
 from ..checkpoint.io import read_safetensors, write_safetensors
 from ..checkpoint.native import FORMAT, FORMAT_VERSION, config_to_meta
 from ..errors import CheckpointError
@@ -139,7 +140,7 @@ def load_train_state(path: Path) -> LoadedTrainState:
 
 
 def _train_state(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> LoadedTrainState:
-    ts = json.loads(meta["train_state"])
+    ts = values.loads(meta["train_state"], f"{path}: train_state")
     model_state = {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}
     ema = {k[len(PREFIX) + 4 :]: v for k, v in tensors.items() if k.startswith(f"{PREFIX}ema/")} or None
     rng = {k[len(PREFIX) + 4 :]: v for k, v in tensors.items() if k.startswith(f"{PREFIX}rng/")}

@@ -244,7 +244,10 @@ def _thresholds(path: Path) -> list[float] | None:
         return None
     from ..checkpoint.io import read_safetensors_metadata
 
-    stored = json.loads(read_safetensors_metadata(path).get("thresholds") or "null")
+    try:
+        stored = json.loads(read_safetensors_metadata(path).get("thresholds") or "null")
+    except (ValueError, RecursionError):
+        return None
     return [float(t) for t in stored] if isinstance(stored, list) else None
 
 
