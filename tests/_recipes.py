@@ -56,10 +56,10 @@ def stopped(recipe: Any, out: Any, stop_at: int, monkeypatch: Any) -> None:
 
     real_step = Trainer.train_step
 
-    def stopping(self: Any, images: Any, labels: Any) -> Any:
+    def stopping(self: Any, images: Any, labels: Any, *budget: Any) -> Any:
         if self.state.step == stop_at:
             raise Stop
-        return real_step(self, images, labels)
+        return real_step(self, images, labels, *budget)
 
     monkeypatch.setattr(Trainer, "train_step", stopping)
     with pytest.raises(Stop):

@@ -505,3 +505,32 @@ def test_training_with_every_augmentation_resumes_bit_exact(tmp_path: Path, monk
     train(built, tmp_path / "c")
     c = _final(tmp_path / "c")
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+# -- batches of drawn sizes (a NaFlex token budget) ---------------------------------------------------
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_drawn_batch_sizes_cover_the_epoch_once_and_resume_and_split_alike(drop_last):
+    from vitkit.data.plan import BatchPlan, batch_choice
+
+    n, sizes = 103, (9, 4, 2)
+    plan = BatchPlan(1, shuffle=True, seed=3, epoch=2, drop_last=drop_last, sizes=sizes)
+    batches = list(plan.index_batches(n))
+    # each batch has the size drawn for its index, from all three
+    drawn = [sizes[batch_choice(3, 2, j, 3)] for j in range(len(batches))]
+    assert [len(b) for b in batches[:-1]] == drawn[:-1] and len(set(drawn)) == 3
+    seen = torch.cat(batches)
+    assert len(set(seen.tolist())) == len(seen)  # no image twice
+    assert len(seen) == n if not drop_last else n - len(seen) < max(sizes)
+    # resuming at batch 5 gives the same batches from there; two ranks split each batch between them
+    again = list(
+        BatchPlan(1, shuffle=True, seed=3, epoch=2, start_batch=5, drop_last=drop_last, sizes=sizes).index_batches(n)
+    )
+    assert all(torch.equal(a, b) for a, b in zip(again, batches[5:], strict=True))
+    ranks = [BatchPlan(1, True, 3, 2, 0, r, 2, drop_last, 1, sizes) for r in (0, 1)]
+    for j, (a, b) in enumerate(zip(*(p.index_batches(n) for p in ranks))):
+        assert sorted(torch.cat([a, b]).tolist()) == sorted(batches[j].tolist())
+    assert [x + y for x, y in zip(*(p.local_sizes(n) for p in ranks))] == [len(b) for b in batches]
+    # one size is the fixed batch: the same batches as batch_size
+    one = list(BatchPlan(1, shuffle=True, seed=3, epoch=2, drop_last=drop_last, sizes=(8, 8)).index_batches(n))
+    fixed = list(BatchPlan(8, shuffle=True, seed=3, epoch=2, drop_last=drop_last).index_batches(n))
+    assert all(torch.equal(a, b) for a, b in zip(one, fixed, strict=True))

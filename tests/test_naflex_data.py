@@ -132,7 +132,8 @@ def _naflex_recipe(tmp_path, **changes):
     return load_recipe(path)
 
 
-def test_naflex_training_on_images_of_mixed_shapes_resumes_exactly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("budgets", [{}, {"seq_lens": [4, 9, 16], "batch_tokens": 36}])
+def test_naflex_training_on_images_of_mixed_shapes_resumes_exactly(tmp_path, monkeypatch, budgets):
     from _recipes import stopped_and_resumed
     from vitkit.train import train
     from vitkit.train.loop import Trainer
@@ -141,18 +142,34 @@ def test_naflex_training_on_images_of_mixed_shapes_resumes_exactly(tmp_path, mon
     seen = []
     real = Trainer.train_step
 
-    def spying(self, images, labels):
-        seen.append({tuple(im.shape[-2:]) for im in images})
-        return real(self, images, labels)
+    def spying(self, images, labels, budget=None):
+        seen.append(({tuple(im.shape[-2:]) for im in images}, len(images), budget))
+        return real(self, images, labels, budget)
+
+    import vitkit.train.loop as loop
+
+    inputs, real_input = [], loop._model_input
+
+    def input_spy(*args, **kwargs):
+        out = real_input(*args, **kwargs)
+        inputs.append([r * c for r, c in out.grids])
+        return out
 
     monkeypatch.setattr(Trainer, "train_step", spying)
-    whole = train(_naflex_recipe(tmp_path), tmp_path / "whole")
+    monkeypatch.setattr(loop, "_model_input", input_spy)
+    recipe = _naflex_recipe(tmp_path, data__naflex={"max_tokens": 16, **budgets})
+    whole = train(recipe, tmp_path / "whole")
     monkeypatch.setattr(Trainer, "train_step", real)
-    assert any(len(shapes) > 1 for shapes in seen)  # batches of images at several shapes
+    assert any(len(shapes) > 1 for shapes, _, _ in seen)  # batches of images at several shapes
+    if budgets:  # a token budget: each batch 36 patches' worth of images of the budget it drew
+        drawn = {(n, b) for _, n, b in seen}
+        assert drawn <= {(9, 4), (4, 9), (2, 16)} and len(drawn) >= 2
+        assert all(max(n) <= b for n, (_, _, b) in zip(inputs, seen, strict=True))  # each image fits its budget
+        assert any(max(n) < 16 for n in inputs)  # images cut to a smaller budget than max_tokens
     assert (tmp_path / "whole" / "worst.png").is_file()
     summary = (tmp_path / "whole" / "summary.json").read_text()
     assert '"top1"' in summary
-    resumed = stopped_and_resumed(_naflex_recipe(tmp_path), tmp_path / "b", 5, monkeypatch)
+    resumed = stopped_and_resumed(recipe, tmp_path / "b", 5, monkeypatch)
     assert resumed.resumed_from == 4 and resumed.step == whole.step == 8
     a, b = (load_train_state(list_checkpoints(tmp_path / r / "checkpoints")[-1]).model_state for r in ("whole", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -186,12 +203,39 @@ def test_naflex_training_refuses_what_it_cannot_combine(tmp_path, change, messag
         train(_naflex_recipe(tmp_path, **change), tmp_path / "run")
 
 
-@pytest.mark.parametrize(("value", "message"), [({"max_tokens": 0}, r"\[1, 16384\], got 0"), ({"tokens": 4}, "tokens")])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"max_tokens": 0}, r"\[1, 16384\], got 0"),
+        ({"tokens": 4}, "naflex.tokens is not a NaFlex option"),
+        ({"max_tokens": 16, "seq_lens": [4, 32]}, r"seq_lens\[1\] must be a whole number of patches in \[1, 16\]"),
+        ({"max_tokens": 16, "seq_lens": []}, "seq_lens must be a list of patch budgets"),
+        ({"max_tokens": 16, "batch_tokens": 8}, r"batch_tokens \(8\) holds no image of the largest budget \(16"),
+    ],
+)
 def test_naflex_recipe_values_are_checked(tmp_path, value, message):
     from vitkit.errors import RecipeError
 
     with pytest.raises(RecipeError, match=message):
         _naflex_recipe(tmp_path, data__naflex=value)
+
+
+@pytest.mark.parametrize(
+    ("naflex", "message"),
+    [
+        (
+            {"max_tokens": 16, "seq_lens": [1, 16], "batch_tokens": 4000},
+            "up to 4000 images of 1 patches, more than the 16",
+        ),
+        ({"max_tokens": 16, "batch_tokens": 16}, "holds 1 images of 16 patches, and a step needs at least 2"),
+    ],
+)
+def test_a_token_budget_the_data_or_the_step_cannot_fill_is_refused(tmp_path, naflex, message):
+    from vitkit.errors import RecipeError
+    from vitkit.train.plan import RunPlan
+
+    with pytest.raises(RecipeError, match=message):
+        RunPlan.from_recipe(_naflex_recipe(tmp_path, data__naflex=naflex, train__accum_steps=2))
 
 
 def test_naflex_on_the_command_line(tmp_path, capsys):

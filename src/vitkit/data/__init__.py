@@ -24,7 +24,7 @@ from .idx import load_idx_dataset
 from .labels import LabelsFile, is_labels_file, read_labels_file
 from .mix import MixConfig, Mixed, mix_batch
 from .options import option_problem
-from .plan import BatchPlan, epoch_order
+from .plan import BatchPlan, batch_choice, epoch_order
 from .randaugment import RandAugmentConfig, rand_augment
 from .shards import ShardDataset, expand_braces, shard_paths
 from .streaming import StreamingDataset, decode_image
@@ -269,6 +269,7 @@ __all__ = [
     "SkipCounter",
     "StreamingDataset",
     "TransformConfig",
+    "batch_choice",
     "build_dataset",
     "carve",
     "check_options",

@@ -88,6 +88,7 @@ class Dataset:
         drop_last: bool = False,
         num_workers: int = 0,
         repeats: int = 1,
+        sizes: tuple[int, ...] = (),
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield (uint8 images (B, C, H, W), int64 labels (B,)) for one epoch.
 
@@ -109,6 +110,8 @@ class Dataset:
             drop_last: leave out a short last batch.
             num_workers: decoding processes (0: decode in this process).
             repeats: how many times in a row each image comes, from 1.
+            sizes: global batch sizes each batch draws one of (:class:`BatchPlan`); empty:
+                every batch ``batch_size``.
 
         Returns:
             An iterator of (uint8 images (B, C, H, W), labels): int64 class indices (B,), or
@@ -118,7 +121,7 @@ class Dataset:
             ValueError: a ``batch_size`` or ``repeats`` below 1, a negative ``start_batch`` or a
                 ``rank`` outside ``0..world_size - 1``.
         """
-        plan = BatchPlan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last, repeats)
+        plan = BatchPlan(batch_size, shuffle, seed, epoch, start_batch, rank, world_size, drop_last, repeats, sizes)
         return self.epoch_batches(plan, num_workers)
 
     def epoch_batches(self, plan: BatchPlan, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

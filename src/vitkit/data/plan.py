@@ -19,6 +19,28 @@ import torch
 _EPOCH_SEED_STRIDE = 1_000_003
 
 
+def batch_choice(seed: int, epoch: int, batch: int, choices: int) -> int:
+    """Which of ``choices`` options batch ``batch`` of ``epoch`` takes (a NaFlex batch's patch
+    budget and, with it, its size): a pure function of its arguments (a 64-bit mix of them), so
+    a resumed epoch and every rank draw the same.
+
+    Args:
+        seed: the run's seed.
+        epoch: the epoch, from 0.
+        batch: the global batch's index in the epoch, from 0.
+        choices: how many options there are (at least 1).
+
+    Returns:
+        An index in ``0..choices - 1``.
+    """
+    if choices <= 1:
+        return 0
+    x = (seed * _EPOCH_SEED_STRIDE + epoch) * 0x9E3779B97F4A7C15 + batch + 1
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):  # splitmix64's finaliser
+        x = ((x ^ (x >> shift)) * mult) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) % choices
+
+
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """The order of ``n`` samples (int64 indices) in an epoch: identity, or a permutation of (seed, epoch).
 
@@ -48,6 +70,9 @@ class BatchPlan:
     global batch equals a one-process run's. ``start_batch`` skips that many batches of the
     epoch (resuming mid-epoch). ``drop_last`` leaves out a short last batch. ``repeats`` takes
     each item that many times in a row (repeated augmentation), the epoch keeping its length.
+    ``sizes``, where given, replaces ``batch_size``: each global batch takes one of these sizes,
+    the one :func:`batch_choice` draws for it (batches of a token budget: fewer images where
+    each has more patches).
 
     Attributes:
         batch_size: the global batch's images.
@@ -59,9 +84,10 @@ class BatchPlan:
         world_size: the processes sharing each batch.
         drop_last: leave out a short last batch.
         repeats: how many times in a row each item is taken.
+        sizes: the global batch sizes batches draw from; empty: every batch ``batch_size``.
 
     Raises:
-        ValueError: on creation, a ``batch_size`` or ``repeats`` below 1, a negative
+        ValueError: on creation, a ``batch_size``, a size or ``repeats`` below 1, a negative
             ``start_batch``, or a ``rank`` outside ``0..world_size - 1``.
     """
 
@@ -74,8 +100,14 @@ class BatchPlan:
     world_size: int = 1
     drop_last: bool = False
     repeats: int = 1
+    sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(s < 1 for s in self.sizes):
+            raise ValueError(f"batch sizes must be at least 1, got {list(self.sizes)}")
+        if len(set(self.sizes)) == 1:  # one size: the fixed arithmetic, the same batches
+            object.__setattr__(self, "batch_size", self.sizes[0])
+            object.__setattr__(self, "sizes", ())
         if self.repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
         if self.batch_size < 1:
@@ -108,13 +140,30 @@ class BatchPlan:
             n: the number of items in the epoch.
 
         Returns:
-            ``n // batch_size``, plus one for a short last batch unless ``drop_last``.
+            ``n // batch_size``, plus one for a short last batch unless ``drop_last`` (with
+            ``sizes``: the batches their drawn sizes cut ``n`` into, so counted).
         """
+        if self.sizes:
+            return len(self._spans(n))
         full, rest = divmod(n, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def _share(self, batch: int, n: int) -> slice:
+    def _spans(self, n: int) -> list[tuple[int, int]]:
+        """(start, end) in the epoch's order of each global batch, for drawn sizes."""
+        spans, start, batch = [], 0, 0
+        while start < n:
+            end = start + self.sizes[batch_choice(self.seed, self.epoch, batch, len(self.sizes))]
+            if end > n and self.drop_last:
+                break
+            spans.append((start, min(end, n)))
+            start, batch = end, batch + 1
+        return spans
+
+    def _share(self, batch: int, n: int, spans: list[tuple[int, int]] | None = None) -> slice:
         """This rank's positions, in the epoch's order, of global batch ``batch``."""
+        if spans is not None:
+            start, end = spans[batch]
+            return slice(start + self.rank, end, self.world_size)
         start = batch * self.batch_size
         return slice(start + self.rank, min(start + self.batch_size, n), self.world_size)
 
@@ -131,8 +180,9 @@ class BatchPlan:
             int64 indices into the source, this rank's share of each global batch in turn.
         """
         order = self.order(n)
-        for batch in range(self.start_batch, self.num_batches(n)):
-            local = order[self._share(batch, n)]
+        spans = self._spans(n) if self.sizes else None
+        for batch in range(self.start_batch, self.num_batches(n) if spans is None else len(spans)):
+            local = order[self._share(batch, n, spans)]
             if len(local):
                 yield local
 
@@ -149,7 +199,9 @@ class BatchPlan:
             One count for each of the :meth:`num_batches` global batches; a rank may have 0
             in a short last batch.
         """
-        return [len(range(n)[self._share(batch, n)]) for batch in range(self.num_batches(n))]
+        spans = self._spans(n) if self.sizes else None
+        count = self.num_batches(n) if spans is None else len(spans)
+        return [len(range(n)[self._share(batch, n, spans)]) for batch in range(count)]
 
 
-__all__ = ["BatchPlan", "epoch_order"]
+__all__ = ["BatchPlan", "batch_choice", "epoch_order"]

@@ -49,8 +49,8 @@ def to_naflex(
 
     Args:
         images: a list of uint8 (C, H, W) images already at their grids' sizes (a source from
-            :func:`naflex_source`), or a uint8 batch (B, C, H, W) whose images are each resized to
-            the grid their aspect ratio gets.
+            :func:`naflex_source`; one over ``max_tokens`` is fitted to it), or a uint8 batch
+            (B, C, H, W) whose images are each resized to the grid their aspect ratio gets.
         patch: the model's patch side in pixels.
         max_tokens: the most patches an image may have.
         per_image: the transform of one image to a given size (see ``PerImage``).
@@ -62,7 +62,9 @@ def to_naflex(
     out = []
     for im in images:
         h, w = im.shape[-2:]
-        rows, cols = (h // patch, w // patch) if fitted else fit_grid(h, w, patch, max_tokens)
+        rows, cols = h // patch, w // patch
+        if not fitted or rows * cols > max_tokens:  # a square batch, or a smaller budget than the source's
+            rows, cols = fit_grid(h, w, patch, max_tokens)
         out.append(per_image(im[None], (rows * patch, cols * patch))[0])
     return collate(out, patch, max_tokens, fitted=True)
 

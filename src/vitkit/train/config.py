@@ -124,7 +124,9 @@ class DataSection:
     subset_seed: int = checked(0, SEEDS)  # fixes which images the minival and the subsets take (nested)
     options: dict[str, Any] = field(default_factory=dict)  # passed to the source (e.g. load_size)
     # NaFlex: each image at its own aspect ratio, cut into at most max_tokens patches, e.g. {max_tokens: 64};
-    # {}: every image resized to the model's square size
+    # seq_lens: the patch budgets a training batch draws one of (default [max_tokens]); batch_tokens:
+    # the patches a training batch holds, its images batch_tokens // the budget drawn (default: batch_size
+    # images); {}: every image resized to the model's square size
     naflex: dict[str, Any] = field(default_factory=dict)
 
 
@@ -576,20 +578,45 @@ def check_data_section(d: DataSection, where: str = "data") -> None:
         raise RecipeError(f"{where}.options.{bad[0]} {bad[1]}")
     from ..data.labels import SUFFIXES
 
-    unknown = sorted(set(d.naflex) - {"max_tokens"})
-    if unknown:
-        raise RecipeError(f"{where}.naflex.{unknown[0]} is not a NaFlex option (one: max_tokens)")
-    if d.naflex:
-        tokens = d.naflex.get("max_tokens")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= NAFLEX_MAX_TOKENS:
-            raise RecipeError(
-                f"{where}.naflex.max_tokens must be a whole number of patches in [1, {NAFLEX_MAX_TOKENS}], "
-                f"got {_shown(tokens)}"
-            )
+    _check_naflex_section(d.naflex, where)
     if d.val and not d.name.lower().endswith(SUFFIXES):
         raise RecipeError(f"{where}.val is the validation file of a labels file; {where}.name {d.name!r} is not one")
     if d.val and not d.val.lower().endswith(SUFFIXES):
         raise RecipeError(f"{where}.val must be a labels file ({', '.join(SUFFIXES)}), got {d.val!r}")
+
+
+NAFLEX_KEYS = ("max_tokens", "seq_lens", "batch_tokens")
+
+
+def _check_naflex_section(naflex: dict[str, Any], where: str) -> None:
+    """``data.naflex``: a patch budget, the budgets training batches draw from (each at most the
+    budget) and the patches a batch holds (enough for one image of the largest budget)."""
+    unknown = sorted(set(naflex) - set(NAFLEX_KEYS))
+    if unknown:
+        raise RecipeError(f"{where}.naflex.{unknown[0]} is not a NaFlex option (they: {', '.join(NAFLEX_KEYS)})")
+    if not naflex:
+        return
+
+    def patches(value: Any, key: str, hi: int = NAFLEX_MAX_TOKENS) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+            raise RecipeError(
+                f"{where}.naflex.{key} must be a whole number of patches in [1, {hi}], got {_shown(value)}"
+            )
+        return value
+
+    tokens = patches(naflex.get("max_tokens"), "max_tokens")
+    lens = naflex.get("seq_lens", [tokens])
+    if not isinstance(lens, list) or not lens:
+        raise RecipeError(f"{where}.naflex.seq_lens must be a list of patch budgets, e.g. [64, 144, {tokens}]")
+    for i, n in enumerate(lens):
+        patches(n, f"seq_lens[{i}]", tokens)  # at most max_tokens: what evaluation and serving use
+    if "batch_tokens" in naflex:
+        patches(naflex["batch_tokens"], "batch_tokens", NAFLEX_MAX_TOKENS * 4096)
+        if naflex["batch_tokens"] < max(lens):
+            raise RecipeError(
+                f"{where}.naflex.batch_tokens ({naflex['batch_tokens']}) holds no image of the largest budget "
+                f"({max(lens)} patches); give at least that"
+            )
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

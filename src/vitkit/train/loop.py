@@ -154,10 +154,16 @@ def _agreed(flags: list[bool], info: D.DistInfo, device: torch.device) -> list[b
 
 
 def _model_input(
-    x: torch.Tensor | list[torch.Tensor], g: torch.Generator, plan: RunPlan, cfg: ViTConfig, device: torch.device
+    x: torch.Tensor | list[torch.Tensor],
+    g: torch.Generator,
+    plan: RunPlan,
+    cfg: ViTConfig,
+    device: torch.device,
+    budget: int | None = None,
 ) -> torch.Tensor | NaflexBatch:
     """A micro-batch as the data gives it -> the model's input: the recipe's augmentation of the
-    square batch, or of each image at its own size for NaFlex (then cut into patches)."""
+    square batch, or of each image at its own size for NaFlex, at most ``budget`` patches (then
+    cut into patches)."""
     if plan.naflex is None:
         return train_transform(match_channels(x.to(device, non_blocking=True), cfg.in_chans), plan.transform, g)
 
@@ -165,7 +171,7 @@ def _model_input(
         return train_transform(match_channels(im, cfg.in_chans), replace(plan.transform, img_size=size), g)
 
     on_dev = x.to(device) if isinstance(x, torch.Tensor) else [im.to(device) for im in x]
-    return to_naflex(on_dev, int(cfg.patch_size[0]), plan.naflex, per_image)
+    return to_naflex(on_dev, int(cfg.patch_size[0]), budget or plan.naflex, per_image)
 
 
 class Trainer:
@@ -271,13 +277,14 @@ class Trainer:
             self.last_eval = _scores(self.plan, self.model, self.ema, self.compute)
         return self.last_eval["map_macro" if self.multilabel else "top1"]
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> float | None:
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor, budget: int | None = None) -> float | None:
         """One optimiser step on a local batch; returns the loss, or None if it was skipped.
 
         Args:
             images: this process's share of the global batch, uint8 (B, C, H, W), as the data
                 gives it (the step augments it).
             labels: their class indices (B,), or multi-hot rows (B, K).
+            budget: NaFlex's most patches an image (its drawn budget); None: ``max_tokens``.
 
         Returns:
             The loss of the global batch (the mean over the processes); None when a non-finite
@@ -296,7 +303,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(zip(_micro_batches(images, n), labels.chunk(n))):
             g = step_generator(r.seed * 1009 + self.info.rank, step * n + i, self.device)
-            x = _model_input(x, g, self.plan, self.model.cfg, self.device)
+            x = _model_input(x, g, self.plan, self.model.cfg, self.device, budget)
             x, y = objective.targets(x, y.to(self.device, non_blocking=True), g)
             with self.compute.no_sync(last=i == n - 1):
                 loss = objective.loss(x, self.compute.forward(x), y) / n
@@ -362,8 +369,9 @@ class Trainer:
         watch, window = Stopwatch(), Window()
         try:  # a run that stops closes its progress bar before the error is printed
             for index, (images, labels) in _epochs(self.plan, self.state, self.progress):
-                loss = self.train_step(images, labels)
-                window.add(loss, self.plan.global_batch, watch.lap())  # step time includes waiting for data
+                budget = self.plan.naflex_budget(self.state.epoch, index)  # None: squares
+                loss = self.train_step(images, labels) if budget is None else self.train_step(images, labels, budget)
+                window.add(loss, self.plan.batch_images(self.state.epoch, index), watch.lap())  # data's time too
                 self.state.step, self.state.batch_in_epoch = self.state.step + 1, index + 1
                 step = self.state.step
                 if due(step, r.log.log_every, total):
@@ -559,6 +567,7 @@ def _epochs(
             drop_last=True,
             num_workers=r.data.num_workers,
             repeats=r.augment.repeats,
+            sizes=plan.naflex_sizes,
         )
         yielded = False
         for index, batch in enumerate(batches, start=start):

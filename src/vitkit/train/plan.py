@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import Dataset, TransformConfig, build_dataset, is_labels_file
+from ..data import Dataset, TransformConfig, batch_choice, build_dataset, is_labels_file
 from ..data.mix import MixConfig
 from ..data.randaugment import RandAugmentConfig
 from ..data.transforms import EraseConfig
@@ -177,6 +177,33 @@ def _check_naflex(r: Recipe, model: nn.Module, mix: MixConfig, max_tokens: int) 
     return patch
 
 
+def _naflex_batches(r: Recipe, world_size: int, train_ds: Dataset) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """NaFlex training's patch budgets and, under ``data.naflex.batch_tokens``, the global batch
+    of each, checked: every micro-step of every process gets an image, and the data holds the
+    largest batch."""
+    lens = tuple(r.data.naflex.get("seq_lens") or [r.data.naflex["max_tokens"]])
+    budget = r.data.naflex.get("batch_tokens")
+    if budget is None:
+        return lens, ()
+    sizes = tuple(budget // n for n in lens)
+    least = world_size * r.train.accum_steps
+    if min(sizes) < least:
+        raise RecipeError(
+            f"data.naflex.batch_tokens {budget} holds {min(sizes)} images of {max(lens)} patches, and a step needs "
+            f"at least {least} ({world_size} processes x train.accum_steps {r.train.accum_steps}): raise it"
+        )
+    try:
+        n = len(train_ds)
+    except (NotImplementedError, TypeError):
+        return lens, sizes
+    if max(sizes) > n:
+        raise RecipeError(
+            f"data.naflex.batch_tokens {budget} makes batches of up to {max(sizes)} images of {min(lens)} patches, "
+            f"more than the {n} training images; lower it"
+        )
+    return lens, sizes
+
+
 def _transform_config(r: Recipe, pre: Preprocessing) -> TransformConfig:
     """The recipe's augmentation at the model's resolution and value range."""
     a = r.augment
@@ -250,6 +277,9 @@ class RunPlan:
         objective: what the run minimises.
         notes: lines about what was loaded, for the run's first messages.
         naflex: NaFlex's most patches an image (``data.naflex.max_tokens``); None: square images.
+        naflex_lens: the patch budgets a NaFlex training batch draws one of (``data.naflex.seq_lens``).
+        naflex_sizes: the global batch (images) of each budget, ``data.naflex.batch_tokens`` over
+            it; empty: every batch ``train.batch_size`` images.
     """
 
     recipe: Recipe
@@ -267,6 +297,8 @@ class RunPlan:
     objective: Objective
     notes: list[str] = field(default_factory=list)
     naflex: int | None = None
+    naflex_lens: tuple[int, ...] = ()
+    naflex_sizes: tuple[int, ...] = ()
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, env: Environment | None = None) -> RunPlan:
@@ -309,13 +341,56 @@ class RunPlan:
             teacher = Teacher(t.teacher, cfg.num_classes, cfg.in_chans, pre, env.device, precision)
         objective = objective_for(r.train, model.num_classes, mix, teacher)
         naflex = r.data.naflex.get("max_tokens")
+        lens: tuple[int, ...] = ()
+        sizes: tuple[int, ...] = ()
         if naflex is not None:  # stored with the weights: eval, predict and embed see images so too
             train_ds = naflex_source(train_ds, _check_naflex(r, model, mix, naflex), naflex)
             pre = replace(pre, naflex=naflex)
+            lens, sizes = _naflex_batches(r, env.info.world_size, train_ds)
         return cls(
             r, env, precision, micro, train_ds, eval_ds, multilabel, model, pre, _transform_config(r, pre), mix,
-            teacher, objective, notes, naflex,
+            teacher, objective, notes, naflex, lens, sizes,
         )  # fmt: skip
+
+    def _describe_naflex(self) -> str:
+        line = f"naflex: each image at its own aspect ratio, at most {self.naflex} patches (no square resize)"
+        if len(self.naflex_lens) > 1:
+            line += f"; a training batch draws its budget from {', '.join(map(str, self.naflex_lens))} patches"
+        if self.naflex_sizes:
+            budget = self.recipe.data.naflex["batch_tokens"]
+            pairs = ", ".join(f"{s} of {n}" for s, n in zip(self.naflex_sizes, self.naflex_lens))
+            line += f"; {budget} patches a batch: {pairs} (images of patches), not train.batch_size"
+        return line
+
+    def naflex_budget(self, epoch: int, batch: int) -> int | None:
+        """The patch budget of NaFlex training batch ``batch`` of ``epoch`` (one of
+        ``data.naflex.seq_lens``, drawn as the data draws its size: :func:`vitkit.data.batch_choice`).
+
+        Args:
+            epoch: the epoch, from 0.
+            batch: the batch's index in the epoch.
+
+        Returns:
+            The most patches each image of the batch may have; None without NaFlex.
+        """
+        if self.naflex is None:
+            return None
+        return self.naflex_lens[batch_choice(self.recipe.seed, epoch, batch, len(self.naflex_lens))]
+
+    def batch_images(self, epoch: int, batch: int) -> int:
+        """Images the global batch ``batch`` of ``epoch`` holds: ``global_batch``, or under a NaFlex
+        token budget the size drawn with its patch budget.
+
+        Args:
+            epoch: the epoch, from 0.
+            batch: the batch's index in the epoch.
+
+        Returns:
+            The images of all processes and micro-steps together.
+        """
+        if not self.naflex_sizes:
+            return self.global_batch
+        return self.naflex_sizes[batch_choice(self.recipe.seed, epoch, batch, len(self.naflex_sizes))]
 
     @property
     def global_batch(self) -> int:
@@ -338,7 +413,8 @@ class RunPlan:
         n_eval = "none" if self.eval_ds is None else f"{self.eval_ds.name}, {len(self.eval_ds)} images"
         epochs = ""
         if n_train != "a stream":
-            per_epoch = max(1, len(self.train_ds) // self.global_batch)  # a short last batch is left out
+            batch = sum(self.naflex_sizes) / len(self.naflex_sizes) if self.naflex_sizes else self.global_batch
+            per_epoch = max(1, int(len(self.train_ds) // batch))  # a short last batch is left out
             epochs = f" ({t.steps / per_epoch:.1f} epochs)"
         started = r.model.init_from or "scratch"
         w = self.env.info.world_size
@@ -353,11 +429,7 @@ class RunPlan:
             f"objective: {self.objective.describe()}",
             f"schedule: {t.steps} steps{epochs}, {r.optim.name} lr {r.optim.lr:g} ({r.optim.schedule}, "
             f"{r.optim.warmup_steps} warm-up steps)",
-            *(
-                [f"naflex: each image at its own aspect ratio, at most {self.naflex} patches (no square resize)"]
-                if self.naflex
-                else []
-            ),
+            *([self._describe_naflex()] if self.naflex else []),
             f"logging: every {r.log.log_every} steps; evaluation every {r.log.eval_every}; checkpoints every "
             f"{r.log.checkpoint_every} steps and {r.log.checkpoint_minutes:g} minutes"
             + (f"; trackers: {', '.join(r.log.trackers)}" if r.log.trackers else ""),
