@@ -101,3 +101,36 @@ def test_a_file_without_vitkit_metadata_is_refused_in_one_line(tmp_path):
     onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
     with pytest.raises(CheckpointError, match="other.onnx: carries no vitkit metadata"):
         load_exported(tmp_path / "other.onnx")
+
+
+@pytest.mark.slow  # an export (seconds)
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[" * 100000 + "]" * 100000, r"vitkit.preprocessing: the JSON is nested 100000 levels deep"),
+        ("{not json", r"vitkit.preprocessing: not valid JSON"),
+        (
+            '{"mean": [0.5, 0.5, 0.5], "std": [0, 0, 0], "img_size": [16, 16]}',
+            r"vitkit.preprocessing: preprocessing\['std'\]\[0\] must be",
+        ),
+        (None, None),  # no key (an older export): the config's own preprocessing
+    ],
+)
+def test_an_exports_damaged_preprocessing_is_refused_not_replaced(tmp_path, weights, value, message):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    path, _ = weights
+    exported = tmp_path / "m.onnx"
+    assert main(["convert", str(path), str(exported)]) == 0
+    proto = onnx.load(str(exported))
+    kept = [(p.key, p.value) for p in proto.metadata_props if p.key != "vitkit.preprocessing"]
+    del proto.metadata_props[:]
+    for k, v in [*kept, *([("vitkit.preprocessing", value)] if value is not None else [])]:
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = k, v
+    onnx.save(proto, str(exported))
+    if message is None:
+        assert load_exported(exported).preprocessing == vitkit.Preprocessing.for_config(load_exported(exported).cfg)
+        return
+    with pytest.raises(CheckpointError, match=f"m.onnx: {message}"):
+        load_exported(exported)

@@ -277,7 +277,25 @@ def _check_naflex_accuracy(table: Table, data: dict, args: dict[str, str]) -> No
         assert shown_equals(mean, diff["mean"]) and shown_equals(lo, diff["lo"]) and shown_equals(hi, diff["hi"]), row
 
 
+def _check_adversarial(table: Table, data: dict, args: dict[str, str]) -> None:
+    """adversarial.py: one row a group of cases, in the script's order, then all of them: the
+    cases, those as expected, and each outcome's count."""
+    groups: dict[str, list[dict]] = {"all": []}
+    for r in data["rows"]:
+        groups.setdefault(r["group"], []).append(r)
+        groups["all"].append(r)
+    names = [*list(groups)[1:], "all"]
+    assert [row[0].strip("*") for row in table.rows] == names
+    for row in table.rows:
+        rows = groups[row[0].strip("*")]
+        count = [sum(r["outcome"] == o for r in rows) for o in ("one line", "ok")]
+        broken = sum(r["outcome"] not in ("one line", "ok") for r in rows)
+        shown = [int(c.strip("*").replace(",", "")) for c in row[1:]]
+        assert shown == [len(rows), sum(r["as_expected"] for r in rows), *count, broken], row
+
+
 RULES = {
+    "adversarial": _check_adversarial,
     "adapters": _check_adapters,
     "loop_overhead": _check_loop_overhead,
     "merge_curve": _check_merge_curve,
@@ -293,6 +311,8 @@ RULES = {
 
 
 def _kind(data: dict) -> str:
+    if "counts" in data and "rows" in data:
+        return "adversarial"
     if "speed" in data:
         return "adapters"
     if "loop_median" in data:

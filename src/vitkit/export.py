@@ -891,6 +891,7 @@ def _exported_metadata(meta: dict[str, str], path: Path) -> tuple[Any, Any, list
     """(config, preprocessing, class names) of a serving file's vitkit metadata (:func:`_metadata`)."""
     from .checkpoint.load import stored_names
     from .checkpoint.native import config_from_meta
+    from .checkpoint.values import check_preprocessing, loads
     from .preprocessing import Preprocessing
 
     if "vitkit.config" not in meta:
@@ -898,10 +899,13 @@ def _exported_metadata(meta: dict[str, str], path: Path) -> tuple[Any, Any, list
             f"{path}: carries no vitkit metadata (its config and preprocessing): not written by vitkit"
         )
     cfg = config_from_meta({"arch": meta.get("vitkit.arch", "vit"), "config": meta["vitkit.config"]}, path)
-    try:
-        pre = Preprocessing.from_dict(json.loads(meta["vitkit.preprocessing"]))
-    except (KeyError, ValueError, TypeError, RecursionError):
+    if "vitkit.preprocessing" not in meta:  # an export of an older vitkit: the config's own
         pre = Preprocessing.for_config(cfg)
+    else:  # damaged is refused, each value checked: other pixels would change every prediction, unsaid
+        where = f"{path}: vitkit.preprocessing"
+        d = loads(meta["vitkit.preprocessing"], where)
+        check_preprocessing(d, int(getattr(cfg, "in_chans", 3)), where)
+        pre = Preprocessing.from_dict(d)
     names = stored_names({"classes": meta.get("vitkit.classes", "null")}, int(getattr(cfg, "num_classes", 0) or 0))
     return cfg, pre, names
 

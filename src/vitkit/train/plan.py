@@ -179,18 +179,18 @@ def _check_naflex(r: Recipe, model: nn.Module, mix: MixConfig, max_tokens: int) 
 
 def _naflex_batches(r: Recipe, world_size: int, train_ds: Dataset) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """NaFlex training's patch budgets and, under ``data.naflex.batch_tokens``, the global batch
-    of each, checked: every micro-step of every process gets an image, and the data holds the
-    largest batch."""
+    of each, checked: a multiple of the processes times the micro-steps (each computes as many
+    images, so the mean over them is the batch's), and the data holds the largest batch."""
     lens = tuple(r.data.naflex.get("seq_lens") or [r.data.naflex["max_tokens"]])
     budget = r.data.naflex.get("batch_tokens")
     if budget is None:
         return lens, ()
-    sizes = tuple(budget // n for n in lens)
     least = world_size * r.train.accum_steps
+    sizes = tuple(budget // n // least * least for n in lens)
     if min(sizes) < least:
         raise RecipeError(
-            f"data.naflex.batch_tokens {budget} holds {min(sizes)} images of {max(lens)} patches, and a step needs "
-            f"at least {least} ({world_size} processes x train.accum_steps {r.train.accum_steps}): raise it"
+            f"data.naflex.batch_tokens {budget} holds {budget // max(lens)} images of {max(lens)} patches, and a "
+            f"step needs at least {least} ({world_size} processes x train.accum_steps {r.train.accum_steps}): raise it"
         )
     try:
         n = len(train_ds)
