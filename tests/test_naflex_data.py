@@ -244,7 +244,9 @@ def test_a_token_budgets_batches_split_evenly_among_micro_steps(tmp_path):
     naflex = {"max_tokens": 16, "seq_lens": [4, 9, 16], "batch_tokens": 64}  # 16, 7 and 4 images
     plan = RunPlan.from_recipe(_naflex_recipe(tmp_path, data__naflex=naflex, train__accum_steps=4))
     assert plan.naflex_sizes == (16, 4, 4)  # each rounded down to a multiple of the 4 micro-steps
-    assert any("64 patches a batch: 16 of 4, 4 of 9, 4 of 16" in line for line in plan.describe())
+    lines = plan.describe()
+    assert any("64 patches a batch: 16 of 4, 4 of 9, 4 of 16 patches" in line for line in lines)
+    assert "batch: 16 or 4 images a step, by the patch budget it draws" in "\n".join(lines)
 
 
 def test_naflex_on_the_command_line(tmp_path, capsys):

@@ -390,7 +390,6 @@ class Trainer:
         D.barrier(self.info)
         self._close_run()
         report = self._report()
-        trained = self.state.step - (self.resumed_from or 0)
         return RunResult(
             out_dir=self.out,
             step=self.state.step,
@@ -398,7 +397,7 @@ class Trainer:
             best_top1=self.state.best_metric,
             best_step=self.state.best_step,
             train_seconds=watch.total,
-            images_per_second=self.plan.global_batch * trained / max(watch.total, 1e-9),
+            images_per_second=window.total_images / max(watch.total, 1e-9),
             resumed_from=self.resumed_from,
             report=report,
             multilabel=self.multilabel,

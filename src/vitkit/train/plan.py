@@ -352,6 +352,16 @@ class RunPlan:
             teacher, objective, notes, naflex, lens, sizes,
         )  # fmt: skip
 
+    def _describe_batch(self, w: int) -> str:
+        t = self.recipe.train
+        if self.naflex_sizes:  # the size follows the budget each batch draws
+            sizes = " or ".join(str(s) for s in sorted(set(self.naflex_sizes), reverse=True))
+            return (
+                f"batch: {sizes} images a step, by the patch budget it draws (data.naflex.batch_tokens), "
+                f"split among {w} processes x {t.accum_steps} micro-steps"
+            )
+        return f"batch: {self.global_batch} a step = {w} processes x {t.accum_steps} micro-steps x {self.micro_batch}"
+
     def _describe_naflex(self) -> str:
         line = f"naflex: each image at its own aspect ratio, at most {self.naflex} patches (no square resize)"
         if len(self.naflex_lens) > 1:
@@ -359,7 +369,7 @@ class RunPlan:
         if self.naflex_sizes:
             budget = self.recipe.data.naflex["batch_tokens"]
             pairs = ", ".join(f"{s} of {n}" for s, n in zip(self.naflex_sizes, self.naflex_lens))
-            line += f"; {budget} patches a batch: {pairs} (images of patches), not train.batch_size"
+            line += f"; {budget} patches a batch: {pairs} patches"
         return line
 
     def naflex_budget(self, epoch: int, batch: int) -> int | None:
@@ -424,7 +434,7 @@ class RunPlan:
             f"data: {r.data.name}: training {self.train_ds.name}, {n_train}, {self.train_ds.num_classes} classes"
             f"{', multi-label' if self.multilabel else ''}; evaluation: {n_eval}",
             f"device: {self.env.device}, {w} process{'es' if w > 1 else ''}",
-            f"batch: {self.global_batch} a step = {w} processes x {t.accum_steps} micro-steps x {self.micro_batch}",
+            self._describe_batch(w),
             self.precision.describe(),
             f"objective: {self.objective.describe()}",
             f"schedule: {t.steps} steps{epochs}, {r.optim.name} lr {r.optim.lr:g} ({r.optim.schedule}, "

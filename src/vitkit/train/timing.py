@@ -45,9 +45,11 @@ class Stopwatch:
 
 class Window:
     """The steps since the last log line: their mean loss, how many were skipped (a non-finite
-    loss), and images per second of training time."""
+    loss), and images per second of training time; ``total_images``: every image since it was
+    made (a reset keeps it)."""
 
     def __init__(self) -> None:
+        self.total_images = 0
         self.reset()
 
     def reset(self) -> None:
@@ -60,6 +62,7 @@ class Window:
         else:  # a skipped non-finite step has no loss
             self.skipped += 1
         self.images += images
+        self.total_images += images
         self.seconds += seconds
 
     @property
