@@ -328,3 +328,32 @@ def test_embed_a_folder_with_naflex(tmp_path):
     assert not torch.allclose(square.vectors, res.vectors)
     with pytest.raises(VitkitError, match="NaFlex embeddings cannot be computed with --pool patch"):
         embed_folder(model, folder, pool="patch", files=files, naflex=16)
+
+
+@pytest.mark.slow
+def test_torchrun_token_budget_batches_match_one_process(tmp_path):
+    """Two processes draw the same budget and batch size for each batch and split it evenly:
+    the losses of a 1-process run with the same global batches."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    naflex = {"max_tokens": 16, "seq_lens": [4, 8, 16], "batch_tokens": 32}  # 8, 4 or 2 images a batch
+    _naflex_recipe(tmp_path, data__naflex=naflex, augment__crop="none", augment__flip=False, log__eval_every=8)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = ["-m", "vitkit", "train", "--config", str(tmp_path / "recipe.yaml"), "--device", "cpu"]
+    subprocess.run([sys.executable, *base, "--out", str(tmp_path / "one")], check=True, env=env, capture_output=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port"]
+    run = subprocess.run(
+        [*torchrun, str(free_port()), *base, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    def losses(run):
+        return [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(one) == len(two) == 8 and max(abs(a - b) for a, b in zip(one, two)) < 1e-4
