@@ -238,6 +238,21 @@ def test_a_token_budget_the_data_or_the_step_cannot_fill_is_refused(tmp_path, na
         RunPlan.from_recipe(_naflex_recipe(tmp_path, data__naflex=naflex, train__accum_steps=2))
 
 
+def test_a_token_budget_beyond_the_memory_left_is_refused_in_one_line(tmp_path, monkeypatch):
+    import vitkit.cpu
+    from vitkit.errors import UsageError
+    from vitkit.models.flops import memory_estimate
+    from vitkit.train.plan import RunPlan
+
+    naflex = {"max_tokens": 16, "batch_tokens": 256}  # 16 images of 16 patches: 4 times train.batch_size
+    plan = RunPlan.from_recipe(_naflex_recipe(tmp_path, data__naflex=naflex))
+    cfg = plan.model.cfg
+    between = (memory_estimate(cfg, 4, True) + memory_estimate(cfg, 16, True)) // 2
+    monkeypatch.setattr(vitkit.cpu, "available_memory", lambda: between)
+    with pytest.raises(UsageError, match="data.naflex.batch_tokens"):
+        RunPlan.from_recipe(_naflex_recipe(tmp_path, data__naflex=naflex))
+
+
 def test_a_token_budgets_batches_split_evenly_among_micro_steps(tmp_path):
     from vitkit.train.plan import RunPlan
 

@@ -347,6 +347,10 @@ class RunPlan:
             train_ds = naflex_source(train_ds, _check_naflex(r, model, mix, naflex), naflex)
             pre = replace(pre, naflex=naflex)
             lens, sizes = _naflex_batches(r, env.info.world_size, train_ds)
+            if sizes:  # a micro-step's patches, as the images of the model's square grid they equal
+                grid = model.cfg.grid_size[0] * model.cfg.grid_size[1]
+                tokens = -(-r.data.naflex["batch_tokens"] // (env.info.world_size * r.train.accum_steps))
+                check_memory(model.cfg, "data.naflex.batch_tokens", -(-tokens // max(grid, 1)), True, str(env.device))
         return cls(
             r, env, precision, micro, train_ds, eval_ds, multilabel, model, pre, _transform_config(r, pre), mix,
             teacher, objective, notes, naflex, lens, sizes,
