@@ -401,3 +401,14 @@ def test_the_default_keeps_the_kernel_timed_faster_and_times_each_shape_once(mon
     prepare_inference(m, "fp32")
     assert len(timed) == 2 * decisions  # decided once per shape in the process
     assert sum(isinstance(mod, PackedLinear) for mod in prepare_inference(m, "fp32", pack=True).modules()) == 13
+
+
+def test_the_bf16_ceiling_of_a_cpu_that_emulates_it_is_measured_on_small_matrices(monkeypatch):
+    import vitkit.bench as bench
+    from vitkit.precision import Bf16Support
+
+    sides, real = [], torch.randn
+    monkeypatch.setattr(bench, "bf16_support", lambda device: Bf16Support(False, "no native bf16 (a test)"))
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: sides.append(a[0]) or real(*a, **k))
+    assert bench.matmul_ceiling("bf16") > 0
+    assert set(sides) == {512}  # 4096 in emulated bf16 would take minutes

@@ -32,7 +32,7 @@ from .inference import (
 )
 from .models.flops import check_memory, count_params, model_flops
 from .models.registry import create_model
-from .precision import ServingPrecision, serving_precision
+from .precision import ServingPrecision, bf16_support, serving_precision
 
 
 def _sync(device: torch.device) -> None:
@@ -48,7 +48,9 @@ def matmul_ceiling(
     ``torch.mm`` and, on a CPU with oneDNN, of oneDNN's packed linear kernel. Both count: on AMD
     processors ``torch.mm`` in fp32 goes through MKL's AVX2 path and reaches about half of what
     oneDNN's AVX-512 kernel does, so ``torch.mm`` alone would understate the machine. Sizes
-    default to 2048 and 4096 on a CPU, 4096 and 8192 on a GPU (smaller ones do not fill it).
+    default to 2048 and 4096 on a CPU, 4096 and 8192 on a GPU (smaller ones do not fill it), and
+    to 512 for bf16 on a CPU that emulates it (:func:`vitkit.precision.bf16_support`: a hundred
+    times slower, it is as slow at any size, and 4096 would take minutes).
 
     Args:
         precision: "fp32", "bf16" or "int8".
@@ -60,9 +62,10 @@ def matmul_ceiling(
     """
     device = torch.device(device)
     precision = serving_precision(precision, device)
-    sizes = sizes or ((2048, 4096) if device.type == "cpu" else (4096, 8192))
     int8 = precision == "int8" and device.type == "cpu" and onednn_int8_available()
     dtype = _DTYPES.get(precision, torch.bfloat16)
+    emulated = device.type == "cpu" and dtype == torch.bfloat16 and not int8 and not bf16_support(device).native
+    sizes = sizes or ((512,) if emulated else (2048, 4096) if device.type == "cpu" else (4096, 8192))
     best = 0.0
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=dtype)
