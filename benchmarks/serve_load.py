@@ -6,7 +6,9 @@ answers come, at each concurrency level; every level reports requests a second a
 latency seen by the clients, and the server's mean batch size (from ``/metrics``). The reference
 rows call the same prepared model (:func:`vitkit.inference.prepare_inference`, the same precision)
 in a loop in this process: one image a call, and ``--max-batch`` images a call (what batching can
-reach at best), images preprocessed already.
+reach at best), images preprocessed already. The server runs vitkit's own path (``--backend torch``)
+like the loop, so that the rows differ by serving alone; ``--backend auto`` gives it the runtime
+that ``vitkit serve`` would choose by default on this machine (the loop stays on vitkit's path).
 
 Checked, not only measured (the run fails otherwise):
 - no request is lost: every request sent is answered 200 (none 503, none dropped);
@@ -81,6 +83,7 @@ class Server:
 
     def __init__(self, model: str, args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", "vitkit", "serve", model, "--port", "0", "--precision", args.precision]
+        cmd += ["--backend", args.backend]
         cmd += ["--max-batch", str(args.max_batch), "--batch-window-ms", str(args.window_ms)]
         cmd += ["--max-body-mb", "1", "--max-pixels", str(4 * args.img_size**2)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -306,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", default="tiny", help="tiny (a 2-layer 32 px ViT), or a vitkit model name: vit_s16...")
     p.add_argument("--img-size", type=int, default=32, help="the random model's and the images' size")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "int8"])
+    p.add_argument(
+        "--backend",
+        default="torch",
+        choices=["torch", "auto", "openvino", "onnxruntime"],
+        help="the server's backend (default: vitkit's own path, as the loop)",
+    )
     p.add_argument("--concurrency", default="1,8,32", help="clients at once, each level in turn")
     p.add_argument("--requests", type=int, default=200, help="requests per level")
     p.add_argument("--max-batch", type=int, default=16)

@@ -31,6 +31,7 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # The peers' column headings in RESULTS.md, as peers.py names them.
 PEER_COLUMNS = {"vitkit": "vitkit", "timm": "timm", "HF sdpa": "hf-sdpa", "HF eager": "hf-eager"}
 PEER_COLUMNS["torchvision"] = "torchvision"
+PEER_COLUMNS |= {"OpenVINO": "openvino", "ONNX Runtime": "onnxruntime", "ONNX Runtime QDQ": "onnxruntime-qdq"}
 
 
 @dataclass
@@ -213,12 +214,16 @@ def _check_loop_overhead(table: Table, data: dict, args: dict[str, str]) -> None
 
 
 def _check_merge_curve(table: Table, data: dict, args: dict[str, str]) -> None:
-    """merge_curve.py: one row an r; tokens left, images/s, speed-up over r = 0, top-1 and its change."""
+    """merge_curve.py: one row an r; tokens left, images/s, speed-up over r = 0, top-1 and its change
+    ("-" for both where the model was timed with random weights)."""
     assert [int(row[0]) for row in table.rows] == [r["r"] for r in data["rows"]]
     base = next(r for r in data["rows"] if r["r"] == data["baseline_r"])
     for row, r in zip(table.rows, data["rows"]):
         assert shown_equals(row[1], r["tokens_out"]) and shown_equals(row[2], r["images_per_s"]), row
         assert shown_equals(row[3].rstrip("x"), r["images_per_s"] / base["images_per_s"]), row
+        if r["top1"] is None:  # a model timed with random weights (--arch): no top-1
+            assert row[4] == row[5] == "-", row
+            continue
         assert shown_equals(row[4].rstrip("%"), 100 * r["top1"]), row
         assert shown_equals(row[5], 100 * (r["top1"] - base["top1"])), row
 
@@ -294,7 +299,22 @@ def _check_adversarial(table: Table, data: dict, args: dict[str, str]) -> None:
         assert shown == [len(rows), sum(r["as_expected"] for r in rows), *count, broken], row
 
 
+def _check_serve_load(table: Table, data: dict, args: dict[str, str]) -> None:
+    """serve_load.py: the service's rounds (clients, requests/s, p50 and p99 ms, mean batch, RSS),
+    then the model loop's rows; a run that failed a check is not a result."""
+    assert not data["failures"], data["failures"]
+    expect = [[str(r["clients"]), r["per_second"], r["p50_ms"], r["p99_ms"], r["mean_batch"], r["rss_mb"]]
+              for r in data["rounds"]]  # fmt: skip
+    expect += [["-", r["per_second"], r["p50_ms"], r["p99_ms"]] for r in data["model_loop"]]
+    assert len(table.rows) == len(expect)
+    for row, values in zip(table.rows, expect):
+        assert row[1] == values[0], row
+        for cell, value in zip(row[2:], values[1:]):
+            assert shown_equals(cell, value), (row, cell, value)
+
+
 RULES = {
+    "serve_load": _check_serve_load,
     "adversarial": _check_adversarial,
     "adapters": _check_adapters,
     "loop_overhead": _check_loop_overhead,
@@ -311,6 +331,8 @@ RULES = {
 
 
 def _kind(data: dict) -> str:
+    if "model_loop" in data and "rounds" in data:
+        return "serve_load"
     if "counts" in data and "rows" in data:
         return "adversarial"
     if "speed" in data:
