@@ -1,6 +1,7 @@
 """Token merging (ToMe): r = 0 computes what the plain model does, small r stays close, the class
-token and registers are never merged, merged tokens are size-weighted means, and a model prepared
-for serving merges alike."""
+token and registers are never merged, merged tokens are size-weighted means, a model prepared
+for serving merges alike, and models with 2-D RoPE merge with each token turning by its own
+(merged) angles."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 import vitkit
 from vitkit.inference import prepare_inference
-from vitkit.models.merge import apply_token_merging, bipartite_merge
+from vitkit.models.merge import _angles_of_table, _rope_scale, apply_token_merging, bipartite_merge
+from vitkit.models.posembed import rope_angles, rope_table
 
 SMALL = {"img_size": 64, "patch_size": 8, "depth": 4, "width": 64, "num_heads": 4, "mlp_dim": 128, "num_classes": 10}
 
@@ -88,6 +90,8 @@ def test_refusals():
         apply_token_merging(_model(), -1)
     with pytest.raises(ValueError, match="tied to the patch grid"):
         apply_token_merging(_model(pos_embed="relative"), 2)
+    with pytest.raises(ValueError, match="not set up for"):  # a rotary table given to a model without RoPE
+        apply_token_merging(_model(), 2).blocks[0](torch.randn(1, 65, 64), rope=rope_table((8, 8), 16))
     model = apply_token_merging(_model(), 2)
     with pytest.raises(ValueError, match="already"):
         apply_token_merging(model, 2)
@@ -106,3 +110,85 @@ def test_predict_and_serve_take_merge(tmp_path, capsys):
     assert "a.png" in capsys.readouterr().out
     service = ModelService(vitkit.load_pretrained(ckpt), "fp32", merge=4)
     assert service.health()["merge"] == 4 and service.served.token_merging == 4
+
+
+ROPE = {"pos_embed": "rope_dinov3", "num_registers": 4, "rope_theta": 100.0}
+
+
+@pytest.mark.parametrize("kind", ["rope_axial", "rope_dinov3"])
+@pytest.mark.parametrize("grid", [(8, 8), (37, 50)])
+def test_rope_angles_are_read_back_from_the_table_unwrapped(kind, grid):
+    """Every frequency's angle, the fastest ones many turns round on a large grid, from the
+    cosines and sines alone."""
+    scale = _rope_scale(kind, 64, 100.0)
+    got = _angles_of_table(rope_table(grid, 64, 100.0, kind), scale)
+    expected = rope_angles(grid, 64, 100.0, kind).float()
+    assert expected.abs().max() > 3.2  # beyond half a turn: a wrapped reading would be wrong
+    assert torch.allclose(got, expected, atol=1e-3, rtol=1e-5), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize("kind", ["rope_axial", "rope_dinov3"])
+def test_a_rope_model_merges(kind):
+    """r = 0 is the plain model; small r stays close; the class token and registers stay."""
+    model, x = _model(**{**ROPE, "pos_embed": kind}), _images()
+    with torch.no_grad():
+        plain = model(x)
+        assert torch.allclose(apply_token_merging(_model(**{**ROPE, "pos_embed": kind}), 0)(x), plain, atol=1e-5)
+        apply_token_merging(model, 4)
+        tokens, merged = model.forward_features(x), model(x)
+    prefix = model.cfg.num_prefix_tokens
+    assert prefix == 5 and tokens.shape[1] == prefix + 64 - 4 * 4
+    cos = torch.nn.functional.cosine_similarity(merged, plain, dim=1)
+    assert cos.min() > 0.95, cos
+
+
+def test_merged_rope_angles_keep_the_patches_centroid():
+    """Merging keeps the size-weighted sum of the angles: each merged token turns by the mean
+    angle of the patches it stands for, wherever those were. (Axial RoPE: its positions, the row
+    and column indices, do not sum to zero as DINOv3's centred ones do.)"""
+    model, x = apply_token_merging(_model(**{**ROPE, "pos_embed": "rope_axial"}), 6), _images()
+    with torch.no_grad():
+        model(x)
+    shared, prefix = model.blocks[0]._sizes, model.cfg.num_prefix_tokens
+    size, angles = shared.size[:, prefix:], shared.angles
+    assert angles.shape[1] == 64 - 4 * 6 and size.sum(1).eq(64).all()
+    expected = rope_angles((8, 8), 16, 100.0, "rope_axial").float().sum(0)
+    got = (size * angles).sum(1)  # (B, 8)
+    assert torch.allclose(got, expected.expand_as(got), atol=1e-3), (got - expected).abs().max()
+    assert (size > 1).any()  # tokens were merged
+
+
+def test_a_merged_rope_token_turns_by_its_patches_mean_angle():
+    """Two identical patches at one place, merged into a token of size 2 at that place, draw the
+    attention they would unmerged; turned by another angle, the result differs."""
+    model = apply_token_merging(_model(**ROPE), 0)
+    block = model.blocks[0]
+    torch.manual_seed(2)
+    t = torch.randn(1, 5 + 3, 64)  # 5 prefix tokens, 3 patches
+    angles = torch.randn(1, 3, 8)  # head_dim 16: 8 angles a token
+    duplicated = torch.cat([t, t[:, -1:]], dim=1)
+    dup_angles = torch.cat([angles, angles[:, -1:]], dim=1)
+
+    def table(a: torch.Tensor) -> torch.Tensor:
+        turned = a.repeat(1, 1, 2)
+        return torch.stack([turned.cos(), turned.sin()])[:, :, None]
+
+    with torch.no_grad():
+        full, _ = block._attention(duplicated, torch.ones(1, 9, 1), table(dup_angles))
+        sizes = torch.ones(1, 8, 1)
+        sizes[0, -1] = 2.0
+        merged, _ = block._attention(t, sizes, table(angles))
+        elsewhere = angles.clone()
+        elsewhere[0, -1] += 0.5
+        moved, _ = block._attention(t, sizes, table(elsewhere))
+    assert torch.allclose(merged[:, :7], full[:, :7], atol=1e-5), (merged[:, :7] - full[:, :7]).abs().max()
+    assert not torch.allclose(moved[:, :7], full[:, :7], atol=1e-3)
+
+
+def test_a_prepared_rope_model_merges_as_the_plain_one():
+    model, x = _model(**ROPE), _images()
+    served = prepare_inference(model, "fp32", merge=4)
+    with torch.no_grad():
+        expected = apply_token_merging(_model(**ROPE), 4)(x)
+        got = served(x.to(served.input_dtype)).float()
+    assert torch.allclose(got, expected, atol=1e-3), (got - expected).abs().max()

@@ -11,26 +11,52 @@ patches (the class token, the distillation token, registers) are never merged.
 
 :func:`apply_token_merging` wraps each block of a vitkit ViT in place (:class:`MergingBlock`); the
 block's own modules do the work, so a model prepared for serving (packed or int8 layers) merges
-as well. With ``r = 0`` the wrapped model computes what the plain one does. Models with 2-D RoPE
-or relative position terms are refused: their positions are tied to the patch grid, which merging
-dissolves.
+as well. With ``r = 0`` the wrapped model computes what the plain one does.
+
+Models with 2-D RoPE (DINOv3, ``pos_embed="rope_*"``) merge too: each token carries its rotation
+angles, and a merged token's are the size-weighted mean of those it stands for. A rotation angle
+is the patch's position times a fixed frequency, so the merged token turns as a patch at the
+centroid of its patches would. Models with relative position terms are refused: their bias table
+is indexed by the grid's offsets, which merging dissolves.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
 from .attention import attend
-from .config import ATTENTION_POS_EMBEDS
+from .config import ROPE_POS_EMBEDS
+from .posembed import rotate_patches
 from .vit import Block, VisionTransformer
 
 
 class _Sizes:
-    """How many patches each token of the current forward pass stands for, shared by the blocks."""
+    """How many patches each token of the current forward pass stands for, and (RoPE) the rotation
+    angles of the patch tokens, shared by the blocks."""
 
-    def __init__(self) -> None:
+    def __init__(self, rope_scale: torch.Tensor | None = None) -> None:
         self.size: torch.Tensor | None = None  # (B, N, 1), None: all ones
+        self.angles: torch.Tensor | None = None  # (B, N_patches, head_dim / 2), None: the grid's own
+        self.rope_scale = rope_scale  # (head_dim / 4,) radians per unit of position; None: no RoPE
+
+
+def _rope_scale(kind: str, head_dim: int, theta: float) -> torch.Tensor:
+    """Radians per unit of position of each frequency of a 2-D RoPE (:func:`.posembed.rope_angles`)."""
+    exponents = 4.0 * torch.arange(head_dim // 4, dtype=torch.float64) / head_dim
+    return theta**-exponents if kind == "rope_axial" else 2.0 * math.pi / theta**exponents
+
+
+def _angles_of_table(table: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The rotation angles (N, head_dim / 2) of a rotary table (2, N, head_dim), unwrapped: each
+    patch's row and column positions are read from the slowest frequency (which turns by well under
+    half a turn across any grid), and every frequency's angle is that position times its scale."""
+    q, scale = scale.numel(), scale.to(table.device)
+    slow = torch.atan2(table[1].double(), table[0].double())  # (N, hd), wrapped to (-pi, pi]
+    rows, cols = slow[:, q - 1] / scale[-1], slow[:, 2 * q - 1] / scale[-1]
+    return torch.cat([rows[:, None] * scale, cols[:, None] * scale], dim=-1).float()
 
 
 def bipartite_merge(
@@ -94,38 +120,62 @@ class MergingBlock(nn.Module):
         Args:
             x: the tokens.
             return_weights: must be False: merged attention has no per-patch weights.
-            rope: must be None (models with RoPE are refused).
+            rope: the model's rotary table of the patch grid (2, N_patches, head_dim), for a model
+                with 2-D RoPE; each token turns by its own (merged) angles.
 
         Returns:
             The block's output, merged.
 
         Raises:
-            ValueError: attention weights or a rotary table were asked for.
+            ValueError: attention weights were asked for, or a rotary table the model was not
+                wrapped for (or one per image, a NaFlex batch).
         """
-        if return_weights or rope is not None:
-            raise ValueError("token merging gives neither attention weights nor RoPE; run the model without --merge")
-        state = None if self.first else self._sizes.size  # None: every token is one patch
+        if return_weights:
+            raise ValueError("token merging gives no attention weights; run the model without --merge")
+        shared = self._sizes
+        if rope is not None and (shared.rope_scale is None or rope.dim() != 3):
+            raise ValueError("token merging: a rotary table the merging blocks were not set up for (or a NaFlex batch)")
+        if self.first:
+            shared.size, shared.angles = None, None  # every token is one patch at its grid place
+        state, angles = shared.size, shared.angles
         if state is not None and state.shape[:2] != x.shape[:2]:
             raise ValueError(f"token merging: {x.shape[1]} tokens where {state.shape[1]} were left")
         size = torch.ones(x.shape[0], x.shape[1], 1, device=x.device) if state is None else state
+        if rope is not None and angles is not None:  # merged tokens: each its own rotation, per image
+            turned = angles.repeat(1, 1, 2)  # (B, N_patches, hd): the rotate-half layout
+            rope = torch.stack([turned.cos(), turned.sin()])[:, :, None]  # (2, B, 1, N_patches, hd)
         blk, p = self.block, self.prefix
-        attn_out, keys = self._attention(blk.norm1(x), state)  # no bias while every size is one
+        attn_out, keys = self._attention(blk.norm1(x), state, rope)  # no bias while every size is one
         x = x + blk.drop_path(blk.ls1(attn_out))
-        patches, size_p = bipartite_merge(x[:, p:], keys[:, p:], size[:, p:], self.r)
+        patches, size_p = x[:, p:], size[:, p:]
+        if rope is None:
+            patches, size_p = bipartite_merge(patches, keys[:, p:], size_p, self.r)
+        else:  # the angles ride along as extra channels: merged as size-weighted means, in fp32
+            if angles is None:
+                angles = _angles_of_table(rope, shared.rope_scale).to(x.device).expand(x.shape[0], -1, -1)
+            both, size_p = bipartite_merge(torch.cat([patches.float(), angles], -1), keys[:, p:], size_p, self.r)
+            patches, shared.angles = both[..., : x.shape[-1]].to(x.dtype), both[..., x.shape[-1] :]
         unchanged = state is None and patches.shape[1] == x.shape[1] - p
         x = torch.cat([x[:, :p], patches], dim=1)
-        self._sizes.size = None if unchanged else torch.cat([size[:, :p], size_p], dim=1)
+        shared.size = None if unchanged else torch.cat([size[:, :p], size_p], dim=1)
+        if unchanged:
+            shared.angles = None  # nothing merged yet: the next block takes the grid's table as it is
         return x + blk.drop_path(blk.ls2(blk.mlp(blk.norm2(x))))
 
-    def _attention(self, x: torch.Tensor, size: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attention(
+        self, x: torch.Tensor, size: torch.Tensor | None, rope: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's attention with each key's logits raised by log(size) (proportional
-        attention; None: every token one patch, no bias), and its keys averaged over heads (B, N, hd)."""
+        attention; None: every token one patch, no bias), the patches' queries and keys turned by
+        ``rope`` where given, and its keys averaged over heads (B, N, hd)."""
         attn = self.block.attn
         B, N, D = x.shape
         qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim)  # (B, N, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, hd)
         if attn.q_norm is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
+        if rope is not None:
+            q, k = rotate_patches(q, rope), rotate_patches(k, rope)
         bias = None if size is None else size.log()[:, None, None, :, 0].to(q.dtype)  # (B, 1, 1, N)
         out, _ = attend(
             q, k, v, scale=attn.scale, dropout_p=attn.attn_drop, training=attn.training, impl=attn.impl,
@@ -147,19 +197,20 @@ def apply_token_merging(model: nn.Module, r: int) -> nn.Module:
         ``model``, its blocks wrapped; ``model.token_merging`` is ``r``.
 
     Raises:
-        ValueError: ``r`` negative, a model that is not a vitkit ViT, a model with 2-D RoPE or
-            relative position terms, or one that merges already.
+        ValueError: ``r`` negative, a model that is not a vitkit ViT, a model with relative
+            position terms, or one that merges already.
     """
     if r < 0:
         raise ValueError(f"token merging: r must be 0 or more, got {r}")
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"token merging works on vitkit's ViTs, not {type(model).__name__}")
     cfg = model.cfg
-    if cfg.pos_embed in ATTENTION_POS_EMBEDS:
+    if cfg.pos_embed == "relative":
         raise ValueError(f"token merging: the model's positions ({cfg.pos_embed}) are tied to the patch grid")
     if any(isinstance(b, MergingBlock) for b in model.blocks):
         raise ValueError("token merging is applied to this model already")
-    sizes = _Sizes()
+    rope = cfg.pos_embed in ROPE_POS_EMBEDS
+    sizes = _Sizes(_rope_scale(cfg.pos_embed, cfg.width // cfg.num_heads, cfg.rope_theta) if rope else None)
     prefix = int(cfg.num_prefix_tokens)
     for i, blk in enumerate(model.blocks):
         model.blocks[i] = MergingBlock(blk, r, prefix, sizes, first=i == 0)
