@@ -156,26 +156,68 @@ def test_runs_trained_at_once_count_their_share_of_the_machine(finished):
 
 
 def test_each_result_and_the_report_say_what_made_the_runs(finished):
-    """A suite's runs may come from several calls, commits and machines: each result records
-    its own, and the report counts the runs by what made them."""
-    from vitkit.reproduce.core.provenance import source_commit
+    """A suite's runs may come from several calls, commits, code versions and machines: each
+    result records its own, and the report counts the runs by what made them and names those
+    that other code made."""
+    from vitkit.reproduce.core.provenance import code_hash, source_commit
     from vitkit.reproduce.core.report import provenance
 
     results = [json.loads(text) for text in _results(finished).values()]
     made = results[0]["made_by"]
     assert made["commit"] == source_commit() and made["precision"] in ("fp32", "bf16") and made["torch"]
-    assert all(r["made_by"] == made for r in results)
+    assert made["code"] == code_hash() and made["call"]
+    assert all(r["made_by"] == made for r in results)  # one call made them all
+    assert json.loads((finished / "report.json").read_text())["meta"]["call"] == made["call"]
     report = (finished / "report.md").read_text()
-    assert f"What made the runs: 4 runs by vitkit commit `{made['commit']}` on {made['cpu']}" in report
-    assert "2 runs at once, " in report
-    other = {**results[0], "made_by": {**made, "cpu": "Another CPU"}, "runs_at_once": 1, "threads": 2}
+    assert (
+        f"What made the runs: 4 runs by call `{made['call']}`, vitkit commit `{made['commit']}` "
+        f"(code `{made['code']}`) on {made['cpu']}"
+    ) in report
+    assert "2 runs at once, " in report and " and trained 4 of the runs." in report
+    assert f"Every run was made by this report's code (`{code_hash()}`)." in report
+    other = {**results[0], "made_by": {**made, "cpu": "Another CPU", "code": "0123456789ab", "call": "c2"},
+             "runs_at_once": 1, "threads": 2}  # fmt: skip
     old = {k: v for k, v in results[0].items() if k != "made_by"}
-    sentence = provenance({"a": results[0], "b": results[1], "c": other, "d": old})
-    assert sentence.startswith(f"What made the runs: 2 runs by vitkit commit `{made['commit']}` on {made['cpu']}")
-    assert "; 1 run by vitkit commit" in sentence and "on Another CPU in " in sentence
+    sentence = provenance({"a": results[0], "b": results[1], "c": other, "d": old}, code_hash())
+    assert sentence.startswith(f"What made the runs: 2 runs by call `{made['call']}`, vitkit commit `{made['commit']}`")
+    assert "; 1 run by call `c2`, vitkit commit" in sentence and "(code `0123456789ab`) on Another CPU in " in sentence
     assert "1 run at once, 2 threads each" in sentence
-    assert sentence.endswith("; 1 run whose result.json does not say.")
+    assert "; 1 run whose result.json does not say." in sentence
+    assert sentence.endswith(
+        f"Reused from other code than this report's (`{code_hash()}`): 1 by code `0123456789ab`; 1 that do not say: "
+        "their numbers come from that code, not this one."
+    )
     assert provenance({}) == ""
+
+
+def test_the_code_hash_follows_the_code_and_nothing_else(tmp_path):
+    from vitkit.reproduce.core.provenance import _hash_tree
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.yaml").write_text("k: v\n")
+    first = _hash_tree(tmp_path)
+    assert len(first) == 12 and _hash_tree(tmp_path) == first
+    (tmp_path / "sub" / "__pycache__").mkdir()
+    (tmp_path / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"compiled")
+    (tmp_path / "notes.txt").write_text("not code")
+    assert _hash_tree(tmp_path) == first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert _hash_tree(tmp_path) != first
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.yaml").rename(tmp_path / "b.yaml")  # the same bytes elsewhere
+    assert _hash_tree(tmp_path) != first
+
+
+def test_the_runner_names_finished_runs_of_other_code():
+    from vitkit.reproduce.core.provenance import code_hash
+    from vitkit.reproduce.core.runner import other_code
+
+    here = {"made_by": {"code": code_hash()}}
+    assert other_code([here, here]) == ""
+    said = other_code([here, {"made_by": {"code": "0123456789ab"}}, {"made_by": {"code": "0123456789ab"}}, {}])
+    assert said == (f"2 runs were made by code 0123456789ab, 1 run does not record its code, not by this code "
+                    f"({code_hash()})")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -197,6 +239,13 @@ def test_sigint_stops_parallel_runs_keeps_the_finished_and_resumes_to_the_same_n
     assert again.stdout.splitlines()[0] == f"{n} of 4 runs already finished; {4 - n} to run"
     assert all(_results(out)[k] == v for k, v in after.items())
     assert _numbers(out) == _numbers(finished)
+    # a run resumed by the second call counts both calls' time, and the report names both calls
+    resumed = [json.loads(text) for k, text in _results(out).items() if k not in after]
+    assert resumed and all(r["wall_seconds"] >= r["train_seconds"] for r in resumed)
+    calls = {json.loads(text)["made_by"]["call"] for text in _results(out).values()}
+    assert len(calls) == (2 if n else 1)
+    report = (out / "report.md").read_text()
+    assert all(f"call `{c}`" in report for c in calls)
 
 
 @pytest.mark.slow  # the default run keeps SIGINT with --jobs 2 (above); these are the other ways in

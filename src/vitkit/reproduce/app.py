@@ -15,7 +15,7 @@ from ..errors import VitkitError
 from . import experiments as _experiments  # noqa: F401  (importing it registers every experiment)
 from .core.experiment import Experiment, note_diverged
 from .core.pool import resolve_jobs
-from .core.provenance import machine
+from .core.provenance import machine, new_call_id
 from .core.registry import registered
 from .core.report import now, write_report
 from .core.report import publish as publish_report
@@ -163,7 +163,8 @@ def _reproduce(
     check_fewshot_data(settings)
     classes = _classes()
     chosen = [classes[n](suite) for n in names]
-    runner = Runner(suite, jobs, report)
+    call = new_call_id()
+    runner = Runner(suite, jobs, report, call)
     planned = _planned_cost(names, suite, runner)
     seen: set[str] = set()
     while True:  # a phased experiment plans its next runs once the earlier ones are finished
@@ -200,7 +201,7 @@ def _reproduce(
             sections.append(section)
             runs.update(results)
     meta = {
-        "command": command, "date": now(), "budget": budget, "data": data, "seeds": suite.seeds,
+        "command": command, "call": call, "date": now(), "budget": budget, "data": data, "seeds": suite.seeds,
         "img_size": list(suite.img_size), "fewshot": f"{settings.shots}-shot {settings.fewshot_data}",
         "machine": machine(), "seconds": time.perf_counter() - start, "experiments": [s.name for s in sections],
     }  # fmt: skip

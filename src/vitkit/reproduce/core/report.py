@@ -17,18 +17,20 @@ from .experiment import Section, first_sentence
 from .results import machine_seconds
 
 
-def provenance(runs: dict[str, Any]) -> str:
-    """One sentence on what made the runs: how many runs each commit, machine, precision and
-    thread layout made, and how many do not say.
+def provenance(runs: dict[str, Any], code: str | None = None) -> str:
+    """What made the runs: how many runs each call, commit, code version, machine, precision and
+    thread layout made, and how many do not say; where ``code`` is given (the code of the call
+    that wrote the report), how many runs other code made, by version.
 
     Args:
         runs: the reported runs' results by key.
+        code: the report's own code version (:func:`.provenance.code_hash`), or None.
 
     Returns:
-        The sentence (empty without runs).
+        The sentences (empty without runs).
     """
     groups: dict[str, int] = {}
-    unknown = 0
+    unknown, other = 0, {}
     for res in runs.values():
         made = res.get("made_by")
         if not isinstance(made, dict):
@@ -39,15 +41,32 @@ def provenance(runs: dict[str, Any]) -> str:
         if isinstance(threads, int):
             layout += f", {threads} thread{'s' * (threads != 1)} each"
         gpu = f", {made['gpu']}" if made.get("gpu") else ""
+        call = f"call `{made['call']}`, " if made.get("call") else ""
+        version = f" (code `{made['code']}`)" if made.get("code") else " (code not recorded)"
         what = (
-            f"vitkit commit `{made.get('commit') or 'unknown'}` on {made.get('cpu')}{gpu} in {made.get('precision')}, "
-            f"torch {made.get('torch')}, {layout}"
+            f"{call}vitkit commit `{made.get('commit') or 'unknown'}`{version} on {made.get('cpu')}{gpu} in "
+            f"{made.get('precision')}, torch {made.get('torch')}, {layout}"
         )
         groups[what] = groups.get(what, 0) + 1
+        if code is not None and made.get("code") != code:
+            key = made.get("code") or "not recorded"
+            other[key] = other.get(key, 0) + 1
     parts = [f"{n} run{'s' * (n != 1)} by {what}" for what, n in sorted(groups.items(), key=lambda kv: -kv[1])]
     if unknown:
         parts.append(f"{unknown} run{'s' * (unknown != 1)} whose result.json does not say")
-    return f"What made the runs: {'; '.join(parts)}." if parts else ""
+    if not parts:
+        return ""
+    out = f"What made the runs: {'; '.join(parts)}."
+    if code is not None and (other or unknown):
+        versions = ", ".join(f"{n} by code `{c}`" if c != "not recorded" else f"{n} with its code not recorded"
+                             for c, n in sorted(other.items()))  # fmt: skip
+        extra = [versions] if versions else []
+        extra += [f"{unknown} that do not say"] if unknown else []
+        out += (f" Reused from other code than this report's (`{code}`): {'; '.join(extra)}: their numbers come "
+                "from that code, not this one.")  # fmt: skip
+    elif code is not None:
+        out += f" Every run was made by this report's code (`{code}`)."
+    return out
 
 
 def publish(out: Path, dest: Path) -> Path:
@@ -182,12 +201,12 @@ def render(report: dict[str, Any]) -> str:
         f"(models at {size} px), {meta['seeds']} seed(s) where seeds are compared. "
         f"This call's machine: {m['cpu']}, {m['cores']} cores{gpu} ({m.get('bf16', 'bf16 not checked')}; "
         f"precision auto computes in {m.get('precision', 'what the CPU reports')}), torch {m['torch']}, vitkit commit "
-        f"`{m.get('commit') or 'unknown'}`.",
+        f"`{m.get('commit') or 'unknown'}`{_code_and_call(meta)}.",
         f"{len(runs)} training runs, {minutes:.1f} min in all (the sum of the runs' wall times, training and "
-        "scoring, as the call that finished each measured it, each divided by the runs trained at once); "
-        f"this call took {meta['seconds'] / 60:.1f} min. Every run is a vitkit run folder under `runs/`; its "
-        "`result.json` holds the numbers below.",
-        *([provenance(runs)] if runs else []),
+        f"scoring, {_whose_time(runs)}, each divided by the runs trained at once); "
+        f"this call took {meta['seconds'] / 60:.1f} min{_trained_here(meta, runs)}. Every run is a vitkit run folder "
+        "under `runs/`; its `result.json` holds the numbers below.",
+        *([provenance(runs, m.get("code"))] if runs else []),
         "Protocol: each run keeps its best checkpoint by a minival carved from the training split (the paper's early "
         f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
         "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",
@@ -195,6 +214,28 @@ def render(report: dict[str, Any]) -> str:
     body = ["## Summary\n\n" + headline_table(experiments)] if experiments else []
     body += [_section_md(name, s) for name, s in experiments.items()]
     return "\n\n".join(head + body) + "\n"
+
+
+def _code_and_call(meta: dict[str, Any]) -> str:
+    """`` (code `...`), call `...``` for the header, as far as ``meta`` records them."""
+    code, call = meta["machine"].get("code"), meta.get("call")
+    return (f" (code `{code}`)" if code else "") + (f", call `{call}`" if call else "")
+
+
+def _whose_time(runs: dict[str, Any]) -> str:
+    """Which calls a run's wall time covers: every call that trained it where each run records its
+    code (the results that do, count it so), else as the call that finished each measured it."""
+    every = all(isinstance(r.get("made_by"), dict) and r["made_by"].get("code") for r in runs.values())
+    return "over every call that trained each" if every else "as the call that finished each measured it"
+
+
+def _trained_here(meta: dict[str, Any], runs: dict[str, Any]) -> str:
+    """`` and trained N of the runs`` (where ``meta`` names the call), for the header."""
+    call = meta.get("call")
+    if not call:
+        return ""
+    n = sum(isinstance(r.get("made_by"), dict) and r["made_by"].get("call") == call for r in runs.values())
+    return f" and trained {n} of the runs" if n else " and trained none of the runs (all were finished before)"
 
 
 def json_safe(value: Any) -> Any:

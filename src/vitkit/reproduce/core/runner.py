@@ -18,6 +18,7 @@ from ...errors import TrainingError
 from ...models.flops import resnet_flops, vit_flops
 from ...models.registry import model_config
 from .pool import PARALLEL, Processes, usable_cores
+from .provenance import code_hash
 from .results import load_result, nonfinite_fields, read_result
 from .scoring import ScoreSettings, train_and_score
 from .signals import Interrupted, stop_on_signals
@@ -31,19 +32,25 @@ class Runner:
     starts, the running ones stop where they are (their checkpoints resume them bit for bit on the
     next call) and every finished run's ``result.json`` is kept.
 
+    A finished run is reused whatever code made it; the runs made by code other than this
+    process's (:func:`.provenance.code_hash`) are said at the start, and the report names them.
+
     Args:
         suite: the shared settings of the call.
         jobs: the runs trained at once, at least 1.
         report: called with each line to say.
+        call: the call's id, recorded by every run it trains (:func:`.provenance.new_call_id`).
 
     Raises:
         ValueError: ``jobs`` below 1.
     """
 
-    def __init__(self, suite: Suite, jobs: int = 1, report: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, suite: Suite, jobs: int = 1, report: Callable[[str], None] = print, call: str | None = None
+    ) -> None:
         if jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {jobs}")
-        self.suite, self.jobs, self.report = suite, jobs, report
+        self.suite, self.jobs, self.report, self.call = suite, jobs, report, call
         self.settings = ScoreSettings.of(suite)
         self.results: dict[str, dict[str, Any]] = {}
 
@@ -94,6 +101,9 @@ class Runner:
                 todo.append(spec)
         if specs:
             self.report(f"{len(specs) - len(todo)} of {len(specs)} runs already finished; {len(todo)} to run")
+        other = other_code([self.results[s.key] for s in specs if s.key in self.results])
+        if other:
+            self.report(f"of the finished runs, {other} (reused as they are; the report names them)")
         self._cost_done = self._seconds_done = 0.0
         self._total_cost = sum(self.cost(s) for s in todo)
         self._count, self._total = 0, len(todo)
@@ -162,7 +172,7 @@ class Runner:
             self.report(f"--jobs {self.jobs}: runs go one at a time on this system (no process groups)")
             self.jobs = 1
         at_once = min(self.jobs, len(specs))  # what each result records beside its wall time
-        args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings, at_once) for s in specs]
+        args = [(s, self.suite.run_dir(s), self._init_from(s), self.settings, at_once, self.call) for s in specs]
         if self.jobs == 1:  # in this process: a signal interrupts the training where it is
             for a in args:
                 start = time.perf_counter()
@@ -214,3 +224,32 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def other_code(results: list[dict[str, Any]]) -> str:
+    """What of ``results`` was made by code other than this process's (:func:`code_hash`): the
+    count by code version, and the runs that do not record theirs; empty where every run was made
+    by this code.
+
+    Args:
+        results: finished runs' results.
+
+    Returns:
+        A phrase ("2 runs were made by code 3fa9c0d1e2b4, 1 run does not record its code, not by
+        this code (5b7e...)"), or "".
+    """
+    here = code_hash()
+    counts: dict[str, int] = {}
+    for res in results:
+        made = res.get("made_by")
+        code = made.get("code") if isinstance(made, dict) else None
+        if code != here:
+            counts[code or ""] = counts.get(code or "", 0) + 1
+    if not counts:
+        return ""
+    parts = [
+        f"{n} run{'s were' if n != 1 else ' was'} made by code {code}" if code
+        else f"{n} run{'s do' if n != 1 else ' does'} not record {'their' if n != 1 else 'its'} code"
+        for code, n in sorted(counts.items(), key=lambda kv: (not kv[0], kv[0]))  # unrecorded last
+    ]  # fmt: skip
+    return f"{', '.join(parts)}, not by this code ({here})"

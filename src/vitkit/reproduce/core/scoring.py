@@ -220,12 +220,18 @@ def score(run_dir: Path, settings: ScoreSettings, precision: Precision, recipe: 
 
 
 def train_and_score(
-    spec: RunSpec, run_dir: Path, init_from: str | None, settings: ScoreSettings, runs_at_once: int = 1
+    spec: RunSpec,
+    run_dir: Path,
+    init_from: str | None,
+    settings: ScoreSettings,
+    runs_at_once: int = 1,
+    call: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume, or find finished) one run, score it and write its ``result.json``;
     ``runs_at_once`` (the runs the suite trains beside it, itself included) and torch's threads
-    are written with its wall time, which they shape, and what made the run (commit, machine,
-    precision, torch)."""
+    are written with its wall time, which they shape, and what made the run (commit, code, the
+    call ``call``, machine, precision, torch). The wall time counts every call that trained the
+    run: the training seconds of earlier calls (its metrics log) and all of this call's."""
 
     tree = copy.deepcopy(spec.recipe)
     if init_from is not None:
@@ -234,6 +240,7 @@ def train_and_score(
     precision = as_precision(recipe.train.precision, "cpu")  # scoring runs on the CPU
     start = time.perf_counter()
     _clear_interrupted_start(run_dir)
+    earlier = (_train_seconds(run_dir) or 0.0) if (run_dir / "metrics.jsonl").is_file() else 0.0
     train(recipe, run_dir)
     out = {
         "key": spec.key,
@@ -247,9 +254,9 @@ def train_and_score(
         **score(run_dir, settings, precision, recipe),
     }
     out["train_flops"] = 3 * out["flops_per_image"] * out["steps"] * out["batch_size"]  # forward + backward ~ 3x
-    out["wall_seconds"] = time.perf_counter() - start
+    out["wall_seconds"] = earlier + time.perf_counter() - start
     out["runs_at_once"], out["threads"] = runs_at_once, torch.get_num_threads()
-    out["made_by"] = run_provenance(recipe.train.precision)  # what training computed in, on its device
+    out["made_by"] = run_provenance(recipe.train.precision, call)  # what training computed in, on its device
     write_json(run_dir / "result.json", out)
     return out
 
