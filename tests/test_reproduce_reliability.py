@@ -312,6 +312,30 @@ def test_a_run_stopped_while_claiming_its_folder_resumes(tmp_path, finished, lef
     assert load_result(run / "result.json")[0] is not None
 
 
+@pytest.mark.slow
+def test_a_runs_wall_time_counts_every_call_that_trained_it(tmp_path, finished):
+    """A run trained by an earlier call and scored by this one counts the earlier call's training
+    time (its metrics log) in its wall time, and records this call as the one that finished it."""
+    from vitkit.reproduce import reproduce
+
+    out = _copy(finished, tmp_path / "suite")
+    run = sorted(out.glob("runs/*/result.json"))[0].parent
+    before = json.loads((run / "result.json").read_text())
+    (run / "result.json").unlink()
+    metrics = run / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    for rec in records:  # as if the earlier call had trained for 1000 s more
+        if "train_s" in rec:
+            rec["train_s"] += 1000.0
+    metrics.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    lines: list[str] = []
+    reproduce(["pooling"], out=out, data="synthetic", budget="smoke", report=lines.append)
+    assert "3 of 4 runs already finished; 1 to run" in lines
+    after = json.loads((run / "result.json").read_text())
+    assert after["train_seconds"] >= 1000 and after["wall_seconds"] >= after["train_seconds"]
+    assert after["made_by"]["call"] != before["made_by"]["call"]
+
+
 # -- 2. a damaged result.json --------------------------------------------------------------------
 
 
