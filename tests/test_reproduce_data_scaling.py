@@ -188,8 +188,22 @@ def _error(role: str, n: int, seed: int, slopes: dict[str, float]) -> float:
     return A[role] * (n / 580) ** slopes[role] * (1 + 0.03 * (seed - 1)) * jitter
 
 
-def _finish_all(exp: DataScaling, slopes: dict[str, float], diverged: tuple[str, int, int] | None = None) -> dict:
-    """Finish every run with errors that follow ``slopes``; the run ``diverged`` (role, size, seed) is nan."""
+def _curve(steps: int, best: float, rising: bool) -> list[list[float]]:
+    """A minival curve of 8 evaluations: up to ``best`` by the middle, then flat just below it, or
+    (``rising``) still climbing to ``best`` at the last evaluation."""
+    if rising:
+        return [[k * steps // 8, best - 0.02 * (8 - k)] for k in range(1, 9)]
+    return [[k * steps // 8, best - (0.05 * (4 - k) if k <= 4 else 0.002)] for k in range(1, 9)]
+
+
+def _finish_all(
+    exp: DataScaling,
+    slopes: dict[str, float],
+    diverged: tuple[str, int, int] | None = None,
+    open_top: tuple[str, ...] = (),
+) -> dict:
+    """Finish every run with errors that follow ``slopes``; the run ``diverged`` (role, size, seed)
+    is nan; the roles of ``open_top`` are still improving at the largest size."""
     _finish_grid(exp)
     gaps = {"cnn": 0.05, "vit": 0.12, "larger_vit": 0.15}
     fewshot = {"cnn": 0.50, "vit": 0.70, "larger_vit": 0.72}
@@ -205,8 +219,10 @@ def _finish_all(exp: DataScaling, slopes: dict[str, float], diverged: tuple[str,
                     train_top1=math.nan,
                     fewshot={"mean": math.nan, "shots": 10},
                 )
-            if (role, n) == ("cnn", 580):
+            still = (role, n) == ("cnn", 580) or (role in open_top and n == SIZES[-1])
+            if still:
                 res["best_step"] = exp.steps(n)  # still improving at its last step
+            res["minival_curve"] = _curve(exp.steps(n), top1 + 0.01, still)
             _finish(exp, spec, res)
     return {s.key: exp.result_of(s) for s in exp.runs()}
 
@@ -246,9 +262,15 @@ def test_summary_says_what_made_up_results_show(tmp_path, no_control):
     # the ViT overfits more at every size
     assert all(num["gap_vit_minus_cnn"][n]["interval"]["low"] > 0 for n in SIZES)
     assert num["models"]["cnn"]["best_before_last"] == [9, 12]
+    assert num["models"]["cnn"]["convergence"][580] == {"runs": 3, "best_at_end": 3, "rising": 3}
+    assert num["models"]["vit"]["convergence"][17400] == {"runs": 3, "best_at_end": 0, "rising": 0}
+    assert [step[:2] for step in num["error_ratio_steps"]] == [[580, 1740], [1740, 5800], [5800, 17400]]
     text = section.verdict
     assert "the ViT's error falls faster with data" in text
-    assert "falls with data by both measures: Figure 4's direction" in text
+    assert "Step by step, the ratio falls at every step from 580 to 17,400 (paired by seed; 580 to 1,740: " in text
+    assert "falls with data by the slopes and at every step of the ratio: Figure 4's direction." in text
+    assert "Convergence at 17,400 images: the ResNet: best minival checkpoint at the last evaluation in 0 of 3" in text
+    assert "not a test" not in text and "limited by their data" not in text
     assert "the larger ViT gains more from the data than the ViT, as in Figure 3" in text
     assert "the ViT's gap is the larger at 4 of 4 sizes" in text
     assert "between 30M and 90M pre-training images, 1,724 times the largest subset" in text
@@ -279,7 +301,43 @@ def test_equal_slopes_are_not_distinguishable(tmp_path, no_control):
     slopes = {"cnn": -0.2, "vit": -0.2, "larger_vit": -0.2}
     section = exp.summarise(_finish_all(exp, slopes))
     assert "the two slopes are not distinguishable" in section.verdict
-    assert "is distinguishable (slopes and end-to-end ratio): Figure 4's direction is not shown" in section.verdict
+    assert "is distinguishable by the slopes, and " in section.verdict
+    assert ": Figure 4's direction is not shown at this scale." in section.verdict
+    assert "falls at every step" not in section.verdict
+
+
+def test_a_fall_in_part_of_the_range_is_not_said_of_the_range(tmp_path, no_control):
+    """The ratio falls at the small end only (the ViT's error steeper there, level with the
+    ResNet's above): the slopes may still fall, but the sentence says where the fall holds."""
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path))
+    slopes = {"cnn": -0.2, "vit": -0.2, "larger_vit": -0.2}
+    results = _finish_all(exp, slopes)
+    for spec in exp.cells()[("vit", 580)]:  # the ViT much worse at 580 images only
+        res = exp.result_of(spec)
+        res["test_top1"] -= 0.15
+        _finish(exp, spec, res)
+    section = exp.summarise({s.key: exp.result_of(s) for s in exp.runs()})
+    text = section.verdict
+    assert "Step by step, the ratio falls from 580 to 1,740, " in text and "not a trend over the range" in text
+    assert "falls with data by the slopes, not at every step of the ratio: Figure 4's direction as a fit over the " in (
+        text
+    )
+    assert "at every step of the ratio: Figure 4's direction." not in text
+    assert results
+
+
+def test_an_arm_still_improving_at_the_top_of_the_range_is_not_a_test(tmp_path, no_control):
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path))
+    section = exp.summarise(_finish_all(exp, {"cnn": -0.15, "vit": -0.30, "larger_vit": -0.40}, open_top=("vit",)))
+    text = section.verdict
+    assert "The top of the range is not a test of it (see convergence below)." in text
+    assert (
+        "The ViT at 17,400 images had not converged (best minival checkpoint at the last evaluation in 3 of 3 runs, "
+        "minival still rising over the last quarter of the steps in 3 of 3): this is not a test of Figure 4's trend "
+        "at the top of the range."
+    ) in text
 
 
 def test_one_seed_weighs_nothing(tmp_path, no_control):
@@ -288,8 +346,10 @@ def test_one_seed_weighs_nothing(tmp_path, no_control):
     section = exp.summarise(_finish_all(exp, {"cnn": -0.15, "vit": -0.3, "larger_vit": -0.4}))
     assert section.numbers["error_ratio"][580]["interval"] is None
     assert "With one seed no paired comparison is weighed" in section.verdict
-    assert "falls with data by the slopes (by the ratio at the two ends: not weighed)" in section.verdict
-    assert "not weighed" not in section.verdict.replace("ends: not weighed", "")
+    assert "falls with data by the slopes, the steps of the ratio not weighed: Figure 4's direction as a fit" in (
+        section.verdict
+    )
+    assert "not weighed" not in section.verdict.replace("the steps of the ratio not weighed", "")
     ratio_row = next(r for r in section.rows if r[0].startswith("ViT / ResNet"))
     assert ratio_row[1].endswith("(no interval: 1 seed)")
 

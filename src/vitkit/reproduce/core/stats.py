@@ -140,6 +140,52 @@ def paired_difference(a: Sequence[Any], b: Sequence[Any], level: float = LEVEL) 
     return None if out is None else Interval(out.estimate, out.low, out.high, out.n, level, "paired t")
 
 
+def paired_p(a: Sequence[Any], b: Sequence[Any]) -> float | None:
+    """The two-sided p-value of the paired t test of ``a`` against ``b`` (the test behind
+    :func:`paired_difference`'s interval: the interval excludes zero exactly when p < 1 - level).
+
+    Args:
+        a: one arm's numbers, one per seed.
+        b: the other arm's, in the same seed order.
+
+    Returns:
+        p, or None with fewer than two complete pairs; 1.0 where every difference is zero, 0.0
+        where they are all equal and not zero.
+    """
+    from scipy.stats import t  # optional, as t_quantile
+
+    if len(a) != len(b):
+        raise ValueError(f"paired arms differ in length: {len(a)} and {len(b)}")
+    diffs = [float(x) - float(y) for x, y in zip(a, b) if _finite(x) and _finite(y)]
+    if len(diffs) < 2:
+        return None
+    m, s = statistics.fmean(diffs), statistics.stdev(diffs)
+    if s == 0:
+        return 1.0 if m == 0 else 0.0
+    stat = abs(m) / (s / math.sqrt(len(diffs)))
+    return float(2 * t.sf(stat, len(diffs) - 1))
+
+
+def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
+    """Holm's step-down adjustment of a family of p-values (the family-wise error rate held at the
+    test's level over all of them); None (not tested) stays None and does not count.
+
+    Args:
+        pvalues: each comparison's p-value by name.
+
+    Returns:
+        The adjusted p-values by the same names, each at most 1 and none below the one before it
+        in the order of the raw p-values.
+    """
+    tested = sorted(((p, k) for k, p in pvalues.items() if p is not None), key=lambda pk: pk[0])
+    out: dict[str, float | None] = {k: None for k in pvalues}
+    running, m = 0.0, len(tested)
+    for i, (p, k) in enumerate(tested):
+        running = max(running, min(1.0, (m - i) * p))
+        out[k] = running
+    return out
+
+
 def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, Any]:
     """McNemar's exact test of two classifiers scored on the same images.
 
@@ -240,9 +286,11 @@ __all__ = [
     "LEVEL",
     "Interval",
     "compare",
+    "holm",
     "mcnemar",
     "mean_interval",
     "paired_difference",
+    "paired_p",
     "slope_interval",
     "t_quantile",
     "verdict",

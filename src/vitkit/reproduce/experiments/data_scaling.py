@@ -16,7 +16,9 @@ untrained.
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from ..core.experiment import Experiment, Section, finite, mean_of, sentence_fro
 from ..core.registry import register
 from ..core.scoring import ScoreSettings, fewshot_transfer, initial_model
 from ..core.spec import RunSpec, deep_merge
+from ..core.wording import convergence
 from .attention_measure import load_test_images
 from .data_scaling_text import FAMILIES, PAPER_CROSSOVER, control_table, grid_table, rows, verdict
 from .figures import plot_scaling
@@ -240,6 +243,9 @@ class DataScaling(Experiment):
                 if len(finite([b, t])) == 2  # diverged runs left out
             ]
             entry["best_before_last"] = [sum(1 for b, steps in best if b < steps), len(best)]
+            entry["convergence"] = {
+                n: asdict(convergence([r.get("minival_curve") for r in got[(role, n)]])) for n in entry["sizes"]
+            }  # whether each size's runs had finished improving (wording.convergence)
             models[role] = entry
         cnn, vit, big = (models[r]["test_top1"] for r in ("cnn", "vit", "larger_vit"))
         ratios = {n: error_ratios(vit[n], cnn[n]) for n in sizes}
@@ -261,6 +267,10 @@ class DataScaling(Experiment):
             "error_ratio_change": _interval_dict(
                 stats.paired_difference(ratios[large], ratios[small]) if two_ends else None
             ),
+            "error_ratio_steps": [
+                [a, b, _interval_dict(stats.paired_difference(ratios[b], ratios[a]))]
+                for a, b in itertools.pairwise(sizes)
+            ],  # the change over each step of the range: a trend is said only where every step shows it
             "slopes": {
                 "cnn": _interval_dict(stats.slope_interval(xs, log_err["cnn"])),
                 "vit": _interval_dict(stats.slope_interval(xs, log_err["vit"])),

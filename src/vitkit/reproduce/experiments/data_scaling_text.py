@@ -10,13 +10,13 @@ from typing import Any
 
 from ..core import stats
 from ..core.experiment import finite, lead, mean_of, mean_std, pct
+from ..core.wording import Convergence, not_a_test, stepwise
 from .pooling import grid_position, position_clause
 
 FAMILIES = ("cnn", "vit")  # the roles with a learning-rate grid; the larger ViT takes the ViT's rate
 NAMES = {"cnn": "the ResNet", "vit": "the ViT", "larger_vit": "the larger ViT"}
 SHORT = {"cnn": "ResNet", "vit": "ViT", "larger_vit": "larger ViT"}
 PAPER_CROSSOVER = (30e6, 90e6)  # JFT images between which ViT-B/32 passes ResNet50x1 (Figure 4)
-_NOT = {"flat": "not distinguishable", "not weighed (too few finite results)": "not weighed"}  # for figure4
 
 
 def direction(interval: stats.Interval | None, down: str, up: str, flat: str) -> str:
@@ -150,7 +150,7 @@ def control_table(num: dict[str, Any], shots: str) -> tuple[str, list[str], list
 def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
     """The section's sentences, each computed from ``num``."""
     sizes, models, g = num["sizes"], num["models"], num["learning_rate"]
-    small, large = sizes[0], sizes[-1]
+    large = sizes[-1]
     top1 = {r: m["test_top1"] for r, m in models.items()}
     fallback = " (every rate of its grid diverged: the smallest is used)"
     rates = "; ".join(
@@ -166,7 +166,7 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
         if any(ratio_iv.values())
         else "not weighed at any size (too few finite results)"
     )
-    change = _iv(num["error_ratio_change"])
+    steps = [(f"{a:,}", f"{b:,}", _iv(iv)) for a, b, iv in num.get("error_ratio_steps", [])]
     sl = {k: _iv(v) for k, v in num["slopes"].items()}
     faster = direction(
         sl["vit_minus_cnn"],
@@ -174,13 +174,7 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
         "the ViT's error falls more slowly with data",
         "the two slopes are not distinguishable",
     )
-    best = ", ".join(f"{NAMES[r]} {m['best_before_last'][0]} of {m['best_before_last'][1]}" for r, m in models.items())
-    moves = (
-        f"; from {small:,} to {large:,} images it changes by {_interval_text(change, 2, '')}, "
-        + direction(change, "so it falls", "so it rises", "not distinguishable from no change")
-        if change is not None
-        else ""
-    )
+    top_open = [r for r in FAMILIES if not _converged(models[r], large)]
     paired = seeds >= 2
     out = [
         f"Learning rates chosen on the minival at {g['size']:,} images (seed 0): {rates}; the larger ViT trains "
@@ -189,7 +183,8 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
     if paired:
         out += [
             f"Test top-1, ViT against ResNet (paired by seed): {leads}.",
-            f"The ViT/ResNet test-error ratio (mean of the per-seed ratios): {ratios}{moves}.",
+            f"The ViT/ResNet test-error ratio (mean of the per-seed ratios): {ratios}. Step by step, "
+            + stepwise(steps, "the ratio"),
         ]
     else:
         out.append(
@@ -205,59 +200,114 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
             "(ViT minus ResNet: the slope of the per-seed log error ratio) "
             f"{_interval_text(sl['vit_minus_cnn'], 3, '')}: {faster}."
         )
-    out.append(figure4(sl["vit_minus_cnn"], change, large))
+    out.append(figure4(sl["vit_minus_cnn"], steps if paired else [], large, bool(top_open)))
     if paired:
         out += [larger(num), overfitting(num)]
-    out += [
-        "Runs whose best minival checkpoint came before their last step (limited by their data, not their "
-        f"steps): {best}.",
-        attention_text(num),
-    ]
+    out += [convergence_text(num), attention_text(num)]
     if paired:
         out.append(control(num, shots))
     return " ".join(out)
 
 
-def figure4(slope: stats.Interval | None, ratio: stats.Interval | None, large: int) -> str:
+def _converged(model: dict[str, Any], n: int) -> bool:
+    """Whether a model's runs at size ``n`` had finished improving (True where not recorded)."""
+    c = (model.get("convergence") or {}).get(n)
+    return not c or not c["runs"] or Convergence(**c).converged
+
+
+def convergence_text(num: dict[str, Any]) -> str:
+    """Whether the families' runs at the largest size had finished improving: where they had not,
+    the comparisons at the top of the range are not a test (:func:`.wording.not_a_test`)."""
+    large = num["sizes"][-1]
+    parts, open_ = [], []
+    for role in FAMILIES:
+        c = (num["models"][role].get("convergence") or {}).get(large)
+        if not c or not c["runs"]:
+            continue
+        status = Convergence(**c)
+        parts.append(f"{NAMES[role]}: {status.evidence()}")
+        said = not_a_test(
+            f"{NAMES[role][0].upper()}{NAMES[role][1:]} at {large:,} images",
+            status,
+            "Figure 4's trend at the top of the range",
+        )
+        if said:
+            open_.append(said)
+    if not parts:
+        return "Whether the runs had finished improving is not recorded (their results keep no minival curve)."
+    return f"Convergence at {large:,} images: {'; '.join(parts)}." + "".join(f" {t}" for t in open_)
+
+
+def _steps_direction(steps: list[tuple[str, str, stats.Interval | None]]) -> str:
+    """ "falls" or "rises" where every step shows it, "flat" where none does, "mixed" otherwise,
+    "not weighed" where no step is."""
+    words = [direction(iv, "falls", "rises", "flat") for _, _, iv in steps]
+    weighed = [w for w in words if w in ("falls", "rises", "flat")]
+    if not steps or not weighed:
+        return "not weighed"
+    if len(weighed) == len(words) and len(set(weighed)) == 1:
+        return weighed[0]
+    return "flat" if set(weighed) == {"flat"} else "mixed"
+
+
+def figure4(
+    slope: stats.Interval | None,
+    steps: list[tuple[str, str, stats.Interval | None]],
+    large: int,
+    top_open: bool = False,
+) -> str:
     """The sentences against Figure 4: does the ViT's error relative to the ResNet's fall with data?
+
+    A direction is claimed for the range where the slopes (a fit over every size) and every step
+    of the ratio show it; where only the fit does, the sentence says so.
 
     Args:
         slope: the difference of the log-log slopes, ViT minus ResNet.
-        ratio: the change of the error ratio from the smallest to the largest size.
+        steps: the change of the error ratio over each step of the range (from, to, interval).
         large: the largest size.
+        top_open: whether a family's runs at the largest size had not converged.
 
     Returns:
         The verdict, then where the paper's crossover lies.
     """
-    said = {
-        "the slopes": direction(slope, "falls", "rises", "flat"),
-        "the ratio at the two ends": direction(ratio, "falls", "rises", "flat"),
-    }
-    weighed = {k: v for k, v in said.items() if v in ("falls", "rises", "flat")}
-    falls = [k for k, v in weighed.items() if v == "falls"]
-    rises = [k for k, v in weighed.items() if v == "rises"]
+    by_slope = direction(slope, "falls", "rises", "flat")
+    by_steps = _steps_direction(steps)
     relative = "the ViT's test error relative to the ResNet's"
-    if not weighed:
-        text = "the trend is not weighed (too few seeds with finite results)"
-    elif falls and rises:
-        text = f"the measures disagree ({relative} falls by {falls[0]} and rises by {rises[0]})"
-    elif falls or rises:
-        moved = falls or rises
-        other = next((k for k in said if k not in moved), None)
-        by = "both measures" if other is None else f"{moved[0]} (by {other}: {_NOT[said[other]]})"
+    agree = {"falls": "Figure 4's direction", "rises": "against Figure 4's direction"}
+    steps_said = {
+        "mixed": "not at every step of the ratio",
+        "flat": "at no step of the ratio distinguishably",
+        "not weighed": "the steps of the ratio not weighed",
+        "falls": "while the ratio falls at every step",
+        "rises": "while the ratio rises at every step",
+    }
+    if by_slope not in agree and by_steps not in ("falls", "rises"):
+        if by_slope.startswith("not weighed") and by_steps == "not weighed":
+            text = "the trend is not weighed (too few seeds with finite results)"
+        else:
+            flat_steps = {
+                "mixed": "the ratio's steps go one way and another (above)",
+                "flat": "no step of the ratio shows one",
+                "not weighed": "the steps of the ratio are not weighed",
+            }
+            text = (
+                f"no change of {relative} with data is distinguishable by the slopes, and {flat_steps[by_steps]}: "
+                "Figure 4's direction is not shown at this scale"
+            )
+    elif by_slope in agree and by_steps == by_slope:
+        text = f"{relative} {by_slope} with data by the slopes and at every step of the ratio: {agree[by_slope]}"
+    elif by_slope in agree:
         text = (
-            f"{relative} falls with data by {by}: Figure 4's direction"
-            if falls
-            else f"{relative} rises with data by {by}: against Figure 4's direction"
+            f"{relative} {by_slope} with data by the slopes, {steps_said[by_steps]}: {agree[by_slope]} as a fit over "
+            "the range, not shown step by step"
         )
-    else:
-        text = (
-            f"no change of {relative} with data is distinguishable (slopes and end-to-end ratio): "
-            "Figure 4's direction is not shown at this scale"
-        )
+    else:  # every step shows a direction the slopes do not
+        slope_said = "not weighed" if by_slope.startswith("not weighed") else "not distinguishable"
+        text = f"{relative} {by_steps} at every step of the ratio (by the slopes: {slope_said}): {agree[by_steps]}"
+    top = " The top of the range is not a test of it (see convergence below)." if top_open else ""
     low, high = PAPER_CROSSOVER
     return (
-        f"Against Figure 4: {text}. The paper's crossover (ViT-B/32 past ResNet50x1) lies between "
+        f"Against Figure 4: {text}.{top} The paper's crossover (ViT-B/32 past ResNet50x1) lies between "
         f"{low / 1e6:.0f}M and {high / 1e6:.0f}M pre-training images, {low / large:,.0f} times the largest subset "
         "here or more: these runs speak to the direction of the trend, not to a crossover."
     )
