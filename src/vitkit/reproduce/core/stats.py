@@ -151,6 +151,9 @@ def paired_p(a: Sequence[Any], b: Sequence[Any]) -> float | None:
     Returns:
         p, or None with fewer than two complete pairs; 1.0 where every difference is zero, 0.0
         where they are all equal and not zero.
+
+    Raises:
+        ValueError: ``a`` and ``b`` differ in length.
     """
     from scipy.stats import t  # optional, as t_quantile
 

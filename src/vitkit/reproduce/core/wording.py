@@ -102,7 +102,12 @@ class Convergence:
         return self.runs > 0 and 2 * max(self.best_at_end, self.rising) < self.runs
 
     def evidence(self) -> str:
-        """The counts behind the verdict, for the sentence."""
+        """The counts behind the verdict, for the sentence.
+
+        Returns:
+            "best minival checkpoint at the last evaluation in B of N runs, minival still rising
+            over the last quarter of the steps in R of N".
+        """
         return (
             f"best minival checkpoint at the last evaluation in {self.best_at_end} of {self.runs} runs, "
             f"minival still rising over the last quarter of the steps in {self.rising} of {self.runs}"
