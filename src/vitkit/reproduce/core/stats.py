@@ -133,11 +133,15 @@ def paired_difference(a: Sequence[Any], b: Sequence[Any], level: float = LEVEL) 
     Raises:
         ValueError: ``a`` and ``b`` differ in length.
     """
+    out = mean_interval(_paired_diffs(a, b), level)
+    return None if out is None else Interval(out.estimate, out.low, out.high, out.n, level, "paired t")
+
+
+def _paired_diffs(a: Sequence[Any], b: Sequence[Any]) -> list[float]:
+    """``a[i] - b[i]`` over the pairs where both are finite; a ValueError where the arms differ in length."""
     if len(a) != len(b):
         raise ValueError(f"paired arms differ in length: {len(a)} and {len(b)}")
-    diffs = [float(x) - float(y) for x, y in zip(a, b) if _finite(x) and _finite(y)]
-    out = mean_interval(diffs, level)
-    return None if out is None else Interval(out.estimate, out.low, out.high, out.n, level, "paired t")
+    return [float(x) - float(y) for x, y in zip(a, b) if _finite(x) and _finite(y)]
 
 
 def paired_p(a: Sequence[Any], b: Sequence[Any]) -> float | None:
@@ -157,9 +161,7 @@ def paired_p(a: Sequence[Any], b: Sequence[Any]) -> float | None:
     """
     from scipy.stats import t  # optional, as t_quantile
 
-    if len(a) != len(b):
-        raise ValueError(f"paired arms differ in length: {len(a)} and {len(b)}")
-    diffs = [float(x) - float(y) for x, y in zip(a, b) if _finite(x) and _finite(y)]
+    diffs = _paired_diffs(a, b)
     if len(diffs) < 2:
         return None
     m, s = statistics.fmean(diffs), statistics.stdev(diffs)

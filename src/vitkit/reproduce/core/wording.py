@@ -30,6 +30,28 @@ def _fmt(iv: stats.Interval, digits: int, unit: str) -> str:
     return iv.text(digits, unit) + f", {iv.n} seeds"
 
 
+def step_directions(
+    steps: Sequence[tuple[str, str, stats.Interval | None]], down: str = "falls", up: str = "rises"
+) -> list[str]:
+    """What each step of a range shows: ``down`` or ``up`` where its interval excludes zero,
+    "not distinguishable" where it holds zero, "not weighed" where there is no interval.
+
+    Args:
+        steps: each step as (from, to, the paired change over it).
+        down: the word for a change below zero.
+        up: the word for a change above zero.
+
+    Returns:
+        One word a step.
+    """
+    return [
+        "not weighed" if iv is None
+        else (down if iv.estimate < 0 else up) if iv.excludes_zero
+        else "not distinguishable"
+        for _, _, iv in steps
+    ]  # fmt: skip
+
+
 def stepwise(
     steps: Sequence[tuple[str, str, stats.Interval | None]],
     quantity: str,
@@ -57,16 +79,10 @@ def stepwise(
     """
     if not steps:
         return f"{quantity} is not weighed over a range (one size only)."
-    said, words = [], []
-    for a, b, iv in steps:
-        if iv is None:
-            words.append("not weighed")
-            said.append(f"{a} to {b}: not weighed")
-            continue
-        word = (down if iv.estimate < 0 else up) if iv.excludes_zero else "not distinguishable"
-        words.append(word)
-        said.append(f"{a} to {b}: {_fmt(iv, digits, unit)}")
-    evidence = "; ".join(said)
+    words = step_directions(steps, down, up)
+    evidence = "; ".join(
+        f"{a} to {b}: " + ("not weighed" if iv is None else _fmt(iv, digits, unit)) for a, b, iv in steps
+    )
     first, last = steps[0][0], steps[-1][1]
     if len(set(words)) == 1 and words[0] in (down, up):
         every = "at every step" if len(steps) > 1 else "over the step"
@@ -225,4 +241,13 @@ def beyond_control(
     )
 
 
-__all__ = ["RISING", "Convergence", "beyond_control", "convergence", "not_a_test", "primary_and_holm", "stepwise"]
+__all__ = [
+    "RISING",
+    "Convergence",
+    "beyond_control",
+    "convergence",
+    "not_a_test",
+    "primary_and_holm",
+    "step_directions",
+    "stepwise",
+]

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core import stats
 from ..core.experiment import finite, lead, mean_of, mean_std, pct
-from ..core.wording import Convergence, not_a_test, stepwise
+from ..core.wording import Convergence, not_a_test, step_directions, stepwise
 from .pooling import grid_position, position_clause
 
 FAMILIES = ("cnn", "vit")  # the roles with a learning-rate grid; the larger ViT takes the ViT's rate
@@ -240,10 +240,10 @@ def convergence_text(num: dict[str, Any]) -> str:
 
 def _steps_direction(steps: list[tuple[str, str, stats.Interval | None]]) -> str:
     """ "falls" or "rises" where every step shows it, "flat" where none does, "mixed" otherwise,
-    "not weighed" where no step is."""
-    words = [direction(iv, "falls", "rises", "flat") for _, _, iv in steps]
-    weighed = [w for w in words if w in ("falls", "rises", "flat")]
-    if not steps or not weighed:
+    "not weighed" where no step is (:func:`.wording.step_directions`)."""
+    words = ["flat" if w == "not distinguishable" else w for w in step_directions(steps)]
+    weighed = [w for w in words if w != "not weighed"]
+    if not weighed:
         return "not weighed"
     if len(weighed) == len(words) and len(set(weighed)) == 1:
         return weighed[0]
