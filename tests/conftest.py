@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
+    """A folder that ``build(folder)`` fills, made once for the whole test run: pytest-xdist's
+    workers share it (the first to ask builds it under a lock, the others wait and read it).
+    Tests must copy it before changing it.
+
+    Args:
+        tmp_path_factory: pytest's factory.
+        name: the folder's name, unique among such folders.
+        build: fills the (empty, existing) folder.
+
+    Returns:
+        The folder.
+    """
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' common parent
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed part-way
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 FIXTURES = Path(os.environ.get("VITKIT_FIXTURES", REPO.parent / "shared" / "fixtures" / "official"))

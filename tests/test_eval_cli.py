@@ -145,6 +145,7 @@ def test_eval_scores_the_serving_path(run_dir, tmp_path, capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # torch.compile of the int8 model: about 25 s on 2 cores
 def test_eval_compiles_the_served_model(run_dir, tmp_path, capsys):
     base = ["eval", str(run_dir), "--data", "synthetic", "--max-images", "64", "--precision", "int8", "--calib", "64"]
     results = {}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from conftest import built_once
 from vitkit.reproduce.core.results import SCORE_VERSION, check_result, load_result, read_result
 
 pytest.importorskip("sklearn")  # the few-shot transfer task (scikit-learn's digits)
@@ -75,9 +76,11 @@ def _alive(pid: int) -> bool:
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The suite run to the end with --jobs 2, uninterrupted (the numbers a stopped and resumed
     suite must give)."""
-    out = tmp_path_factory.mktemp("finished")
-    subprocess.run(_cmd(out, 2), check=True, env=_env(), capture_output=True, timeout=600)
-    return out
+    return built_once(
+        tmp_path_factory,
+        "reproduce-finished",
+        lambda out: subprocess.run(_cmd(out, 2), check=True, env=_env(), capture_output=True, timeout=600),
+    )
 
 
 def _copy(finished: Path, to: Path) -> Path:

@@ -182,22 +182,33 @@ def test_health_and_metrics(served):
 
 
 def test_a_full_queue_is_answered_503(ckpt):
-    """The model held on a gate: one batch computes, max_queue images wait, the next is refused."""
+    """The model held on a gate: one batch computes, max_queue images wait, the next is refused.
+
+    The first request is sent alone and held in the model before the two that queue are sent: sent
+    together, the third could find the first still queued (the batcher's thread not yet woken) and
+    be refused itself."""
     model = vitkit.load_pretrained(ckpt)
     service = ModelService(model, "fp32", options=ServeOptions(max_batch=1, batch_window_ms=0, max_queue=2))
-    gate, run = threading.Event(), service.run_batch
-    service.run_batch = lambda images, wants: (gate.wait(20), run(images, wants))[1]
+    gate, entered, run = threading.Event(), threading.Event(), service.run_batch
+    service.run_batch = lambda images, wants: (entered.set(), gate.wait(20), run(images, wants))[2]
     results: list[int] = []
-    with _ThreadServer(service) as server:
-        threads = [
-            threading.Thread(target=lambda: results.append(_post(f"{server.url}/predict", _png())[0])) for _ in range(3)
-        ]
-        for t in threads:
-            t.start()
+
+    def send() -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.append(_post(f"{server.url}/predict", _png())[0]))
+        thread.start()
+        return thread
+
+    def wait_for(condition) -> None:
         deadline = time.monotonic() + 20
-        while service.batcher.in_flight < 3:  # one computing (held), two queued
+        while not condition():
             assert time.monotonic() < deadline, service.health()
             time.sleep(0.02)
+
+    with _ThreadServer(service) as server:
+        threads = [send()]
+        wait_for(entered.is_set)  # the first image is in the model, held
+        threads += [send(), send()]
+        wait_for(lambda: service.batcher.depth == 2)  # two queued
         status, answer = _post(f"{server.url}/predict", _png())
         assert status == 503 and "queue is full" in answer["error"], answer
         gate.set()
