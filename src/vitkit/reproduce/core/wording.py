@@ -168,6 +168,67 @@ def not_a_test(arm: str, status: Convergence, claim: str) -> str | None:
     return f"{arm} had not converged ({status.evidence()}): this is not a test of {claim}."
 
 
+@dataclass(frozen=True)
+class Contrast:
+    """One paired comparison of a family: its interval, its p-value and the p-value that a claim
+    rests on (Holm-adjusted for a secondary contrast; the plain one for the primary).
+
+    Attributes:
+        name: what is compared ("relative against learned 1-D").
+        diff: the paired interval of a - b in the report's units (None below two pairs).
+        p: the paired t test's p-value.
+        adjusted: the p-value a claim rests on.
+    """
+
+    name: str
+    diff: stats.Interval | None
+    p: float | None
+    adjusted: float | None
+
+    @property
+    def claimed(self) -> bool:
+        """Whether a difference is claimed: the p-value it rests on is below the test's level."""
+        return self.adjusted is not None and self.adjusted < 1 - stats.LEVEL
+
+    def to_dict(self) -> dict[str, Any]:
+        """The contrast as JSON-ready numbers (for report.json, where a reader can recompute it).
+
+        Returns:
+            ``{"interval", "p", "adjusted", "claimed"}``.
+        """
+        interval = None if self.diff is None else self.diff.to_dict()
+        return {"interval": interval, "p": self.p, "adjusted": self.adjusted, "claimed": self.claimed}
+
+
+def contrasts(
+    primary: tuple[str, Sequence[Any], Sequence[Any]],
+    others: dict[str, tuple[Sequence[Any], Sequence[Any]]],
+    scale: float = 100.0,
+) -> tuple[Contrast, list[Contrast]]:
+    """An experiment's primary contrast at the plain level and the rest Holm-adjusted.
+
+    Args:
+        primary: (its name, arm a, arm b), per seed.
+        others: the secondary contrasts by name, each (arm a, arm b).
+        scale: to the report's units.
+
+    Returns:
+        The primary and the secondaries, in the order given.
+    """
+
+    def interval(a: Sequence[Any], b: Sequence[Any]) -> stats.Interval | None:
+        d = stats.paired_difference(a, b)
+        return None if d is None else d.scaled(scale)
+
+    name, a, b = primary
+    p = stats.paired_p(a, b)
+    raw = {k: stats.paired_p(x, y) for k, (x, y) in others.items()}
+    adjusted = stats.holm(raw)
+    return Contrast(name, interval(a, b), p, p), [
+        Contrast(k, interval(x, y), raw[k], adjusted[k]) for k, (x, y) in others.items()
+    ]
+
+
 def primary_and_holm(
     primary: tuple[str, Sequence[Any], Sequence[Any]],
     others: dict[str, tuple[Sequence[Any], Sequence[Any]]],
@@ -183,30 +244,40 @@ def primary_and_holm(
         unit: their name.
 
     Returns:
-        Sentences: the primary's paired difference and interval; each secondary's difference, raw
-        and Holm-adjusted p, and whether a difference is claimed after the adjustment.
+        Sentences: the primary's paired difference and interval; each secondary's difference, its
+        interval, raw and Holm-adjusted p, and whether a difference is claimed after the adjustment.
     """
-    name, a, b = primary
-    diff = stats.paired_difference(a, b)
+    first, rest = contrasts(primary, others, scale)
+    return said_with_holm(first, rest, unit)
+
+
+def said_with_holm(first: Contrast, rest: Sequence[Contrast], unit: str = " points") -> str:
+    """:func:`primary_and_holm`'s sentences for contrasts already weighed by :func:`contrasts`.
+
+    Args:
+        first: the primary contrast.
+        rest: the secondaries.
+        unit: the report's units.
+
+    Returns:
+        The sentences.
+    """
     head = (
-        f"Primary contrast, {name}: not weighed (fewer than 2 seeds)."
-        if diff is None
-        else f"Primary contrast, {name}: {_fmt(diff.scaled(scale), 1, unit)}"
-        + (": a difference." if diff.excludes_zero else ": not distinguishable.")
+        f"Primary contrast, {first.name}: not weighed (fewer than 2 seeds)."
+        if first.diff is None
+        else f"Primary contrast, {first.name}: {_fmt(first.diff, 1, unit)}"
+        + (": a difference." if first.diff.excludes_zero else ": not distinguishable.")
     )
-    if not others:
+    if not rest:
         return head
-    raw = {k: stats.paired_p(x, y) for k, (x, y) in others.items()}
-    adjusted = stats.holm(raw)
     parts = []
-    for k, (x, y) in others.items():
-        d, p, q = stats.paired_difference(x, y), raw[k], adjusted[k]
-        if d is None or p is None or q is None:
-            parts.append(f"{k}: not weighed")
+    for c in rest:
+        if c.diff is None or c.p is None or c.adjusted is None:
+            parts.append(f"{c.name}: not weighed")
             continue
-        word = "a difference" if q < 1 - stats.LEVEL else "not distinguishable after the correction"
-        parts.append(f"{k}: {d.estimate * scale:+.1f}{unit} (p {p:.3f}, Holm-adjusted {q:.3f}): {word}")
-    return f"{head} The other {len(others)} contrasts, Holm-corrected: " + "; ".join(parts) + "."
+        word = "a difference" if c.claimed else "not distinguishable after the correction"
+        parts.append(f"{c.name}: {_fmt(c.diff, 1, unit)}; p {c.p:.3f}, Holm-adjusted {c.adjusted:.3f}: {word}")
+    return f"{head} The other {len(rest)} contrasts, Holm-corrected: " + "; ".join(parts) + "."
 
 
 def beyond_control(
@@ -243,11 +314,14 @@ def beyond_control(
 
 __all__ = [
     "RISING",
+    "Contrast",
     "Convergence",
     "beyond_control",
+    "contrasts",
     "convergence",
     "not_a_test",
     "primary_and_holm",
+    "said_with_holm",
     "step_directions",
     "stepwise",
 ]

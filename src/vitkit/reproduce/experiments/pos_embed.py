@@ -2,9 +2,14 @@
 learned 2-D (row and column tables), relative (a 1-D attention bias) and fixed 2-D sin-cos; some
 of them again at several times the steps, to tell learning speed from capacity.
 
-Every comparison is paired by seed (:mod:`vitkit.reproduce.core.stats`): each kind against the learned 1-D (the
-paper's default), the learned 1-D against none, and, across the two lengths, the change of a gap
-(the difference of the per-seed differences).
+Every comparison is paired by seed (:mod:`vitkit.reproduce.core.stats`). The primary contrast is
+Table 8's first finding, the learned 1-D (the paper's default) against none at the budget's steps.
+The kind's contrasts (each kind against the learned 1-D, at each length it ran) are one family,
+Holm-corrected (:func:`vitkit.reproduce.core.wording.contrasts`): a kind is said to differ only
+where the adjusted p-value is below 0.05 and, where it also ran longer, only if the difference
+lasts. The rest (the long arm against none, and the change of a gap across the two lengths, the
+difference of the per-seed differences) are readings of learning speed against capacity, said with
+their plain intervals.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from ..core.experiment import Experiment, Section, lead, pct, sentence_from, sho
 from ..core.registry import register
 from ..core.spec import RunSpec
 from ..core.stats import Interval, paired_difference
+from ..core.wording import Contrast, contrasts
 from .compute import scaled_length
 from .figures import plot_pos_embed
 
@@ -80,6 +86,7 @@ def reading(
     at_long: dict[str, Any] | None,
     moved: dict[str, Any] | None,
     factor: float,
+    corrected: bool | None = None,
 ) -> str:
     """What a gap at two lengths says: a lead that closes with more steps was learning speed; one
     that holds is more than that.
@@ -91,11 +98,15 @@ def reading(
         at_long: the same at the longer.
         moved: the paired interval of the change (long minus short).
         factor: the longer length against the shorter.
+        corrected: for a gap of a Holm-corrected family, whether the gap at the shorter length
+            survives the correction (False: it counts as not distinguishable); None outside one.
 
     Returns:
         A clause.
     """
     s1, s4, moves = _sign(at_short), _sign(at_long), _sign(moved)
+    if corrected is False and s1:
+        s1 = 0
     more = f"{factor:g}x the steps"
     if s1 is None or s4 is None:
         return f"whether the gap between {name_a} and {name_b} lasts cannot be weighed (too few seeds)"
@@ -198,6 +209,9 @@ class PosEmbed(Experiment):
                 rows.append([info["title"], str(self.steps(f)), pct(self.top1(res)), pct(self.fewshot(res)),
                              "—" if paper is None else f"{100 * paper:.1f}"])  # fmt: skip
         numbers["comparisons"] = self.comparisons(numbers)
+        primary, family = self.contrasts(numbers)
+        numbers["primary"] = {"key": f"none-{self.reference()}", **primary.to_dict()}
+        numbers["holm"] = {key: c.to_dict() for key, c in family.items()}
         figure = plot_pos_embed(numbers, self.suite.out / "figures" / "pos_embed.png", shots)
         section = self.section(header, rows, numbers, self.verdict(numbers, shots))
         section.headline = sentence_from(section.verdict, "Table 8 finds")
@@ -231,6 +245,40 @@ class PosEmbed(Experiment):
             )
         return out
 
+    def contrasts(self, numbers: dict[str, Any]) -> tuple[Contrast, dict[str, Contrast]]:
+        """The primary contrast and the kind's family, Holm-corrected.
+
+        Args:
+            numbers: the section's numbers (``variants``, ``long``, ``reference``, ``steps``).
+
+        Returns:
+            The primary (the reference against none at the budget's steps; its interval is not
+            weighed without a none arm) and the family by comparison key: ``KIND-REF`` for each
+            kind at the budget's steps and ``long:KIND-REF`` for each that also ran longer.
+        """
+        v, lv, ref = numbers["variants"], numbers["long"], numbers["reference"]
+
+        def title(k: str) -> str:
+            return str(self.cfg["variants"][k]["title"]).split(" (")[0]
+
+        none = v["none"]["test_top1"] if "none" in v and ref != "none" else []
+        primary = (f"{title(ref)} against {title('none') if none else 'none'}", v[ref]["test_top1"], none)
+        family: dict[str, tuple[Any, Any]] = {}
+        names: dict[str, str] = {}
+        for arms, steps, prefix in (
+            (v, numbers["steps"], ""),
+            (lv, numbers["long_steps"], "long:"),
+        ):
+            if ref not in arms:
+                continue
+            for k in arms:
+                if k not in (ref, "none"):
+                    key = f"{prefix}{k}-{ref}"
+                    family[key] = (arms[k]["test_top1"], arms[ref]["test_top1"])
+                    names[key] = f"{title(k)} against {title(ref)} at {steps} steps"
+        first, rest = contrasts(primary, {names[k]: family[k] for k in family})
+        return first, dict(zip(family, rest, strict=True))
+
     def verdict(self, numbers: dict[str, Any], shots: str) -> str:
         v, lv, ref, cmp = numbers["variants"], numbers["long"], numbers["reference"], numbers["comparisons"]
         steps, long_steps, factor = numbers["steps"], numbers["long_steps"], numbers["long_factor"]
@@ -241,32 +289,40 @@ class PosEmbed(Experiment):
         parts = []
         if "none" in v and ref != "none":
             parts.append(
-                f"At {steps} steps, on test top-1 "
+                f"Primary contrast, at {steps} steps on test top-1: "
                 + lead(name(ref), v[ref]["test_top1"], name("none"), v["none"]["test_top1"])
                 + " (Table 8: 2.8 points on 5-shot ImageNet); on "
                 + f"{shots} transfer "
                 + lead(name(ref), v[ref]["fewshot"], name("none"), v["none"]["fewshot"])
             )
-        kinds = [k for k in v if k not in (ref, "none")]
-        if kinds:
-            each = "; ".join(lead(name(k), v[k]["test_top1"], name(ref), v[ref]["test_top1"]) for k in kinds)
+        family = [self._holm_clause(k, c) for k, c in numbers.get("holm", {}).items()]
+        if family:
             parts.append(
-                f"against {name(ref)} on test top-1 {each} (Table 8: learned 2-D and relative 0.2 points below)"
+                f"the kind, on test top-1 against {name(ref)}, Holm-corrected over its {len(family)} contrasts: "
+                + "; ".join(family)
+                + " (Table 8: learned 2-D and relative 0.2 points below)"
             )
         pairs = [key.split(":")[1].split("-") for key in cmp if key.startswith("long:")]
         if pairs:
             at_long = "; ".join(lead(name(a), lv[a]["test_top1"], name(b), lv[b]["test_top1"]) for a, b in pairs)
             moved = "; ".join(change(f"{name(a)} minus {name(b)}", cmp[f"moved:{a}-{b}"], steps, long_steps)
                               for a, b in pairs)  # fmt: skip
+            holm = numbers.get("holm", {})
             read = "; ".join(
-                reading(name(a), name(b), cmp[f"short:{a}-{b}"], cmp[f"long:{a}-{b}"], cmp[f"moved:{a}-{b}"], factor)
+                reading(
+                    name(a), name(b), cmp[f"short:{a}-{b}"], cmp[f"long:{a}-{b}"], cmp[f"moved:{a}-{b}"], factor,
+                    holm[f"{a}-{b}"]["claimed"] if f"{a}-{b}" in holm else None,
+                )
                 for a, b in pairs
-            )
+            )  # fmt: skip
             unsaid = [(a, b) for a, b in pairs if b != ref and not (a == ref and b == "none")]  # not compared above
             if unsaid:
                 each = "; ".join(lead(name(a), v[a]["test_top1"], name(b), v[b]["test_top1"]) for a, b in unsaid)
                 parts.append(f"at {steps} steps {each}")
-            parts.append(f"at {long_steps} steps ({factor:g}x) {at_long}; per seed, {moved}. So: {read}")
+            parts.append(
+                f"at {long_steps} steps ({factor:g}x; plain intervals, readings of learning speed) {at_long}; "
+                f"per seed, {moved}. So: {read}"
+            )
         text = "; ".join(parts) + ". " if parts else "Too few variants ran to compare. "
         return text + self.agreement(numbers)
 
@@ -278,30 +334,83 @@ class PosEmbed(Experiment):
         said = []
         if "none" in v and ref != "none":
             s = _sign(cmp[f"none-{ref}"])  # none minus the reference
-            said.append("on positions this " + {
+            text = "on positions this " + {
                 None: "cannot be weighed (too few seeds with finite results)",
                 -1: f"agrees: {title} leads none here too",
                 1: f"disagrees: here none leads {title}",
                 0: f"does not show the effect: {title} and none are not distinguishable here",
-            }[s])  # fmt: skip
+            }[s]  # fmt: skip
+            longer = cmp.get(f"long:{ref}-none", "absent")
+            if s in (-1, 1) and longer != "absent" and _sign(longer) != -s:
+                text += f" at {numbers['steps']} steps, but not at {numbers['long_steps']} steps, where " + (
+                    "it cannot be weighed" if longer is None else f"the lead is {Interval(**longer).text(1, ' points')}"
+                )
+            said.append(text)
         kinds = [k for k in v if k not in (ref, "none")]
-        signs = {k: _sign(cmp[f"{k}-{ref}"]) for k in kinds}
-        if kinds and all(s is None for s in signs.values()):
+        family = numbers.get("holm", {})
+        weighed = {k: c for k, c in family.items() if c["adjusted"] is not None}
+        if kinds and not weighed:
             said.append("on the kind it cannot be weighed (too few seeds with finite results)")
         elif kinds:
-            apart = [self.cfg["variants"][k]["title"] for k, s in signs.items() if s]
-            unweighed = [self.cfg["variants"][k]["title"] for k, s in signs.items() if s is None]
-            if apart:
-                verb = "differs" if len(apart) == 1 else "differ"
-                said.append(
-                    f"on the kind it differs: {', '.join(apart)} {verb} from {title} by intervals that exclude zero"
-                )
-            elif unweighed:
-                said.append(
-                    f"on the kind no other is distinguishable from {title}, and {', '.join(unweighed)} not weighed"
-                )
-            else:
-                said.append(
-                    f"on the kind it is consistent: no kind is distinguishable from {title} (every interval holds zero)"
-                )
+            said.append("on the kind " + self._kind_agreement(numbers, kinds, weighed))
         return f"{paper}; " + ("; ".join(said) or "neither can be weighed with these variants") + "."
+
+    def _holm_clause(self, key: str, c: dict[str, Any]) -> str:
+        """One contrast of the kind's family: its interval, raw and adjusted p, and the claim."""
+        kind = key.removeprefix("long:").split("-")[0]
+        name = str(self.cfg["variants"][kind]["title"]).split(" (")[0]
+        head = f"{name} at {self.steps(self.long_factor() if key.startswith('long:') else 1.0)} steps"
+        if c["interval"] is None or c["adjusted"] is None:
+            return f"{head}: not weighed"
+        iv = Interval(**c["interval"])
+        word = "a difference" if c["claimed"] else "not distinguishable after the correction"
+        return (
+            f"{head}: {iv.text(1, ' points')}, {iv.n} seeds; p {c['p']:.3f}, Holm-adjusted {c['adjusted']:.3f}: {word}"
+        )
+
+    def _kind_agreement(self, numbers: dict[str, Any], kinds: list[str], weighed: dict[str, dict[str, Any]]) -> str:
+        """Table 8's second finding (the kind barely matters) against the Holm-corrected family: a
+        kind differs only where its adjusted p is below the level at the budget's steps and, where it
+        also ran longer, at the longer length too, on the same side."""
+        ref, long_steps = numbers["reference"], numbers["long_steps"]
+        title = str(self.cfg["variants"][ref]["title"]).split(" (")[0]
+
+        def side(c: dict[str, Any] | None) -> int:
+            return 0 if c is None or not c["claimed"] else (1 if c["interval"]["estimate"] > 0 else -1)
+
+        lasting, passing = [], []
+        for k in kinds:
+            short, longer = weighed.get(f"{k}-{ref}"), weighed.get(f"long:{k}-{ref}")
+            if side(short) == 0:
+                continue
+            full = self.cfg["variants"][k]["title"]
+            if longer is None:
+                lasting.append(full)
+            elif side(longer) == side(short):
+                lasting.append(f"{full} (at both lengths)")
+            else:
+                iv = Interval(**longer["interval"])
+                passing.append(
+                    f"{full} differs at {numbers['steps']} steps but not at {long_steps} steps, where the difference "
+                    f"is {iv.text(1, ' points')}, Holm-adjusted p {longer['adjusted']:.3f}"
+                )
+        if lasting:
+            verb = "differs" if len(lasting) == 1 else "differ"
+            return (
+                f"it differs: {', '.join(lasting)} {verb} from {title} after Holm's correction over "
+                f"{len(weighed)} contrasts" + ("; " + "; ".join(passing) if passing else "")
+            )
+        if passing:
+            return (
+                "it shows no lasting difference: " + "; ".join(passing) + ", after Holm's correction over "
+                f"{len(weighed)} contrasts"
+            )
+        key, smallest = min(weighed.items(), key=lambda kc: kc[1]["adjusted"])
+        kind, at = key.removeprefix("long:").split("-")[0], long_steps if key.startswith("long:") else numbers["steps"]
+        unweighed = [self.cfg["variants"][k]["title"] for k in kinds if f"{k}-{ref}" not in weighed]
+        tail = f", and {', '.join(unweighed)} not weighed" if unweighed else ""
+        return (
+            f"it is consistent: no kind is distinguishable from {title} after Holm's correction over "
+            f"{len(weighed)} contrasts (smallest adjusted p {smallest['adjusted']:.3f}: "
+            f"{self.cfg['variants'][kind]['title']} at {at} steps){tail}"
+        )
