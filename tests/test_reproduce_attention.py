@@ -19,7 +19,7 @@ from vitkit.analysis.attention import (
 from vitkit.models.registry import create_model
 from vitkit.preprocessing import LoadedImages
 from vitkit.reproduce.core.spec import DataInfo, Suite
-from vitkit.reproduce.experiments.attention import Attention, paired_claim, sign_claim, table, verdict
+from vitkit.reproduce.experiments.attention import Attention, controlled_claim, paired_claim, sign_claim, table, verdict
 from vitkit.reproduce.experiments.attention_measure import layer_slope, measure, seed_numbers, summarise_numbers
 
 # -- the rollout's mass on the object ------------------------------------------------------------
@@ -183,12 +183,13 @@ def _fabricated(seeds: int = 3, trained_slope: float = 1.0, hybrid_first: float 
 def test_clear_effects_are_said_with_their_intervals():
     numbers = _fabricated()
     text = verdict(numbers)
-    assert "growing with depth" in text
-    assert "the slope is higher in the trained model than in the untrained one by" in text
+    assert "growing with depth; untrained -0.02 px a layer; trained minus untrained +0.98 px a layer (95% CI" in text
+    assert "beyond the untrained control, so training shaped it" in text
     assert "more local than uniform" in text  # the ViT's first layer: 8 px against 10
     assert "the hybrid's first layer is less local, as in appendix D.7" in text
-    assert "concentrated on the object" in text and "the ratio is higher in the trained model" in text
+    assert "concentrated on the object; untrained 1.00; trained minus untrained +0.55" in text
     assert "the 2-D grid encoded" in text and "that share is higher in the trained model" in text
+    assert "shows it as well" not in text
     assert "95% CI" in text and "3 seeds" in text
     vit = numbers["models"]["vit"]
     assert vit["summary"]["trained"]["depth_slope"]["estimate"] == pytest.approx(0.96)  # seed s: 1 - 0.04 s
@@ -215,6 +216,31 @@ def test_one_seed_claims_nothing():
     assert "growing with depth" not in text and "higher in" not in text
     assert numbers["models"]["vit"]["summary"]["trained"]["depth_slope"] is None
     assert "1 seed" in table(numbers)[1][0][5]
+
+
+def test_an_effect_is_put_down_to_training_only_beyond_the_untrained_control():
+    """The published case: a depth trend of +0.11 px a layer trained against +0.06 untrained, and a
+    rollout ratio of 1.06 against 1.05, each labelled on the trained models alone before; the
+    control shows them as well. Just beyond the control, the same labels are put down to training."""
+    slope = controlled_claim("the depth trend", "the slope", [0.10, 0.12, 0.11], [0.05, 0.07, 0.06], " px a layer", 2,
+                             "growing with depth", "shrinking with depth", "no trend")  # fmt: skip
+    assert slope.startswith("the depth trend, trained: +0.11 px a layer (95% CI 0.09 to 0.13, 3 seeds), growing")
+    assert slope.endswith(
+        "trained minus untrained +0.05 px a layer (95% CI 0.05 to 0.05, 3 seeds): beyond the untrained control, "
+        "so training shaped it"
+    )
+    same = controlled_claim("the depth trend", "the slope", [0.10, 0.12, 0.11], [0.09, 0.03, 0.06], " px a layer", 2,
+                            "growing with depth", "shrinking with depth", "no trend")  # fmt: skip
+    assert "growing with depth; untrained +0.06 px a layer" not in same  # a mean, said without a sign
+    assert same.endswith("the untrained control shows it as well, so it is not shown to come from training")
+    ratio = controlled_claim("the rollout ratio", "the ratio", [1.06, 1.07, 1.05], [1.04, 1.06, 1.05], "", 2,
+                             "concentrated on the object", "away", "even", reference=1.0)  # fmt: skip
+    assert "concentrated on the object" in ratio and ratio.endswith("so it is not shown to come from training")
+    less = controlled_claim("r", "the ratio", [1.06, 1.07, 1.05], [1.2, 1.21, 1.19], "", 2, "concentrated", "away",
+                            "even", reference=1.0)  # fmt: skip
+    assert less.endswith("less so than the untrained control, so it is not from training")
+    flat = controlled_claim("t", "the slope", [0.1, -0.1, 0.0], [0.0, 0.0, 0.01], "", 2, "up", "down", "no trend")
+    assert "no trend" in flat and "the slope is not distinguishable between the trained model" in flat
 
 
 def test_claims_need_the_interval_to_exclude_zero():

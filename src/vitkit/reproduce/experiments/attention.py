@@ -111,15 +111,68 @@ def paired_claim(
     )
 
 
+def controlled_claim(
+    subject: str,
+    noun: str,
+    trained: list[Any],
+    untrained: list[Any],
+    unit: str,
+    digits: int,
+    above: str,
+    below: str,
+    neither: str,
+    reference: float = 0.0,
+) -> str:
+    """:func:`sign_claim` on the trained models, with its label conditioned on the untrained
+    control: an effect (``above`` or ``below``) is put down to training only where the trained
+    models show more of it than their own initialisations, paired by seed, by an interval that
+    excludes zero; where the control is not distinguishable, the sentence says the control shows
+    it as well.
+
+    Args:
+        subject: what the values are ("the ViT's depth trend (...)"); ", trained" is added.
+        noun: what to call it when trained and untrained are compared ("the slope").
+        trained: one value per seed of the trained models.
+        untrained: the same measure of each seed's initialisation, in the same order.
+        unit: the unit after each number.
+        digits: decimals.
+        above: what a trained interval above ``reference`` means.
+        below: what one below it means.
+        neither: what one that holds it means.
+        reference: no effect (0 for a slope or a difference, 1 for a ratio against even spread).
+
+    Returns:
+        ``the ViT's depth trend, trained: +0.11 px a layer (95% CI ...), growing with depth;
+        untrained +0.06 px a layer; trained minus untrained +0.05 px a layer (95% CI ...): the
+        untrained control shows it as well, so it is not shown to come from training``; without a
+        label to condition, the paired comparison of ``noun`` (:func:`paired_claim`).
+    """
+    own = sign_claim(f"{subject}, trained", trained, unit, digits, above, below, neither, reference)
+    control = f"untrained {_fmt(_mean(untrained), digits, unit)}"
+    iv = mean_interval(finite(trained))
+    label = None if iv is None else above if iv.low > reference else below if iv.high < reference else None
+    diff = paired_difference(trained, untrained)
+    if label is None or diff is None:
+        return f"{own}; {control}; " + paired_claim(noun, trained, untrained, TRAINED, UNTRAINED, unit, digits)
+    against = f"trained minus untrained {diff.estimate:+.{digits}f}{unit} ({_ci(diff, digits)})"
+    if diff.excludes_zero and (diff.estimate > 0) == (label == above):
+        return f"{own}; {control}; {against}: beyond the untrained control, so training shaped it"
+    if diff.excludes_zero:
+        return f"{own}; {control}; {against}: less so than the untrained control, so it is not from training"
+    return (
+        f"{own}; {control}; {against}: the untrained control shows it as well, so it is not shown to come from training"
+    )
+
+
+TRAINED, UNTRAINED = "the trained model", "the untrained one"
+
+
 def _fmt(value: float | None, digits: int, unit: str = "", scale: float = 1.0) -> str:
     return "—" if value is None else f"{scale * value:.{digits}f}{unit}"
 
 
 def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
-
-
-TRAINED, UNTRAINED = "the trained model", "the untrained one"
 
 
 def model_sentences(role: str, entry: dict[str, Any]) -> list[str]:
@@ -149,20 +202,18 @@ def model_sentences(role: str, entry: dict[str, Any]) -> list[str]:
     ]
     out = [
         f"{entry['title']}, first layer: "
-        + sign_claim(f"the mean attention distance minus uniform attention's {uniform:.1f} px, trained",
-                     [s["layer_offset"][0] for s in entry["trained"]], " px", 1, "farther than uniform",
-                     "more local than uniform", "not distinguishable from uniform")
+        + controlled_claim(f"the mean attention distance minus uniform attention's {uniform:.1f} px", "that offset",
+                           v("trained", "first_layer_offset"), v("untrained", "first_layer_offset"), " px", 1,
+                           "farther than uniform", "more local than uniform", "not distinguishable from uniform")
         + f"; its heads span {span[0]} trained and {span[1]} untrained, and "
         + both("first_layer_range", "that span", " px", 1)
         + "; "
         + both("max_deviation", "the largest distance of any head from uniform", " px", 1),
         _capital(
-            sign_claim(f"{name}'s depth trend (slope of the layer-mean distance on the layer), trained",
-                       v("trained", "depth_slope"), " px a layer", 2, "growing with depth", "shrinking with depth",
-                       "no trend distinguishable")
-        )
-        + f"; untrained {_fmt(_mean(v('untrained', 'depth_slope')), 2, ' px a layer')}; "
-        + both("depth_slope", "the slope", " px a layer", 2),
+            controlled_claim(f"{name}'s depth trend (slope of the layer-mean distance on the layer)", "the slope",
+                             v("trained", "depth_slope"), v("untrained", "depth_slope"), " px a layer", 2,
+                             "growing with depth", "shrinking with depth", "no trend distinguishable")
+        ),
         f"Patch queries give the class token {_fmt(_mean(v('trained', 'class_share_mean')), 1, '%', 100)} of their "
         f"attention in the trained {noun} (mean over heads and layers) and "
         f"{_fmt(_mean(v('untrained', 'class_share_mean')), 1, '%', 100)} in the untrained one; "
@@ -171,13 +222,12 @@ def model_sentences(role: str, entry: dict[str, Any]) -> list[str]:
     if any(r is not None for r in v("trained", "rollout_ratio")):
         out.append(
             _capital(
-                sign_claim(f"{name}'s class-token rollout mass on the object over the object's share of the image "
-                           "(1: spread evenly), trained", v("trained", "rollout_ratio"), "", 2,
-                           "concentrated on the object", "away from the object", "not distinguishable from even",
-                           reference=1.0)
+                controlled_claim(f"{name}'s class-token rollout mass on the object over the object's share of the "
+                                 "image (1: spread evenly)", "the ratio", v("trained", "rollout_ratio"),
+                                 v("untrained", "rollout_ratio"), "", 2, "concentrated on the object",
+                                 "away from the object",
+                                 "not distinguishable from even", reference=1.0)
             )
-            + f"; untrained {_fmt(_mean(v('untrained', 'rollout_ratio')), 2)}; "
-            + both("rollout_ratio", "the ratio", "", 2)
         )  # fmt: skip
     return out
 
@@ -217,12 +267,10 @@ def verdict(numbers: dict[str, Any]) -> str:
         vt = models["vit"]
         if any(c is not None for c in state_values(vt, "trained", "pos_contrast")):
             parts.append(
-                sign_claim("The ViT's position embeddings, trained: neighbouring patches' cosine similarity minus "
-                           "far patches'", state_values(vt, "trained", "pos_contrast"), "", 2, "the 2-D grid encoded",
-                           "neighbours less alike than far patches", "no 2-D structure distinguishable")
-                + f"; untrained {_fmt(_mean(state_values(vt, 'untrained', 'pos_contrast')), 2)}; "
-                + paired_claim("the contrast", state_values(vt, "trained", "pos_contrast"),
-                               state_values(vt, "untrained", "pos_contrast"), TRAINED, UNTRAINED, "", 2)
+                controlled_claim("The ViT's position embeddings (neighbouring patches' cosine similarity minus far "
+                                 "patches')", "the contrast", state_values(vt, "trained", "pos_contrast"),
+                                 state_values(vt, "untrained", "pos_contrast"), "", 2, "the 2-D grid encoded",
+                                 "neighbours less alike than far patches", "no 2-D structure distinguishable")
             )  # fmt: skip
         k = numbers.get("top_components", 4)
         trained, untrained = (_fmt(_mean(state_values(vt, s, "filter_top")), 1, "%", 100) for s in STATES)
