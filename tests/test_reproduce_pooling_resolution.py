@@ -138,7 +138,12 @@ def test_pooling_verdict_interior_optima_equal_at_own_rates_gap_worse_at_the_tok
     section = exp.summarise(results)
     v = section.verdict
     assert "the class token at 4e-3 (interior to the grid)" in v and "GAP at 2e-3 (interior to the grid)" in v
-    assert "GAP's rate is lower than the class token's" in v
+    assert "On the minival of seed 0 alone, GAP's rate is lower than the class token's" in v
+    assert "the class token at its own rate leads the class token at GAP's rate by 2.0 points" in v
+    assert (
+        "Against Figure 9: GAP's best rate is lower than the class token's, as in the paper: chosen on one seed's "
+        "minival and borne out on test top-1 over 3 seeds"
+    ) in v
     assert "the class token and GAP are not distinguishable" in v
     assert "GAP at its own rate leads GAP at the class token's rate by 6.0 points" in v
     assert "does not bracket" not in v
@@ -152,6 +157,34 @@ def test_pooling_verdict_interior_optima_equal_at_own_rates_gap_worse_at_the_tok
     assert [(r[0], r[1], r[2]) for r in chosen_rows] == [("class token", "4e-3 (chosen)", "3"),
                                                          ("global average pooling", "2e-3 (chosen)", "3")]  # fmt: skip
     assert len(section.rows) == 10 and all(f.is_file() for f in section.figures)
+
+
+def test_the_order_of_the_rates_is_one_seeds_choice_unless_the_seeds_bear_it_out(tmp_path):
+    """The published case: GAP's rate came out higher than the class token's on one seed's
+    minival, with no interval. Where the class token is not shown better at its own rate than at
+    GAP's, the order is not a test; where both are, it is said."""
+    exp = Pooling(_suite(tmp_path))
+    cells = {
+        ("token", 2e-3): [0.86, 0.85, 0.87],
+        ("token", 4e-3): [0.855, 0.86, 0.86],  # the class token at GAP's rate: -0.5, +1.0, -1.0 points
+        ("gap", 4e-3): [0.87, 0.86, 0.88],
+        ("gap", 2e-3): [0.84, 0.83, 0.85],
+        ("token", 1e-3): [0.7], ("gap", 1e-3): [0.7],
+    }  # fmt: skip
+    v = exp.summarise(_pooling_results(exp, cells)).verdict
+    assert (
+        "Against Figure 9: GAP's chosen rate is higher than the class token's (unlike the paper) on one seed's minival "
+        "only: over 3 seeds the class token is not shown better at its own rate than at the other's, so the order of "
+        "the rates is not a test of the paper's"
+    ) in v
+    cells[("token", 4e-3)] = [0.84, 0.835, 0.845]  # now 2.0, 1.5, 2.5 points worse at GAP's rate
+    v = exp.summarise(_pooling_results(exp, cells)).verdict
+    assert "Against Figure 9: GAP's best rate is higher than the class token's, unlike the paper: chosen on" in v
+    smoke = Pooling(_suite(tmp_path / "smoke", budget="smoke"))
+    results = {smoke.cell_spec(p, lr, 0).key: _result(0.8 + lr * (1 if p == "gap" else -1))
+               for p in ("token", "gap") for lr in smoke.rates()}  # fmt: skip
+    v = smoke.summarise(results).verdict
+    assert "on one seed's minival only: over 1 seed GAP and the class token are not shown better" in v
 
 
 def test_pooling_verdict_names_an_edge_optimum(tmp_path):
