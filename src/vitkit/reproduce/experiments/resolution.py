@@ -23,6 +23,7 @@ from ..core.registry import register
 from ..core.scoring import ScoreSettings
 from ..core.spec import RunSpec
 from ..core.stats import paired_difference
+from ..core.wording import convergence, not_a_test
 from .figures import plot_resolution
 from .pooling import best_on_minival, grid_position, position_clause
 
@@ -171,7 +172,9 @@ class Resolution(Experiment):
                          c["rate"] + mark, pct([c["minival_top1"]]), pct([c["test_top1"]]), ""])  # fmt: skip
         verdict, numbers["comparisons"] = self.verdict(numbers)
         section = self.section(header, rows, numbers, verdict)
-        section.headline = sentence_from(verdict, "This agrees", "This does not agree", "Against section 3.2")
+        section.headline = sentence_from(
+            verdict, "This agrees", "This does not agree", "Section 3.2's gain", "Fine-tuning at"
+        )
         section.caption = (
             "Measured (in percent; each model scored at its own size): mean ± standard deviation over the seeds of "
             f"the chosen rates; the grid rows are seed {first}, whose minival top-1 chooses each size's rate"
@@ -218,20 +221,35 @@ class Resolution(Experiment):
             + lead(f"the pre-trained model at {low}", pre, "the zero-step control", zero),
         ]
         said = "; ".join(parts)
+        unfinished = [
+            sentence
+            for which in reversed(SIZES)  # the data's own size first: the arm section 3.2's gain rests on
+            if (
+                sentence := not_a_test(
+                    f"Fine-tuning at {self.size_text(which)}",
+                    convergence(arms[f"finetuned_{which}"].get("curves") or []),
+                    "section 3.2's gain",
+                )
+            )
+        ]
         return text + " " + said[0].upper() + said[1:] + ". " + self.agreement(
-            comparisons["native_minus_low"]
+            comparisons["native_minus_low"], unfinished
         ), comparisons
 
     @staticmethod
-    def agreement(diff: dict[str, Any] | None) -> str:
-        """Whether fine-tuning at the data's size paid, as section 3.2 finds.
+    def agreement(diff: dict[str, Any] | None, unfinished: list[str] | None = None) -> str:
+        """Whether fine-tuning at the data's size paid, as section 3.2 finds; not a test where an arm
+        had not finished improving (:func:`vitkit.reproduce.core.wording.not_a_test`).
 
         Args:
             diff: the paired interval of native minus low, in points (None: not weighed).
+            unfinished: the sentences of the fine-tuning arms that had not converged.
 
         Returns:
-            One sentence.
+            One or more sentences.
         """
+        if unfinished:
+            return " ".join(unfinished)
         if diff is None:
             return "Section 3.2's gain is not weighed here (fewer than 2 seeds with finite results on both sides)."
         if diff["low"] > 0:
