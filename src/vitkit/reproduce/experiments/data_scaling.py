@@ -29,6 +29,7 @@ from ...train.config import recipe_from_dict
 from ..core import stats
 from ..core.experiment import Experiment, Section, finite, mean_of, sentence_from, shots_label
 from ..core.registry import register
+from ..core.scaling import fit_families
 from ..core.scoring import ScoreSettings, fewshot_transfer, initial_model
 from ..core.spec import RunSpec, deep_merge
 from ..core.wording import convergence
@@ -286,6 +287,10 @@ class DataScaling(Experiment):
                 k: _interval_dict(stats.paired_difference(att[large][k], att[small][k]) if two_ends else None)
                 for k in ATTENTION_KEYS
             },
+            "fits": fit_families(
+                {r: {n: [1 - _num(t) for t in models[r]["test_top1"][n]] for n in models[r]["sizes"]} for r in roles},
+                [("vit", "cnn"), ("larger_vit", "vit")],
+            ),  # E = a·n^-b + c per family, bootstrapped (core.scaling)
             "attention_images": int(self.cfg["attention_images"]),
             "paper_crossover_images": list(PAPER_CROSSOVER),
         }
