@@ -1,6 +1,7 @@
-"""The ``data-scaling`` experiment without training: its two-phase plan (a learning-rate grid
-chosen on the minival, then every size at the chosen rate), and what its report says of made-up
-results, a diverged run among them."""
+"""The ``data-scaling`` experiment without training: its phased plan (a learning-rate grid per
+family chosen on the minival, then every size at the chosen rate, then the plateau rule's longer
+runs where a size had not converged), and what its report says of made-up results, a diverged run
+among them."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from vitkit.reproduce.core.spec import DataInfo, Suite
 from vitkit.reproduce.experiments.data_scaling import DataScaling, error_ratios, log_errors
 
 CLASSES = [str(i) for i in range(10)]
-SIZES = [580, 1740, 5800, 17400]  # 0.01, 0.03, 0.1 and 0.3 of 60,000 - 2,000 (the minival)
+SIZES = [580, 1740, 5800, 17400, 58000]  # 0.01, 0.03, 0.1, 0.3 and 1 of 60,000 - 2,000 (the minival)
 
 
 INFO = {
@@ -49,19 +50,21 @@ def _finish(exp: DataScaling, spec, res: dict) -> None:
     write_json(exp.suite.run_dir(spec) / "result.json", res)
 
 
-# Minival top-1 of the grid: the ResNet is best at 2e-3, the ViT at 1e-3 (its 4e-3 run diverged).
+# Minival top-1 of the grid: the ResNet is best at 2e-3, the ViT at 1e-3 (its 4e-3 run diverged),
+# the larger ViT (a grid of its own) at 2e-3.
 GRID = {
     "cnn": {5e-4: 0.80, 1e-3: 0.83, 2e-3: 0.85, 4e-3: 0.84},
     "vit": {5e-4: 0.78, 1e-3: 0.81, 2e-3: 0.80, 4e-3: math.nan},
+    "larger_vit": {5e-4: 0.77, 1e-3: 0.79, 2e-3: 0.80, 4e-3: 0.78},
 }
+RATE = {"cnn": 2e-3, "vit": 1e-3, "larger_vit": 2e-3}
 
 
 def _finish_grid(exp: DataScaling, skip: int = 0) -> None:
     """Finish the grid's runs, all but the last ``skip`` of the ViT's."""
-    grid = exp.grid()
-    vit = list(grid["vit"].items())
-    for role, options in (("cnn", grid["cnn"].items()), ("vit", vit[: len(vit) - skip])):
-        for lr, (spec,) in options:
+    for role, options in exp.grid().items():
+        items = list(options.items())
+        for lr, (spec,) in items[: len(items) - skip] if role == "vit" else items:
             _finish(exp, spec, _result(GRID[role][lr]))
 
 
@@ -69,8 +72,8 @@ def test_phase_one_is_the_grid_at_the_mid_size(tmp_path):
     exp = DataScaling(_suite(tmp_path))
     assert exp.sizes() == SIZES and exp.lr_size() == 5800
     specs = exp.runs()
-    assert len(specs) == 8 and not exp.planned()  # 4 rates x 2 families, seed 0
-    assert {s.model for s in specs} == {"bit-r8", "vit-tiny"}
+    assert len(specs) == 12 and not exp.planned()  # 4 rates x 3 families (the larger ViT tuned too), seed 0
+    assert {s.model for s in specs} == {"bit-r8", "vit-tiny", "vit-large"}
     for s in specs:
         r = s.recipe
         assert r["seed"] == 0 and r["data"]["subset"] == 5800 and r["data"]["subset_seed"] == 0
@@ -84,19 +87,17 @@ def test_phase_two_waits_for_each_family_and_uses_its_rate(tmp_path):
     _finish_grid(exp, skip=1)  # the ViT's grid is not finished
     assert exp.rate("cnn") == (2e-3, False) and exp.rate("vit") == (None, False)
     assert not exp.planned()
-    assert {role for role, _ in exp.cells()} == {"cnn"}
+    assert {role for role, _ in exp.cells()} == {"cnn", "larger_vit"}
     _finish_grid(exp)
     assert exp.planned()
-    assert exp.rate("vit") == (1e-3, False) and exp.rate("larger_vit") == (
-        1e-3,
-        False,
-    )  # the diverged rate is not chosen
+    assert exp.rate("vit") == (1e-3, False)  # the diverged rate is not chosen
+    assert exp.rate("larger_vit") == (2e-3, False)  # its own grid's choice, not the ViT's
     cells = exp.cells()
-    assert sorted(n for role, n in cells if role == "larger_vit") == [580, 17400]  # the two ends only
+    assert sorted(n for role, n in cells if role == "larger_vit") == SIZES  # every size (Figure 3's question)
     assert sorted(n for role, n in cells if role == "vit") == SIZES
     for (role, n), specs in cells.items():
         assert [s.recipe["seed"] for s in specs] == [0, 1, 2]
-        assert {s.recipe["optim"]["lr"] for s in specs} == {2e-3 if role == "cnn" else 1e-3}
+        assert {s.recipe["optim"]["lr"] for s in specs} == {RATE[role]}
         steps = max(800, math.ceil(8 * n / 128))  # data-limited: at least 8 passes over the subset
         assert {s.recipe["train"]["steps"] for s in specs} == {steps}
         assert {s.recipe["data"]["subset"] for s in specs} == {n}
@@ -107,7 +108,13 @@ def test_phase_two_waits_for_each_family_and_uses_its_rate(tmp_path):
     grid = exp.grid()
     assert grid["cnn"][2e-3][0].key == cells[("cnn", 5800)][0].key
     assert grid["vit"][1e-3][0].key == cells[("vit", 5800)][0].key
-    assert len(exp.runs()) == 8 + 2 * (4 * 3 - 1) + 2 * 3
+    assert cells[("vit", 58000)][0].recipe["train"]["steps"] == 3625  # 8 passes over all 58,000 images
+    assert len(exp.runs()) == 12 + 3 * (5 * 3 - 1)
+    ends = DataScaling(_suite(tmp_path / "ends"))
+    ends.cfg["larger_sizes"], ends.cfg["tune_larger"] = "ends", False
+    _finish_grid(ends)
+    assert sorted(n for role, n in ends.cells() if role == "larger_vit") == [580, 58000]
+    assert ends.rate("larger_vit") == (1e-3, False) and "larger_vit" not in ends.grid()  # the ViT's rate
 
 
 def test_each_seed_draws_its_own_subset(tmp_path):
@@ -137,11 +144,11 @@ def _finish_rates(exp: DataScaling, minival: dict[str, dict[float, float]]) -> N
 def test_a_choice_at_an_edge_extends_the_grid_until_it_is_bracketed(tmp_path):
     exp = DataScaling(_suite(tmp_path))
     cnn = {5e-4: 0.80, 1e-3: 0.83, 2e-3: 0.85, 4e-3: 0.86}  # best at the top
-    _finish_rates(exp, {"cnn": cnn, "vit": GRID["vit"]})
-    assert exp.learning_rates() == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]  # one step up, for both families
+    _finish_rates(exp, {"cnn": cnn, "vit": GRID["vit"], "larger_vit": GRID["larger_vit"]})
+    assert exp.learning_rates() == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]  # one step up, for every family
     assert not exp.planned() and exp.rate("cnn") == (None, False) and exp.rate("vit") == (None, False)
     assert {s.recipe["optim"]["lr"] for s in exp.runs()} == {5e-4, 1e-3, 2e-3, 4e-3, 8e-3}
-    _finish_rates(exp, {"cnn": {8e-3: 0.84}, "vit": {8e-3: 0.70}})
+    _finish_rates(exp, {"cnn": {8e-3: 0.84}, "vit": {8e-3: 0.70}, "larger_vit": {8e-3: 0.70}})
     assert exp.learning_rates() == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3] and exp.planned()
     assert exp.rate("cnn") == (4e-3, False) and exp.rate("vit") == (1e-3, False)
 
@@ -155,8 +162,9 @@ def test_the_grid_gains_at_most_extend_grid_steps_each_way(tmp_path):
     rates = [down3, down2, down1, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 2e-2, 4e-2]  # 1.6e-2 -> 2e-2
     rising = {lr: 0.8 + lr for lr in [*rates, 8e-2]}  # the ResNet's best at the top
     falling = {lr: 0.8 - lr for lr in [*rates, down3 / 2]}  # the ViT's at the bottom
+    middle = {lr: 0.8 - 0.05 * abs(math.log(lr / 2e-3)) for lr in [*rates, 8e-2, down3 / 2]}  # the larger ViT's inside
     for _ in range(5):
-        _finish_rates(exp, {"cnn": rising, "vit": falling})
+        _finish_rates(exp, {"cnn": rising, "vit": falling, "larger_vit": middle})
     assert exp.learning_rates() == rates  # three steps each way, no fourth
     assert exp.planned() and exp.rate("cnn") == (4e-2, False) and exp.rate("vit") == (down3, False)
     assert DataScaling(_suite(tmp_path / "smoke", "smoke", "synthetic")).cfg["extend_grid"] == 0
@@ -202,16 +210,26 @@ def _finish_all(
     diverged: tuple[str, int, int] | None = None,
     open_top: tuple[str, ...] = (),
 ) -> dict:
-    """Finish every run with errors that follow ``slopes``; the run ``diverged`` (role, size, seed)
-    is nan; the roles of ``open_top`` are still improving at the largest size."""
+    """Finish every run, the plateau rule's longer ones included, with errors that follow
+    ``slopes``; the run ``diverged`` (role, size, seed) is nan. The ResNet at 580 images is still
+    improving at its first length (so it trains again at twice the steps, and has finished then);
+    the roles of ``open_top`` are still improving at the largest size at every length."""
     _finish_grid(exp)
-    gaps = {"cnn": 0.05, "vit": 0.12, "larger_vit": 0.15}
+    gaps = {"cnn": 0.03, "vit": 0.06, "larger_vit": 0.07}  # below the cap of 100% train top-1 at every size
     fewshot = {"cnn": 0.50, "vit": 0.70, "larger_vit": 0.72}
-    for (role, n), specs in exp.cells().items():
-        for seed, spec in enumerate(specs):
+    done: set[str] = set()  # every run once (the grid's run at the chosen rate too), then the longer ones
+    while todo := [
+        (role, n, seed, spec)
+        for (role, n), specs in exp.cells().items()
+        for seed, spec in enumerate(specs)
+        if spec.key not in done
+    ]:
+        done |= {spec.key for *_, spec in todo}
+        for role, n, seed, spec in todo:
+            steps = spec.recipe["train"]["steps"]
             top1 = 1 - _error(role, n, seed, slopes)
             train = min(1.0, top1 + gaps[role] + 0.01 * seed)
-            res = _result(top1, minival=top1 + 0.01, train=train, best_step=exp.steps(n) // 2, fewshot=fewshot[role])
+            res = _result(top1, minival=top1 + 0.01, train=train, best_step=steps // 2, fewshot=fewshot[role])
             if (role, n, seed) == diverged:
                 res.update(
                     test_top1=math.nan,
@@ -219,10 +237,11 @@ def _finish_all(
                     train_top1=math.nan,
                     fewshot={"mean": math.nan, "shots": 10},
                 )
-            still = (role, n) == ("cnn", 580) or (role in open_top and n == SIZES[-1])
+            first = steps == exp.steps(n)
+            still = ((role, n) == ("cnn", 580) and first) or (role in open_top and n == SIZES[-1])
             if still:
-                res["best_step"] = exp.steps(n)  # still improving at its last step
-            res["minival_curve"] = _curve(exp.steps(n), top1 + 0.01, still)
+                res["best_step"] = steps  # still improving at its last step
+            res["minival_curve"] = _curve(steps, top1 + 0.01, still)
             _finish(exp, spec, res)
     return {s.key: exp.result_of(s) for s in exp.runs()}
 
@@ -249,7 +268,7 @@ def test_summary_says_what_made_up_results_show(tmp_path, no_control):
     assert num["slopes"]["vit"]["estimate"] == pytest.approx(-0.30, abs=0.02)
     diff = num["slopes"]["vit_minus_cnn"]
     assert diff["estimate"] == pytest.approx(-0.15, abs=0.02) and diff["high"] < 0
-    assert num["slopes"]["vit"]["n"] == 11  # the diverged point left out
+    assert num["slopes"]["vit"]["n"] == 14  # the diverged point left out
     # the ratio per size, paired by seed; the diverged seed left out of its size
     ratio = num["error_ratio"][1740]
     assert math.isnan(ratio["per_seed"][2]) and ratio["interval"]["n"] == 2
@@ -261,31 +280,49 @@ def test_summary_says_what_made_up_results_show(tmp_path, no_control):
     assert num["larger_minus_vit_change"]["low"] > 0
     # the ViT overfits more at every size
     assert all(num["gap_vit_minus_cnn"][n]["interval"]["low"] > 0 for n in SIZES)
-    assert num["models"]["cnn"]["best_before_last"] == [9, 12]
-    assert num["models"]["cnn"]["convergence"][580] == {"runs": 3, "best_at_end": 3, "rising": 3}
-    assert num["models"]["vit"]["convergence"][17400] == {"runs": 3, "best_at_end": 0, "rising": 0}
-    assert [step[:2] for step in num["error_ratio_steps"]] == [[580, 1740], [1740, 5800], [5800, 17400]]
+    assert num["models"]["cnn"]["best_before_last"] == [15, 15]
+    # the plateau rule: the ResNet at 580 images was still improving at 800 steps, so its runs at
+    # 1,600 stand for it, and those had finished improving
+    assert num["models"]["cnn"]["steps"][580] == 1600 and num["models"]["vit"]["steps"][580] == 800
+    assert num["models"]["cnn"]["convergence"][580] == {"runs": 3, "best_at_end": 0, "rising": 0}
+    assert num["models"]["vit"]["convergence"][58000] == {"runs": 3, "best_at_end": 0, "rising": 0}
+    assert {
+        s.recipe["train"]["steps"] for s in exp.runs() if s.model == "bit-r8" and s.recipe["data"]["subset"] == 580
+    } == {800, 1600}
+    assert [step[:2] for step in num["error_ratio_steps"]] == [[580, 1740], [1740, 5800], [5800, 17400],
+                                                               [17400, 58000]]  # fmt: skip
     text = section.verdict
     assert "the ViT's error falls faster with data" in text
-    assert "Step by step, the ratio falls at every step from 580 to 17,400 (paired by seed; 580 to 1,740: " in text
+    assert "Step by step, the ratio falls at every step from 580 to 58,000 (paired by seed; 580 to 1,740: " in text
     assert "falls with data by the slopes and at every step of the ratio: Figure 4's direction." in text
-    assert "Convergence at 17,400 images: the ResNet: best minival checkpoint at the last evaluation in 0 of 3" in text
+    assert "Convergence at 58,000 images: the ResNet: best minival checkpoint at the last evaluation in 0 of 3" in text
+    assert (
+        "Lengthened by the plateau rule (runs that had not converged train again at twice the steps): the ResNet at "
+        "580 images to 1,600 steps."
+    ) in text
     assert "not a test" not in text and "limited by their data" not in text
     assert "the larger ViT gains more from the data than the ViT, as in Figure 3" in text
-    assert "the ViT's gap is the larger at 4 of 4 sizes" in text
-    assert "between 30M and 90M pre-training images, 1,724 times the largest subset" in text
+    assert "the ViT's gap is the larger at 5 of 5 sizes" in text
+    assert "between 30M and 90M pre-training images, 517 times the largest subset" in text
+    # the fits: the larger ViT's steeper curve crosses the ViT's inside the range, the ViT's never the ResNet's
+    crossing = num["fits"]["crossovers"]["larger_vit-vit"]
+    assert SIZES[0] < crossing["at"] < SIZES[-1] and crossing["beyond"] < 1
+    assert "The fitted curves of the larger ViT and the ViT cross at " in text and "within the measured range" in text
+    assert num["fits"]["families"]["vit"]["b"]["low"] > 0
     assert "the ResNet leads the ViT" in text and "overtake" not in text and "crossed" not in text
     assert "for the ResNet pre-training adds nothing distinguishable" in text  # the control: 0.50 against 0.55
     assert "(1 of 6 results not finite, left out)" in text
     # the tables: the headline one, and the grid and the control apart
-    assert section.header == ["quantity", "580 images", "1,740 images", "5,800 images", "17,400 images"]
+    assert section.header == ["quantity", *(f"{n:,} images" for n in SIZES)]
     labels = [r[0] for r in section.rows]
     assert not any("shot" in label for label in labels)
     big = next(r for r in section.rows if r[0].startswith("ViT (D=96, L=8"))
-    assert big[2] == "—" and big[3] == "—" and big[1] != "—"
+    assert "—" not in big
+    longer = next(r for r in section.rows if r[0] == "steps trained: ResNet")
+    assert longer[1:] == ["1,600", "800", "800", "1,088", "3,625"]
     (grid_caption, _, grid_rows), (control_caption, control_header, _) = section.tables
     assert "minival" in grid_caption
-    assert grid_rows[0][3].endswith("(chosen)") and grid_rows[1][4] == "diverged"
+    assert grid_rows[0][3].endswith("(chosen)") and grid_rows[1][4] == "diverged" and len(grid_rows) == 3
     assert control_caption.startswith("Control") and control_header[1] == "untrained (control)"
     # the figure, and numbers strict JSON can hold
     assert all(f.is_file() for f in section.figures)
@@ -334,10 +371,12 @@ def test_an_arm_still_improving_at_the_top_of_the_range_is_not_a_test(tmp_path, 
     text = section.verdict
     assert "The top of the range is not a test of it (see convergence below)." in text
     assert (
-        "The ViT at 17,400 images had not converged (best minival checkpoint at the last evaluation in 3 of 3 runs, "
+        "The ViT at 58,000 images had not converged (best minival checkpoint at the last evaluation in 3 of 3 runs, "
         "minival still rising over the last quarter of the steps in 3 of 3): this is not a test of Figure 4's trend "
         "at the top of the range."
     ) in text
+    assert "the ViT at 58,000 images to 7,250 steps" in text  # lengthened once, the most the rule allows
+    assert section.numbers["models"]["vit"]["steps"][58000] == 7250
 
 
 def test_one_seed_weighs_nothing(tmp_path, no_control):

@@ -1,17 +1,21 @@
 """``data-scaling`` (Figures 3 and 4): a ResNet and a ViT of the same cost per image, and a
 larger ViT, each trained on class-balanced subsets of the training split of growing size.
 
-The plan has two phases. First each family's learning rate is chosen on the minival from a small
-grid at one mid size (seed 0); the larger ViT takes the ViT's. Then every size trains at that rate
-for every seed, each seed on its own subset draw, for the budget's steps or ``min_epochs`` passes
-over the subset, whichever is longer: the data limits every run, not the steps. The grid's run at
-the chosen rate is the first seed's run at its size (the same recipe, trained once).
+The plan has up to three phases. First each family's learning rate is chosen on the minival from
+a small grid at one mid size (seed 0); the larger ViT has a grid of its own (``tune_larger``) or
+takes the ViT's. Then every size trains at that rate for every seed, each seed on its own subset
+draw, for the budget's steps or ``min_epochs`` passes over the subset, whichever is longer. Last,
+the plateau rule: a (model, size) whose runs had not finished improving
+(:func:`vitkit.reproduce.core.wording.convergence`) trains again at twice the steps, up to
+``longer`` doublings, and the longest runs stand for it. The grid's run at the chosen rate is the
+first seed's run at its size (the same recipe, trained once).
 
 What the numbers are asked: the ViT/ResNet test-error ratio at each size and the log-log slopes of
 test error against images (does the ViT's disadvantage shrink with data, as in Figure 4?), the
-larger ViT against the ViT at the two ends (Figure 3), each family's generalisation gap, and the
-ViT's attention locality by subset size. Few-shot transfer is a control, beside the same models
-untrained.
+larger ViT against the ViT at every size it trains at (Figure 3: does it overtake the smaller one
+as data grows?), scaling-law fits per family and where they cross, each family's generalisation
+gap, and the ViT's attention locality by subset size. Few-shot transfer is a control, beside the
+same models untrained.
 """
 
 from __future__ import annotations
@@ -100,9 +104,20 @@ class DataScaling(Experiment):
         return sorted({self.suite.subset_size(float(s)) for s in self.cfg["sizes"]})
 
     def sizes_of(self, role: str) -> list[int]:
-        """The sizes ``role`` trains at: every size, or the two ends for the larger ViT."""
+        """The sizes ``role`` trains at: every size, or only the two ends for the larger ViT where
+        ``larger_sizes`` is ``ends``."""
         sizes = self.sizes()
-        return sorted({sizes[0], sizes[-1]}) if role == "larger_vit" else sizes
+        ends = role == "larger_vit" and self.cfg.get("larger_sizes", "all") == "ends"
+        return sorted({sizes[0], sizes[-1]}) if ends else sizes
+
+    def tuned(self) -> tuple[str, ...]:
+        """The roles with a learning-rate grid of their own: the two families, and the larger ViT
+        where ``tune_larger`` is set (otherwise it takes the ViT's rate)."""
+        return (*FAMILIES, "larger_vit") if self.cfg.get("tune_larger", False) else FAMILIES
+
+    def rate_of(self, role: str) -> str:
+        """The role whose grid chooses ``role``'s rate."""
+        return role if role in self.tuned() else "vit"
 
     def lr_size(self) -> int:
         """The subset size of the learning-rate grid."""
@@ -117,17 +132,17 @@ class DataScaling(Experiment):
         """The recipe every run starts from: the budget's steps, batch, warm-up and evaluation."""
         return recipe_from_dict(self.suite.recipe(self.roles()["vit"], 0, experiment=self.cfg))
 
-    def steps(self, n: int) -> int:
+    def steps(self, n: int, factor: int = 1) -> int:
         """Optimiser steps of a run on ``n`` images: the budget's, or ``min_epochs`` passes over
-        the subset where that is longer."""
+        the subset where that is longer; ``factor`` times that for a run the plateau rule lengthened."""
         train = self._base.train
-        return max(train.steps, math.ceil(float(self.cfg["min_epochs"]) * n / train.batch_size))
+        return factor * max(train.steps, math.ceil(float(self.cfg["min_epochs"]) * n / train.batch_size))
 
-    def schedule(self, n: int) -> dict[str, Any]:
+    def schedule(self, n: int, factor: int = 1) -> dict[str, Any]:
         """The recipe keys of a run on ``n`` images that follow its length: steps, and warm-up and
         evaluation in the budget's proportion to them (the budget's own values where the length is)."""
         r = self._base
-        steps = self.steps(n)
+        steps = self.steps(n, factor)
         scale = steps / r.train.steps
         return {
             "train": {"steps": steps},
@@ -138,30 +153,33 @@ class DataScaling(Experiment):
             },
         }
 
-    def run_spec(self, role: str, n: int, seed: int, lr: float) -> RunSpec:
-        """The run of ``role`` on ``n`` images of seed ``seed``'s draw at learning rate ``lr``."""
+    def run_spec(self, role: str, n: int, seed: int, lr: float, factor: int = 1) -> RunSpec:
+        """The run of ``role`` on ``n`` images of seed ``seed``'s draw at learning rate ``lr``,
+        ``factor`` times its length (the plateau rule's longer runs)."""
         model = self.roles()[role]
-        extra = deep_merge(self.schedule(n), {"optim": {"lr": lr}})
-        return self.spec(model, seed, f"{model}, {n:,} images, lr {lr:g}, seed {seed}", subset=n, extra=extra)
+        extra = deep_merge(self.schedule(n, factor), {"optim": {"lr": lr}})
+        longer = "" if factor == 1 else f", {self.steps(n, factor):,} steps"
+        label = f"{model}, {n:,} images, lr {lr:g}{longer}, seed {seed}"
+        return self.spec(model, seed, label, subset=n, extra=extra)
 
     def grid(self, rates: list[float] | None = None) -> dict[str, dict[float, list[RunSpec]]]:
         """Phase 1: per family, per learning rate, its run at the grid's size (seed 0); the rates
         are :meth:`learning_rates` unless given."""
         n = self.lr_size()
         rates = self.learning_rates() if rates is None else rates
-        return {role: {lr: [self.run_spec(role, n, 0, lr)] for lr in rates} for role in FAMILIES}
+        return {role: {lr: [self.run_spec(role, n, 0, lr)] for lr in rates} for role in self.tuned()}
 
     def rate(self, role: str) -> tuple[float | None, bool]:
         """The learning rate of ``role``'s family, chosen on the minival.
 
         Args:
-            role: ``cnn``, ``vit`` or ``larger_vit`` (which takes the ViT's).
+            role: ``cnn``, ``vit`` or ``larger_vit`` (which takes the ViT's unless tuned).
 
         Returns:
             ``(rate, fallback)``: rate None until the family's grid is finished; fallback True
             when every grid run diverged (the grid's smallest rate is taken).
         """
-        options = self.grid()["vit" if role == "larger_vit" else role]
+        options = self.grid()[self.rate_of(role)]
         chosen = self.choose_on_minival(options)
         if chosen is not None:
             return float(chosen), False
@@ -169,24 +187,55 @@ class DataScaling(Experiment):
             return min(options), True
         return None, False
 
-    def cells(self) -> dict[tuple[str, int], list[RunSpec]]:
-        """Phase 2: per role and size, its runs in seed order, for the families whose rate is chosen."""
-        rates = {role: self.rate(role)[0] for role in FAMILIES}
+    def lengths(self, role: str, n: int, lr: float) -> list[int]:
+        """The plateau rule: the length factors ``role`` trains at on ``n`` images, shortest first.
+        A factor joins once every run of the one before it is finished and they had not converged
+        (:func:`vitkit.reproduce.core.wording.convergence`), up to ``longer`` doublings; the last
+        factor's runs stand for the (model, size). A planning suite counts the first length only.
+
+        Args:
+            role: the model's role.
+            n: the subset size.
+            lr: its learning rate.
+
+        Returns:
+            ``[1]``, ``[1, 2]``, ...
+        """
+        factors = [1]
+        if self.suite.planning:
+            return factors
+        for _ in range(int(self.cfg.get("longer", 0))):
+            got = [self.result_of(self.run_spec(role, n, seed, lr, factors[-1])) for seed in self.seeds]
+            if any(r is None for r in got) or convergence([r.get("minival_curve") for r in got]).converged:
+                break
+            factors.append(2 * factors[-1])
+        return factors
+
+    def cells(self, every: bool = False) -> dict[tuple[str, int], list[RunSpec]]:
+        """Phase 2 (and the plateau rule's longer runs): per role and size, its runs in seed order,
+        for the roles whose rate is chosen; the longest length's runs, or with ``every`` the runs
+        of every length."""
         out = {}
         for role in self.roles():
-            lr = rates["vit" if role == "larger_vit" else role]
-            if lr is not None:
-                for n in self.sizes_of(role):
-                    out[(role, n)] = [self.run_spec(role, n, seed, lr) for seed in self.seeds]
+            lr = self.rate(role)[0]
+            if lr is None:
+                continue
+            for n in self.sizes_of(role):
+                factors = self.lengths(role, n, lr)
+                out[(role, n)] = [
+                    self.run_spec(role, n, seed, lr, f)
+                    for f in (factors if every else factors[-1:])
+                    for seed in self.seeds
+                ]
         return out
 
     def runs(self) -> list[RunSpec]:
         specs = [s for options in self.grid().values() for runs in options.values() for s in runs]
-        specs += [s for runs in self.cells().values() for s in runs]
+        specs += [s for runs in self.cells(every=True).values() for s in runs]
         return list({s.key: s for s in specs}.values())  # the grid's run at the chosen rate is seed 0's
 
     def planned(self) -> bool:
-        return all(self.rate(role)[0] is not None for role in FAMILIES)
+        return all(self.rate(role)[0] is not None for role in self.tuned())
 
     # -- the numbers -----------------------------------------------------------------------------
 
@@ -237,8 +286,9 @@ class DataScaling(Experiment):
             }  # the generalisation gap of the best checkpoint, per seed
             entry["fewshot"] = {n: self.fewshot(got[(role, n)]) for n in entry["sizes"]}
             entry["fewshot_untrained"] = [self.untrained_fewshot(model, seed) for seed in self.seeds]
+            entry["steps"] = {n: cells[(role, n)][0].recipe["train"]["steps"] for n in entry["sizes"]}
             best = [
-                (b, self.steps(n))
+                (b, entry["steps"][n])
                 for n in entry["sizes"]
                 for b, t in zip(entry["best_step"][n], entry["test_top1"][n])
                 if len(finite([b, t])) == 2  # diverged runs left out
@@ -254,7 +304,7 @@ class DataScaling(Experiment):
         log_err = {r: [y for n in sizes for y in log_errors(models[r]["test_top1"][n])] for r in FAMILIES}
         log_ratio = [a - b for a, b in zip(log_err["vit"], log_err["cnn"])]  # nan where a side is
         gaps = {n: [a - b for a, b in zip(models["vit"]["gap"][n], models["cnn"]["gap"][n])] for n in sizes}
-        ends = sorted({small, large})
+        ends = models["larger_vit"]["sizes"]  # the sizes the larger ViT trains at (all, or the two ends)
         bigger = {n: [_num(b) - _num(v) for b, v in zip(big[n], vit[n])] for n in ends}
         attention = {n: [self.attention(s, r) for s, r in zip(cells[("vit", n)], got[("vit", n)])] for n in sizes}
         att = {n: {k: [a[k] for a in attention[n]] for k in ATTENTION_KEYS} for n in sizes}
@@ -279,7 +329,7 @@ class DataScaling(Experiment):
             },
             "larger_minus_vit": {n: _per_seed(bigger[n]) for n in ends},
             "larger_minus_vit_change": _interval_dict(
-                stats.paired_difference(bigger[large], bigger[small]) if two_ends else None
+                stats.paired_difference(bigger[ends[-1]], bigger[ends[0]]) if len(ends) > 1 else None
             ),
             "gap_vit_minus_cnn": {n: _per_seed(gaps[n]) for n in sizes},
             "attention": {n: {**att[n], "layers": [a["layers"] for a in attention[n]]} for n in sizes},
@@ -300,7 +350,7 @@ class DataScaling(Experiment):
         grid = self.grid()
         out: dict[str, Any] = {"size": self.lr_size(), "rates": self.learning_rates(), "minival_top1": {}}
         out["chosen"], out["fallback"] = {}, {}
-        for role in FAMILIES:
+        for role in self.tuned():
             out["minival_top1"][role] = {
                 f"{lr:g}": mean_of([(self.result_of(s) or {}).get("minival_top1") for s in specs])
                 for lr, specs in grid[role].items()

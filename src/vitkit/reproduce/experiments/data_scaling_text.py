@@ -98,6 +98,12 @@ def rows(num: dict[str, Any]) -> list[list[str]]:
         row("larger ViT − ViT, test top-1 (points)", ci(num["larger_minus_vit"], 1, 100), num["larger_minus_vit"]),
         row("steps (passes over the subset)", lambda n: f"{num['steps'][n]:,} ({num['epochs'][n]:.0f})"),
     ]
+    longer = {  # the plateau rule's longer runs, where any trained longer than the floor
+        r: m["steps"] for r, m in models.items() if any(m.get("steps", {}).get(n, num["steps"][n]) != num["steps"][n]
+                                                         for n in m["sizes"])
+    }  # fmt: skip
+    rows += [row(f"steps trained: {SHORT[r]}", lambda n, st=st: f"{st[n]:,}", models[r]["sizes"])
+             for r, st in longer.items()]  # fmt: skip
     rows += [
         row(f"best step: {SHORT[r]}", _cells(lambda v: _spread_cell(v, 0), m["best_step"]), m["sizes"])
         for r, m in models.items()
@@ -117,7 +123,7 @@ def grid_table(num: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
     g = num["learning_rate"]
     header = ["model", *[f"lr {lr:g}" for lr in g["rates"]]]
     rows = []
-    for role in FAMILIES:
+    for role in g["chosen"]:
         cells = []
         for lr in g["rates"]:
             v = g["minival_top1"][role][f"{lr:g}"]
@@ -157,8 +163,9 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
         f"{NAMES[r]} {g['chosen'][r]:g}{fallback}"
         if g["fallback"][r]
         else position_clause(NAMES[r], g["chosen"][r], grid_position(g["chosen"][r], g["rates"]), g["rates"], _g)
-        for r in FAMILIES
+        for r in g["chosen"]
     )
+    larger_rate = "" if "larger_vit" in g["chosen"] else "; the larger ViT trains at the ViT's"
     leads = "; ".join(f"at {n:,} images {lead('the ViT', top1['vit'][n], 'the ResNet', top1['cnn'][n])}" for n in sizes)
     ratio_iv = {n: _iv(num["error_ratio"][n]["interval"]) for n in sizes}
     ratios = (
@@ -176,10 +183,7 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
     )
     top_open = [r for r in FAMILIES if not _converged(models[r], large)]
     paired = seeds >= 2
-    out = [
-        f"Learning rates chosen on the minival at {g['size']:,} images (seed 0): {rates}; the larger ViT trains "
-        "at the ViT's."
-    ]
+    out = [f"Learning rates chosen on the minival at {g['size']:,} images (seed 0): {rates}{larger_rate}."]
     if paired:
         out += [
             f"Test top-1, ViT against ResNet (paired by seed): {leads}.",
@@ -222,22 +226,33 @@ def convergence_text(num: dict[str, Any]) -> str:
     the comparisons at the top of the range are not a test (:func:`.wording.not_a_test`)."""
     large = num["sizes"][-1]
     parts, open_ = [], []
-    for role in FAMILIES:
-        c = (num["models"][role].get("convergence") or {}).get(large)
+    claims = {"cnn": "Figure 4's trend at the top of the range", "vit": "Figure 4's trend at the top of the range",
+              "larger_vit": "Figure 3's question at the top of the range"}  # fmt: skip
+    for role, claim in claims.items():
+        c = (num["models"].get(role, {}).get("convergence") or {}).get(large)
         if not c or not c["runs"]:
             continue
         status = Convergence(**c)
         parts.append(f"{NAMES[role]}: {status.evidence()}")
-        said = not_a_test(
-            f"{NAMES[role][0].upper()}{NAMES[role][1:]} at {large:,} images",
-            status,
-            "Figure 4's trend at the top of the range",
-        )
+        said = not_a_test(f"{NAMES[role][0].upper()}{NAMES[role][1:]} at {large:,} images", status, claim)
         if said:
             open_.append(said)
     if not parts:
         return "Whether the runs had finished improving is not recorded (their results keep no minival curve)."
-    return f"Convergence at {large:,} images: {'; '.join(parts)}." + "".join(f" {t}" for t in open_)
+    longer = [
+        f"{NAMES[r]} at {n:,} images to {m['steps'][n]:,} steps"
+        for r, m in num["models"].items()
+        for n in m["sizes"]
+        if m.get("steps", {}).get(n, num["steps"][n]) != num["steps"][n]
+    ]
+    rule = (
+        " Lengthened by the plateau rule (runs that had not converged train again at twice the steps): "
+        + "; ".join(longer)
+        + "."
+        if longer
+        else ""
+    )
+    return f"Convergence at {large:,} images: {'; '.join(parts)}.{rule}" + "".join(f" {t}" for t in open_)
 
 
 def _steps_direction(steps: list[tuple[str, str, stats.Interval | None]]) -> str:
