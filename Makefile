@@ -27,20 +27,20 @@ demo: venv data
 demo-5min: venv data
 	$(BIN)/vitkit train --config configs/fmnist_vit.yaml --out runs/demo_5min --set train.steps=2228
 
-# The paper's findings at desktop scale (vitkit reproduce) in three calls of 46-81 minutes each on
-# 2 CPU cores (benchmarks/reproduce_budget.py estimates each on the machine at hand);
-# each call resumes what is finished and publishes the report into docs/reproduce.
+# The paper's findings at desktop scale (vitkit reproduce) in three calls on 2 CPU cores
+# (benchmarks/reproduce_budget.py estimates each on the machine at hand; docs/reproduce.md gives
+# the figures); each call resumes what is finished and publishes the report into docs/reproduce.
 REPRODUCE = $(BIN)/vitkit reproduce --out runs/reproduce --budget desktop --publish docs/reproduce
 reproduce: reproduce-1 reproduce-2 reproduce-3
 
 reproduce-1: venv data
-	$(REPRODUCE) data-scaling resolution
+	$(REPRODUCE) data-scaling
 
 reproduce-2: venv data
 	$(REPRODUCE) compute pooling attention
 
 reproduce-3: venv data
-	$(REPRODUCE) pos-embed
+	$(REPRODUCE) pos-embed resolution
 
 # pytest-xdist runs a worker a core (tests/conftest.py gives each its share of the threads)
 test: venv

@@ -409,7 +409,8 @@ def fits_text(num: dict[str, Any]) -> str:
 
 
 def larger(num: dict[str, Any]) -> str:
-    """The larger ViT against the ViT at the two ends, and whether the difference grows with data (Figure 3)."""
+    """The larger ViT against the ViT at every size it trains at, and whether the difference grows with data
+    (Figure 3)."""
     top1 = {r: num["models"][r]["test_top1"] for r in ("vit", "larger_vit")}
     ends = sorted(num["larger_minus_vit"])
     said = "; ".join(
