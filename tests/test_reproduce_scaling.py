@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vitkit.reproduce.core.scaling import PowerLaw, crossover, fit_families, fit_power_law
-from vitkit.reproduce.experiments.data_scaling_text import fits_text
+from vitkit.reproduce.experiments.data_scaling_fits import fits_text
+from vitkit.reproduce.experiments.data_scaling_text import NAMES
 
 SIZES = [580, 1740, 5800, 17400, 58000]
 CNN = PowerLaw(0.8, 0.2, 0.03)
@@ -21,7 +22,7 @@ def _noisy(law: PowerLaw, seeds: int = 3, noise: float = 0.02, seed: int = 1) ->
 
 
 def _text(fits: dict) -> str:
-    return fits_text({"fits": fits, "models": {r: {"sizes": SIZES} for r in fits["families"]}})
+    return fits_text({"fits": fits, "models": {r: {"sizes": SIZES} for r in fits["families"]}}, NAMES)
 
 
 def test_a_power_law_is_recovered():
@@ -69,11 +70,11 @@ def test_too_few_sizes_or_seeds_fit_or_bootstrap_nothing():
     two_ends = {n: v for n, v in _noisy(PowerLaw(6.0, 0.45, 0.02)).items() if n in (580, 58000)}
     fits = fit_families({"larger_vit": two_ends, "vit": _noisy(CNN)}, [("larger_vit", "vit")], resamples=50)
     assert fits["families"]["larger_vit"] is None and fits["crossovers"]["larger_vit-vit"] is None
-    text = fits_text({"fits": fits, "models": {"larger_vit": {"sizes": [580, 58000]}, "vit": {"sizes": SIZES}}})
+    text = fits_text({"fits": fits, "models": {"larger_vit": {"sizes": [580, 58000]}, "vit": {"sizes": SIZES}}}, NAMES)
     assert "the larger ViT not fitted (2 sizes; 3 needed)" in text
     one = fit_families({"vit": _noisy(CNN, seeds=1)}, [], resamples=50)
     assert one["resamples"] == 0 and one["families"]["vit"]["b"] is None
-    assert "no interval (one seed)" in fits_text({"fits": one, "models": {"vit": {"sizes": SIZES}}})
+    assert "no interval (one seed)" in fits_text({"fits": one, "models": {"vit": {"sizes": SIZES}}}, NAMES)
 
 
 def test_the_bootstrap_is_reproducible():
