@@ -308,7 +308,7 @@ def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
     assert [c["call"] for c in data["calls"]] == ["reproduce-1", "reproduce-2", "reproduce-3"]
-    assert sum(c["runs"] for c in data["calls"]) == 127 and all(c["minutes"] > 0 for c in data["calls"])
+    assert sum(c["runs"] for c in data["calls"]) == 145 and all(c["minutes"] > 0 for c in data["calls"])
     assert "vit-tiny 28x28 px relative" in data["kinds"] and data["meta"]["jobs"] >= 1
 
 
