@@ -270,14 +270,26 @@ def said_with_holm(first: Contrast, rest: Sequence[Contrast], unit: str = " poin
     )
     if not rest:
         return head
-    parts = []
-    for c in rest:
-        if c.diff is None or c.p is None or c.adjusted is None:
-            parts.append(f"{c.name}: not weighed")
-            continue
-        word = "a difference" if c.claimed else "not distinguishable after the correction"
-        parts.append(f"{c.name}: {_fmt(c.diff, 1, unit)}; p {c.p:.3f}, Holm-adjusted {c.adjusted:.3f}: {word}")
+    parts = [contrast_clause(c, unit) for c in rest]
     return f"{head} The other {len(rest)} contrasts, Holm-corrected: " + "; ".join(parts) + "."
+
+
+def contrast_clause(c: Contrast, unit: str = " points") -> str:
+    """One Holm-corrected contrast: its interval, raw and adjusted p, and whether a difference is
+    claimed.
+
+    Args:
+        c: the contrast.
+        unit: the report's units.
+
+    Returns:
+        ``name: -3.0 points (95% CI ...), 3 seeds; p 0.021, Holm-adjusted 0.082: not
+        distinguishable after the correction``, or ``name: not weighed``.
+    """
+    if c.diff is None or c.p is None or c.adjusted is None:
+        return f"{c.name}: not weighed"
+    word = "a difference" if c.claimed else "not distinguishable after the correction"
+    return f"{c.name}: {_fmt(c.diff, 1, unit)}; p {c.p:.3f}, Holm-adjusted {c.adjusted:.3f}: {word}"
 
 
 def beyond_control(
@@ -317,6 +329,7 @@ __all__ = [
     "Contrast",
     "Convergence",
     "beyond_control",
+    "contrast_clause",
     "contrasts",
     "convergence",
     "not_a_test",

@@ -73,8 +73,13 @@ def sign_claim(
         if not ok:
             return f"{subject}: no finite value"
         return f"{subject}: {ok[0]:{signed}.{digits}f}{unit} from 1 seed, too few for an interval"
-    meaning = above if iv.low > reference else below if iv.high < reference else neither
+    meaning = _side(iv, reference, above, below) or neither
     return f"{subject}: {iv.estimate:{signed}.{digits}f}{unit} ({_ci(iv, digits)}), {meaning}"
+
+
+def _side(iv: Interval | None, reference: float, above: str, below: str) -> str | None:
+    """``above`` or ``below`` where the interval excludes ``reference`` on that side, else None."""
+    return None if iv is None else above if iv.low > reference else below if iv.high < reference else None
 
 
 def paired_claim(
@@ -149,8 +154,7 @@ def controlled_claim(
     """
     own = sign_claim(f"{subject}, trained", trained, unit, digits, above, below, neither, reference)
     control = f"untrained {_fmt(_mean(untrained), digits, unit)}"
-    iv = mean_interval(finite(trained))
-    label = None if iv is None else above if iv.low > reference else below if iv.high < reference else None
+    label = _side(mean_interval(finite(trained)), reference, above, below)
     diff = paired_difference(trained, untrained)
     if label is None or diff is None:
         return f"{own}; {control}; " + paired_claim(noun, trained, untrained, TRAINED, UNTRAINED, unit, digits)

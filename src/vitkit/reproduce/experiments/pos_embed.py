@@ -22,7 +22,7 @@ from ..core.experiment import Experiment, Section, lead, pct, sentence_from, sho
 from ..core.registry import register
 from ..core.spec import RunSpec
 from ..core.stats import Interval, paired_difference
-from ..core.wording import Contrast, contrasts
+from ..core.wording import Contrast, contrast_clause, contrasts
 from .compute import scaled_length
 from .figures import plot_pos_embed
 
@@ -356,17 +356,12 @@ class PosEmbed(Experiment):
         return f"{paper}; " + ("; ".join(said) or "neither can be weighed with these variants") + "."
 
     def _holm_clause(self, key: str, c: dict[str, Any]) -> str:
-        """One contrast of the kind's family: its interval, raw and adjusted p, and the claim."""
+        """One contrast of the kind's family, from its numbers in report.json."""
         kind = key.removeprefix("long:").split("-")[0]
         name = str(self.cfg["variants"][kind]["title"]).split(" (")[0]
         head = f"{name} at {self.steps(self.long_factor() if key.startswith('long:') else 1.0)} steps"
-        if c["interval"] is None or c["adjusted"] is None:
-            return f"{head}: not weighed"
-        iv = Interval(**c["interval"])
-        word = "a difference" if c["claimed"] else "not distinguishable after the correction"
-        return (
-            f"{head}: {iv.text(1, ' points')}, {iv.n} seeds; p {c['p']:.3f}, Holm-adjusted {c['adjusted']:.3f}: {word}"
-        )
+        diff = None if c["interval"] is None else Interval(**c["interval"])
+        return contrast_clause(Contrast(head, diff, c["p"], c["adjusted"]))
 
     def _kind_agreement(self, numbers: dict[str, Any], kinds: list[str], weighed: dict[str, dict[str, Any]]) -> str:
         """Table 8's second finding (the kind barely matters) against the Holm-corrected family: a
