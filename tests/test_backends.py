@@ -108,7 +108,7 @@ def test_auto_never_picks_a_runtime_whose_outputs_disagree(monkeypatch):
 
     def broken(name, path, precision, calibration=None):  # fast and wrong
         run = real(name, path, precision, calibration)
-        return lambda x: run(x) + 1.0
+        return lambda x, which=(0,): [o + 1.0 for o in run(x, which)]
 
     monkeypatch.setattr(backends, "runtime_session", broken)
     decision, runner = choose_backend(model, "fp32", remeasure=True)
@@ -245,3 +245,78 @@ def test_serve_answers_from_a_runtime(run_dir):
     assert service.backend == "onnxruntime" and 'backend="onnxruntime"' in service.metrics.render()
     with pytest.raises(UsageError, match="token merging runs on vitkit's own path"):
         ModelService(model, "fp32", served=runner, merge=2)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param("onnxruntime", marks=needs_ort), pytest.param("openvino", marks=needs_ov)]
+)
+def test_one_call_of_the_runtime_gives_tokens_representation_and_logits(name):
+    model = tiny(1)
+    runner, _ = serving_backend(model, name, "fp32")
+    x = torch.randn(5, 3, 32, 32)
+    got = runner.outputs(x, ["logits", "pooled", "tokens"])
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        want = {"tokens": tokens, "pooled": model.forward_head(tokens, pre_logits=True), "logits": model(x)}
+    for part, value in want.items():
+        torch.testing.assert_close(got[part], value, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(runner.forward_pre_logits(x), want["pooled"], atol=1e-4, rtol=1e-4)
+    assert list(runner.outputs(x, ["pooled"])) == ["pooled"]
+    with pytest.raises(UsageError, match="not probabilities"):
+        runner.outputs(x, ["probabilities"])
+
+
+@with_ort
+def test_serve_takes_both_answers_from_one_runtime_call(run_dir, monkeypatch):
+    from vitkit.serve import ModelService
+
+    model = vitkit.load_pretrained(str(run_dir))
+    runner, _ = serving_backend(model, "onnxruntime", "fp32")
+    calls = []
+    real = runner.run
+    runner.run = lambda x, which: calls.append(tuple(which)) or real(x, which)
+    service = ModelService(model, "fp32", served=runner)
+    x = torch.randn(2, 3, 32, 32)
+    out = service.run_batch(x, frozenset({"logits", "embedding"}))
+    assert len(calls) == 1 and sorted(calls[0]) == [1, 2]  # pooled and logits, no tokens copied out
+    with torch.no_grad():
+        torch.testing.assert_close(
+            out["embedding"], model.forward_head(model.forward_features(x), pre_logits=True), atol=1e-4, rtol=0
+        )
+
+
+def test_zero_outputs_on_both_sides_agree_and_zero_against_nonzero_does_not():
+    zero = np.zeros((2, 8), dtype=np.float32)
+    assert agreement(zero, zero, "int8")["within"]  # a head still at its zero init
+    assert not agreement(zero, np.ones_like(zero), "int8")["within"]
+
+
+@with_ort
+def test_auto_measures_on_the_batch_the_command_computes_up_to_its_cap(monkeypatch):
+    seen = []
+    real = backends.choose_backend
+
+    def spy(model, precision, calibration=None, batch=8, remeasure=False):
+        seen.append(batch)
+        return real(model, precision, calibration, batch=batch, remeasure=remeasure)
+
+    monkeypatch.setattr(backends, "choose_backend", spy)
+    for batch in (None, 3, 500):
+        serving_backend(tiny(), "auto", "fp32", batch=batch)
+    assert seen == [8, 3, backends.AUTO_MAX_BATCH]
+
+
+@with_ort
+def test_auto_checks_the_logits_as_well_as_the_tokens(monkeypatch):
+    model = tiny()
+    real = backends.runtime_session
+
+    def wrong_head(name, path, precision, calibration=None):  # right tokens, wrong logits
+        run = real(name, path, precision, calibration)
+        return lambda x, which=(0,): [o if i == 0 else -o for i, o in zip(which, run(x, which), strict=True)]
+
+    monkeypatch.setattr(backends, "runtime_session", wrong_head)
+    decision, runner = choose_backend(model, "fp32", remeasure=True)
+    assert decision.backend == "torch" and runner is None
+    for name, q in decision.agreement.items():
+        assert q["outputs"]["tokens"]["within"] and not q["outputs"]["logits"]["within"] and not q["within"], name

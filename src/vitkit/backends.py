@@ -1,10 +1,13 @@
 """Inference runtimes beside vitkit's own serving path: OpenVINO and ONNX Runtime, fed from
 vitkit's ONNX export (:func:`vitkit.export.export_onnx`), and the choice between them.
 
-A runtime computes the model's token sequence (``forward_features``); the head (pooling and the
-classifier, a few small products) stays in PyTorch, so that one exported file serves logits,
-pooled embeddings and patch tokens alike. :class:`RuntimeModel` wraps such a runtime as a module
-that ``predict``, ``evaluate`` and ``embed_folder`` call as they call a vitkit model.
+One exported file holds the whole model with three outputs (:data:`OUTPUTS`): the token sequence
+(``forward_features``), the pooled representation the head reads (pre-logits) and the logits, so
+that a runtime serves predictions, pooled embeddings and patch tokens alike, each from one call of
+the runtime and without handing tensors back and forth to PyTorch (on 2 cores, a head in PyTorch
+after the runtime cost 4-12% of a small model's time: the two thread pools take turns).
+:class:`RuntimeModel` wraps such a runtime as a module that ``predict``, ``evaluate``,
+``embed_folder`` and ``vitkit serve`` call as they call a vitkit model.
 
 ``backend="auto"`` (:func:`choose_backend`) measures once per model and machine whether an
 installed runtime beats vitkit's own path (:func:`vitkit.inference.prepare_inference`) at the same
@@ -26,6 +29,7 @@ What each runtime runs in each precision:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -56,7 +60,12 @@ TOLERANCE = {"fp32": 1e-3, "bf16": 0.99, "int8": 0.98}
 """What a runtime's output must meet against fp32 eager to be chosen: fp32, the largest absolute
 difference (times the largest output where that is above 1); bf16 and int8, the smallest cosine
 similarity between one image's outputs."""
-DECISION_VERSION = 1
+DECISION_VERSION = 2
+AUTO_MAX_BATCH = 32
+"""The largest batch ``auto`` measures on (a command that serves larger batches is measured at it)."""
+OUTPUTS = ("tokens", "pooled", "logits")
+"""What the exported file computes, in its order: the token sequence (B, N, D), the pooled
+representation the head reads (B, F) and the logits (B, K)."""
 
 
 def runtime_available(name: str) -> bool:
@@ -98,8 +107,8 @@ def runtime_precisions(name: str, calibrated: bool) -> tuple[str, ...]:
 # The exported file
 
 
-class _Features(nn.Module):
-    """What is exported: the model's token sequence (B, N, D)."""
+class _Outputs(nn.Module):
+    """What is exported: the model's :data:`OUTPUTS` in one graph."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -107,8 +116,9 @@ class _Features(nn.Module):
         self.cfg = model.cfg
         self.preprocessing = getattr(model, "preprocessing", None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner.forward_features(x)
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens = self.inner.forward_features(x)
+        return tokens, self.inner.forward_head(tokens, pre_logits=True), self.inner.forward_head(tokens)
 
 
 def model_key(model: nn.Module) -> str:
@@ -139,8 +149,8 @@ def runtime_dir() -> Path:
     return folder
 
 
-def exported_features(model: nn.Module, key: str | None = None) -> Path:
-    """The model's token sequence as an ONNX file (exported once, kept in :func:`runtime_dir`).
+def exported_outputs(model: nn.Module, key: str | None = None) -> Path:
+    """The model as an ONNX file of its :data:`OUTPUTS` (exported once, kept in :func:`runtime_dir`).
 
     Args:
         model: a vitkit model with ``cfg`` and ``forward_features``, on the CPU.
@@ -155,23 +165,26 @@ def exported_features(model: nn.Module, key: str | None = None) -> Path:
     from .export import export_onnx
 
     key = key or model_key(model)
-    path = runtime_dir() / f"{key[:32]}-features.onnx"
+    path = runtime_dir() / f"{key[:32]}-outputs.onnx"
     if not path.exists():
-        export_onnx(_Features(model.float().eval()), path, check=False)
+        export_onnx(_Outputs(model.float().eval()), path, check=False)
     return path
 
 
 # ----------------------------------------------------------------------------------------------
-# Sessions: a function from an fp32 NCHW array to the token sequence
+# Sessions: a function from an fp32 NCHW array and the outputs wanted (indices into OUTPUTS) to
+# those outputs
+
+Session = Callable[[np.ndarray, Sequence[int]], list[np.ndarray]]
+"""A runtime's compiled model: ``run(images, which)`` gives the outputs ``which`` (indices into
+:data:`OUTPUTS`) of images (B, C, H, W) fp32, as arrays the caller owns."""
 
 
 def _threads() -> int:
     return torch.get_num_threads()
 
 
-def onnxruntime_session(
-    path: Path, precision: ServingName, threads: int | None = None
-) -> Callable[[np.ndarray], np.ndarray]:
+def onnxruntime_session(path: Path, precision: ServingName, threads: int | None = None) -> Session:
     """An ONNX Runtime session of ``path`` in ``precision`` ("fp32": the transformer optimiser's
     graph; "int8": dynamic quantisation of its products), on the CPU.
 
@@ -181,7 +194,7 @@ def onnxruntime_session(
         threads: intra-op threads (None: torch's).
 
     Returns:
-        The function from images (B, C, H, W) fp32 to the first output.
+        The :data:`Session`; ONNX Runtime computes only what the outputs asked for need.
 
     Raises:
         UsageError: a precision other than fp32 and int8.
@@ -210,7 +223,12 @@ def onnxruntime_session(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    return lambda x: session.run(None, {name: x})[0]
+    names = [o.name for o in session.get_outputs()]
+
+    def run(x: np.ndarray, which: Sequence[int] = (0,)) -> list[np.ndarray]:
+        return session.run([names[i] for i in which], {name: x})
+
+    return run
 
 
 def cpu_saturates_int8_pairs() -> bool:
@@ -262,9 +280,18 @@ def _ort_optimized(path: Path) -> Path:
     return out
 
 
+@functools.cache
+def _openvino_core() -> Any:
+    """The process's one ``openvino.Core``, which every session compiles on (OpenVINO's own
+    advice: a Core holds the loaded device plugins, and ``auto`` builds and discards sessions)."""
+    import openvino as ov
+
+    return ov.Core()
+
+
 def openvino_session(
     path: Path, precision: ServingName, calibration: np.ndarray | None = None, threads: int | None = None
-) -> Callable[[np.ndarray], np.ndarray]:
+) -> Session:
     """An OpenVINO compiled model of ``path`` on the CPU in ``precision``: "fp32", "bf16" (the
     CPU's native bf16) or "int8" (NNCF's post-training quantisation on ``calibration``, transformer
     mode: SmoothQuant and fast bias correction).
@@ -276,14 +303,12 @@ def openvino_session(
         threads: inference threads (None: torch's).
 
     Returns:
-        The function from images (B, C, H, W) fp32 to the first output.
+        The :data:`Session`.
 
     Raises:
         UsageError: int8 without calibration images, or an unknown precision.
     """
-    import openvino as ov
-
-    core = ov.Core()
+    core = _openvino_core()
     model = core.read_model(str(path))
     if precision == "int8":
         if calibration is None or not len(calibration):
@@ -298,7 +323,12 @@ def openvino_session(
     }
     compiled = core.compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
-    return lambda x: np.array(request.infer({0: x})[0], copy=True)
+
+    def run(x: np.ndarray, which: Sequence[int] = (0,)) -> list[np.ndarray]:
+        out = request.infer({0: x}, share_inputs=True, share_outputs=True)  # copied below: only what is asked
+        return [np.array(out[i], copy=True) for i in which]
+
+    return run
 
 
 def nncf_int8(model: Any, calibration: np.ndarray, batch: int = 8) -> Any:
@@ -326,9 +356,7 @@ def _check_runtime(name: str) -> None:
         raise UsageError(f"--backend {name}: the {_PACKAGES[name]} package is not installed (pip install {name})")
 
 
-def runtime_session(
-    name: str, path: Path, precision: ServingName, calibration: np.ndarray | None = None
-) -> Callable[[np.ndarray], np.ndarray]:
+def runtime_session(name: str, path: Path, precision: ServingName, calibration: np.ndarray | None = None) -> Session:
     """:func:`openvino_session` or :func:`onnxruntime_session` by name.
 
     Args:
@@ -338,7 +366,7 @@ def runtime_session(
         calibration: int8 on OpenVINO: the calibration images.
 
     Returns:
-        The function from images (B, C, H, W) fp32 to the first output.
+        The :data:`Session`.
 
     Raises:
         UsageError: a runtime that is not installed or does not serve ``precision`` here.
@@ -357,22 +385,21 @@ def runtime_session(
 
 
 class RuntimeModel(nn.Module):
-    """A vitkit model whose token sequence a runtime computes; the head runs in PyTorch (fp32).
+    """A vitkit model computed by a runtime: logits, the pooled representation and the token
+    sequence each come from one call of the runtime's session of the whole model.
 
     Attributes the commands read (``cfg``, ``preprocessing``, ``load_report``, ``num_classes``,
     ``cls_token``...) are the source model's. ``input_dtype`` is fp32: the runtime carries its
     precision, so no autocast is put around it.
 
     Args:
-        source: the vitkit model (its head and attributes are used; left unchanged).
-        run: the runtime's function from images (B, C, H, W) fp32 to tokens (B, N, D).
+        source: the vitkit model (its attributes are used; left unchanged).
+        run: the runtime's :data:`Session` of the source's :data:`OUTPUTS`.
         backend: the runtime's name.
         precision: the precision it runs in.
     """
 
-    def __init__(
-        self, source: nn.Module, run: Callable[[np.ndarray], np.ndarray], backend: str, precision: ServingName
-    ) -> None:
+    def __init__(self, source: nn.Module, run: Session, backend: str, precision: ServingName) -> None:
         super().__init__()
         object.__setattr__(self, "source", source)  # not a submodule: its weights are not this module's
         self.run = run
@@ -386,6 +413,29 @@ class RuntimeModel(nn.Module):
         except AttributeError:
             return getattr(object.__getattribute__(self, "source"), name)
 
+    def outputs(self, x: torch.Tensor, wanted: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Some of :data:`OUTPUTS` of a batch, from one call of the runtime.
+
+        Args:
+            x: images (B, C, H, W) on the CPU.
+            wanted: names from :data:`OUTPUTS`.
+
+        Returns:
+            Each wanted output by name, fp32.
+
+        Raises:
+            UsageError: an input not on the CPU, or a name not in :data:`OUTPUTS`.
+        """
+        if x.device.type != "cpu":
+            raise UsageError(f"the {self.backend} backend runs on the CPU; got an input on {x.device}")
+        unknown = [w for w in wanted if w not in OUTPUTS]
+        if unknown:
+            raise UsageError(f"a runtime computes {', '.join(OUTPUTS)}, not {', '.join(unknown)}")
+        names = list(dict.fromkeys(wanted))
+        array = np.ascontiguousarray(x.detach().float().numpy())
+        got = self.run(array, [OUTPUTS.index(n) for n in names])
+        return {n: torch.from_numpy(a) for n, a in zip(names, got, strict=True)}
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The token sequence, computed by the runtime.
 
@@ -394,17 +444,24 @@ class RuntimeModel(nn.Module):
 
         Returns:
             The tokens (B, N, D), fp32.
-
-        Raises:
-            UsageError: an input not on the CPU.
         """
-        if x.device.type != "cpu":
-            raise UsageError(f"the {self.backend} backend runs on the CPU; got an input on {x.device}")
-        array = np.ascontiguousarray(x.detach().float().numpy())
-        return torch.from_numpy(self.run(array))
+        return self.outputs(x, ["tokens"])["tokens"]
+
+    def forward_pre_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The pooled representation the head reads (``forward_head(forward_features(x),
+        pre_logits=True)`` of the source), computed by the runtime.
+
+        Args:
+            x: images (B, C, H, W) on the CPU.
+
+        Returns:
+            The representation (B, F), fp32.
+        """
+        return self.outputs(x, ["pooled"])["pooled"]
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """The source model's head, in PyTorch.
+        """The source model's head on tokens already computed, in PyTorch (for callers that hold
+        tokens; :meth:`forward` and :meth:`forward_pre_logits` run the whole model in the runtime).
 
         Args:
             tokens: what :meth:`forward_features` returned.
@@ -416,7 +473,7 @@ class RuntimeModel(nn.Module):
         return self.source.forward_head(tokens, pre_logits=pre_logits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of a batch.
+        """Logits of a batch, computed by the runtime.
 
         Args:
             x: images (B, C, H, W) on the CPU.
@@ -424,7 +481,7 @@ class RuntimeModel(nn.Module):
         Returns:
             The logits (B, K), fp32.
         """
-        return self.forward_head(self.forward_features(x))
+        return self.outputs(x, ["logits"])["logits"]
 
     def extra_repr(self) -> str:
         """Which runtime, in which precision.
@@ -459,7 +516,7 @@ def runtime_model(
         ExportError: the model cannot be exported to ONNX.
     """
     _check_runtime(backend)
-    path = exported_features(model, key)
+    path = exported_outputs(model, key)
     calib = None if calibration is None else calibration.detach().float().cpu().numpy()
     run = runtime_session(backend, path, precision, calib)
     return RuntimeModel(model, run, backend, precision)
@@ -477,9 +534,10 @@ class Decision:
         backend: "torch" (vitkit's own path), "openvino" or "onnxruntime".
         precision: the precision compared.
         machine: the CPU, threads and package versions the decision holds for.
-        images_per_s: per candidate, images a second on the measured batch.
-        agreement: per runtime, ``max_abs_diff`` and ``min_cosine`` against fp32 eager and
-            ``within`` (:data:`TOLERANCE`).
+        images_per_s: per candidate, images a second of the logits on the measured batch.
+        agreement: per runtime, ``max_abs_diff`` and ``min_cosine`` against fp32 eager (of the
+            output further from it), ``within`` (:data:`TOLERANCE`, tokens and logits both), and
+            ``outputs``: the same for the tokens and the logits apart.
         batch: the images per batch measured.
         file: the JSON file the decision is recorded in (None: not recorded).
         cached: read from that file rather than measured now.
@@ -561,8 +619,10 @@ def agreement(got: np.ndarray, want: np.ndarray, precision: ServingName) -> dict
     if g.shape != w.shape:
         return {"max_abs_diff": None, "min_cosine": None, "within": False}
     diff = float(np.abs(g - w).max()) if g.size else 0.0
-    norms = np.linalg.norm(g, axis=1) * np.linalg.norm(w, axis=1)
-    cos = float(np.min(np.sum(g * w, axis=1) / np.maximum(norms, 1e-30))) if g.size else 1.0
+    ng, nw = np.linalg.norm(g, axis=1), np.linalg.norm(w, axis=1)
+    # an image whose outputs are zero on both sides (a head still at its zero init) agrees
+    rows = np.where((ng == 0) & (nw == 0), 1.0, np.sum(g * w, axis=1) / np.maximum(ng * nw, 1e-30))
+    cos = float(np.min(rows)) if g.size else 1.0
     if precision == "fp32":
         within = diff <= TOLERANCE["fp32"] * max(1.0, float(np.abs(w).max()))
     else:
@@ -588,26 +648,32 @@ def _measure(
     batch: int,
     key: str,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]], dict[str, RuntimeModel]]:
-    """Images a second of vitkit's own path and of each runtime on one random batch, and each
-    runtime's agreement with fp32 eager. Returns (images a second, agreement, the runtime models)."""
+    """Images a second of the logits of vitkit's own path and of each runtime on one random batch
+    (what ``predict``, ``eval`` and ``serve`` compute), and each runtime's agreement with fp32 eager
+    in its tokens and its logits (both must be within :data:`TOLERANCE`). Returns (images a second,
+    agreement, the runtime models)."""
     from .inference import onednn_int8_available, prepare_inference
 
     cfg = model.cfg
     x = torch.randn(batch, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        want = model.float().eval().forward_features(x).numpy()
+        eager = model.float().eval()
+        tokens = eager.forward_features(x)
+        want = {"tokens": tokens.numpy(), "logits": eager.forward_head(tokens).numpy()}
         static = precision == "int8" and calibration is not None and onednn_int8_available()
         own = prepare_inference(model, precision, calibration=calibration if static else None)
         xo = x.to(own.input_dtype)
-        speed = {"torch": batch / _seconds(lambda m=own, a=xo: m.forward_features(a), 3)}
-    quality: dict[str, dict[str, Any]] = {}
-    built: dict[str, RuntimeModel] = {}
-    for name in runtimes:
-        runner = runtime_model(model, name, precision, calibration, key)
-        array = x.numpy()
-        quality[name] = agreement(runner.run(array), want, precision)
-        speed[name] = batch / _seconds(lambda r=runner, a=array: r.run(a), 3)
-        built[name] = runner
+        speed = {"torch": batch / _seconds(lambda m=own, a=xo: m(a), 3)}
+        quality: dict[str, dict[str, Any]] = {}
+        built: dict[str, RuntimeModel] = {}
+        for name in runtimes:
+            runner = runtime_model(model, name, precision, calibration, key)
+            got = runner.outputs(x, ["tokens", "logits"])
+            parts = {part: agreement(got[part].numpy(), want[part], precision) for part in want}
+            worst = parts["tokens"] if not parts["tokens"]["within"] else parts["logits"]
+            quality[name] = {**worst, "within": all(p["within"] for p in parts.values()), "outputs": parts}
+            speed[name] = batch / _seconds(lambda r=runner, a=x: r(a), 3)
+            built[name] = runner
     return speed, quality, built
 
 
@@ -681,6 +747,7 @@ def serving_backend(
     precision: ServingName,
     device: str | torch.device = "cpu",
     calibration: torch.Tensor | Iterable[torch.Tensor] | None = None,
+    batch: int | None = None,
 ) -> tuple[RuntimeModel | None, Decision | None]:
     """What a command computes with under ``--backend``: a runtime model, or None for vitkit's own
     path (the command then runs as without the option).
@@ -691,6 +758,8 @@ def serving_backend(
         precision: "fp32", "bf16" or "int8" (resolved).
         device: where the command runs; runtimes serve the CPU only ("auto" is "torch" elsewhere).
         calibration: images for static int8 (a tensor or batches of them); None: none.
+        batch: the images one call of the command computes, which ``auto`` measures on (at most
+            :data:`AUTO_MAX_BATCH`); None: 8.
 
     Returns:
         (the runtime model or None, the decision of "auto", None otherwise).
@@ -712,25 +781,29 @@ def serving_backend(
     model = model.float().eval()
     if backend != "auto":
         return runtime_model(model, backend, precision, calib), None
-    decision, runner = choose_backend(model, precision, calib)
+    measured = 8 if batch is None else max(1, min(int(batch), AUTO_MAX_BATCH))
+    decision, runner = choose_backend(model, precision, calib, batch=measured)
     if decision.backend == "torch":
         return None, decision
     return runner or runtime_model(model, decision.backend, precision, calib), decision
 
 
 __all__ = [
+    "AUTO_MAX_BATCH",
     "BACKENDS",
     "BACKEND_ENV",
+    "OUTPUTS",
     "RUNTIMES",
     "TOLERANCE",
     "Decision",
     "RuntimeModel",
+    "Session",
     "agreement",
     "choose_backend",
     "cpu_saturates_int8_pairs",
     "decision_file",
     "default_backend",
-    "exported_features",
+    "exported_outputs",
     "machine_key",
     "model_key",
     "nncf_int8",

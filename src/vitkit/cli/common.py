@@ -409,11 +409,13 @@ def chosen_backend(args: argparse.Namespace, model: Any, precision: str, calibra
             if asked and backend != "auto":
                 raise UsageError(f"{flag} runs on vitkit's own path; --backend {backend} runs a runtime without it")
             return None  # token merging and NaFlex are vitkit's own path
-    runner, decision = serving_backend(model, backend, precision, args.device, calibration)
+    batch = getattr(args, "max_batch", None) or getattr(args, "batch_size", None)  # what one call computes
+    runner, decision = serving_backend(model, backend, precision, args.device, calibration, batch=batch)
     if decision is not None and decision.reason is None:
         speeds = ", ".join(f"{name} {ips:,.1f}" for name, ips in decision.images_per_s.items())
         how = "as recorded in" if decision.cached else "measured now, recorded in"
-        note(f"backend auto: {decision.backend} for {precision} (images/s {speeds}; {how} {decision.file})")
+        measured = f"images/s at batch {decision.batch}: {speeds}"
+        note(f"backend auto: {decision.backend} for {precision} ({measured}; {how} {decision.file})")
     elif decision is not None and asked:  # the default says nothing where it changes nothing
         note(f"backend auto: torch ({decision.reason})")
     elif runner is not None:

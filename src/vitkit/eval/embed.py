@@ -183,6 +183,8 @@ def pool_function(model: nn.Module, pool: str) -> Callable[[torch.Tensor], torch
         def pooled(x: torch.Tensor | NaflexBatch) -> torch.Tensor:
             if isinstance(x, NaflexBatch):
                 return forward_naflex(model, x, pre_logits=True)
+            if (whole := getattr(model, "forward_pre_logits", None)) is not None:
+                return whole(x)  # an inference runtime's model: the representation in one call
             return model.forward_head(model.forward_features(x), pre_logits=True)
 
         return pooled

@@ -292,6 +292,8 @@ def _head_function(model: nn.Module, head: Head) -> Callable[[torch.Tensor], tor
         def pre_logits(x: torch.Tensor | NaflexBatch) -> torch.Tensor:
             if isinstance(x, NaflexBatch):
                 return forward_naflex(model, x, pre_logits=True)
+            if (whole := getattr(model, "forward_pre_logits", None)) is not None:
+                return whole(x)  # an inference runtime's model: the representation in one call
             return model.forward_head(model.forward_features(x), pre_logits=True)
 
         return pre_logits

@@ -182,6 +182,10 @@ class ModelService:
             pre-logits the head reads, as ``vitkit embed --pool pooled``).
         """
         model = self.served
+        if (outputs := getattr(model, "outputs", None)) is not None:  # an inference runtime: one call
+            names = {"embedding": "pooled", "logits": "logits"}
+            got = outputs(images.to(self.device, model.input_dtype), [names[w] for w in sorted(wants)])
+            return {w: got[names[w]].float().cpu() for w in wants}
         feats = model.forward_features(images.to(self.device, model.input_dtype))
         out = {}
         if "embedding" in wants:
