@@ -15,6 +15,8 @@ The inference runtimes (OpenVINO, ONNX Runtime; where installed, else skipped an
 vitkit's own ONNX export of the same weights with torch's thread count; each row of theirs says
 how far its logits are from fp32 eager (largest difference, smallest cosine of an image's logits).
 Their static int8 is calibrated on ``--calib`` random images; vitkit's int8 on the timed batch.
+The rows "vitkit-auto" are what the commands serve by default (``--backend auto``): vitkit's own
+path or the runtime that ``vitkit.backends`` measured fastest at the suite's batch, its choice named.
 
     python benchmarks/peers.py                      # all suites
     python benchmarks/peers.py --suite infer_b16    # one suite
@@ -204,7 +206,7 @@ def _ort_static_qdq(path: Path, calibration: torch.Tensor) -> Callable:
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
-    return lambda x: session.run(None, {"pixels": x})[0]
+    return lambda x: session.run(None, {"pixels": x})
 
 
 def runtime_step(peer: str, arch: str, precision: str, batch: int, folder: Path, calib: int) -> tuple[Callable, dict]:
@@ -228,8 +230,35 @@ def runtime_step(peer: str, arch: str, precision: str, batch: int, folder: Path,
     torch.manual_seed(0)
     with torch.no_grad():
         want = _runtime_model(arch)(torch.from_numpy(x)).numpy()
-    check = agreement(run(x), want, precision)
+    check = agreement(run(x)[0], want, precision)  # the export's first (only) output: the logits
     return (lambda: run(x)), check
+
+
+def auto_step(arch: str, precision: str, batch: int, folder: Path, calib: int) -> tuple[Callable, dict]:
+    """What the commands serve by default (``--backend auto``): ``vitkit.backends.serving_backend``
+    measures vitkit's own path and each installed runtime at the suite's batch (measured now, in a
+    cache of the benchmark's own) and the step computes the logits through whichever it chose.
+    Returns the step and what was chosen (``choice``, the decision's images a second)."""
+    from vitkit.backends import serving_backend
+    from vitkit.inference import prepare_inference
+
+    img, _, c, *_rest = ARCHS[arch]
+    calibration = torch.randn(calib, c, img, img, generator=torch.Generator().manual_seed(1))
+    calibration = calibration if precision == "int8" else None
+    os.environ["VITKIT_CACHE"] = str(folder / "auto-cache")  # a fresh decision, not one recorded earlier
+    torch.manual_seed(0)
+    model = _runtime_model(arch)
+    runner, decision = serving_backend(model, "auto", precision, calibration=calibration, batch=batch)
+    x = torch.randn(batch, c, img, img, generator=torch.Generator().manual_seed(2))
+    if runner is None:
+        runner = prepare_inference(model, precision, calibration=calibration)
+        x = x.to(runner.input_dtype)
+
+    def step() -> None:
+        with torch.inference_mode():
+            runner(x)
+
+    return step, {"choice": decision.backend, "decision_images_per_s": decision.images_per_s, "batch": decision.batch}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +275,7 @@ class Contender:
     setup_s: float | None = None  # building, warm-up and compiling
     peak_mb: float | None = None  # GPU only: peak allocated during warm-up, above what was there
     check: dict | None = None  # runtimes: outputs against fp32 eager (max_abs_diff, min_cosine, within)
+    auto: dict | None = None  # vitkit-auto: what it chose and the images a second behind the choice
 
     @property
     def label(self) -> str:
@@ -253,7 +283,7 @@ class Contender:
 
 
 def uses_vitkit_serving(peer: str) -> bool:
-    return peer == "vitkit" or peer.endswith("+vitkit-serving")
+    return peer in ("vitkit", "vitkit-auto") or peer.endswith("+vitkit-serving")
 
 
 def make_step(
@@ -285,15 +315,18 @@ SUITES = {
         8,
         [
             ("vitkit", "fp32", False),
+            ("vitkit-auto", "fp32", False),
             ("timm", "fp32", False),
             ("hf-sdpa", "fp32", False),
             ("torchvision", "fp32", False),
             ("vitkit", "bf16", False),
+            ("vitkit-auto", "bf16", False),
             ("timm", "bf16", False),
             ("hf-sdpa", "bf16", False),
             ("hf-eager", "bf16", False),
             ("torchvision", "bf16", False),
             ("vitkit", "int8", False),
+            ("vitkit-auto", "int8", False),
             ("timm", "int8", False),
             ("timm+vitkit-serving", "fp32", False),
             ("timm+vitkit-serving", "bf16", False),
@@ -313,11 +346,14 @@ SUITES = {
         64,
         [
             ("vitkit", "fp32", False),
+            ("vitkit-auto", "fp32", False),
             ("openvino", "fp32", False),
             ("onnxruntime", "fp32", False),
             ("vitkit", "bf16", False),
+            ("vitkit-auto", "bf16", False),
             ("openvino", "bf16", False),
             ("vitkit", "int8", False),
+            ("vitkit-auto", "int8", False),
             ("openvino", "int8", False),
             ("onnxruntime", "int8", False),
             ("onnxruntime-qdq", "int8", False),
@@ -398,7 +434,11 @@ def run_suite(
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
             t = time.perf_counter()
-            if ct.peer in RUNTIME_PEERS:
+            if ct.peer == "vitkit-auto":
+                if device != "cpu" or ct.compile:
+                    raise RuntimeError("auto chooses among CPU paths, uncompiled")
+                ct.step, ct.auto = auto_step(arch, ct.precision, batch, Path(scratch.name), calib)
+            elif ct.peer in RUNTIME_PEERS:
                 if device != "cpu" or ct.compile:
                     raise RuntimeError("the runtimes run on the CPU, uncompiled")
                 ct.step, ct.check = runtime_step(ct.peer, arch, ct.precision, batch, Path(scratch.name), calib)
@@ -452,6 +492,7 @@ def run_suite(
                 "setup_s": ct.setup_s,
                 "peak_memory_mb": ct.peak_mb,
                 "vs_fp32_eager": ct.check,
+                "auto": ct.auto,
             }
         )
     scratch.cleanup()
@@ -493,7 +534,8 @@ def print_suite(res: dict) -> None:
         ratio = f"{r['images_per_s'] / ref:.2f}x" if ref and uses_vitkit_serving(r["peer"]) else ""
         mem = f" {r['peak_memory_mb']:9.0f}" if gpu and r.get("peak_memory_mb") is not None else ""
         line = f"{r['contender']:<32} {r['images_per_s']:9.2f} {100 * r['fraction_of_ceiling']:9.0f}% {ratio:>30}"
-        print(line + mem + _agreement_text(r.get("vs_fp32_eager")))
+        chose = f"   chose {r['auto']['choice']}" if r.get("auto") else ""
+        print(line + mem + _agreement_text(r.get("vs_fp32_eager")) + chose)
     ceilings = ", ".join(f"{p} {c:.0f}" for p, c in res["ceilings"].items())
     print(f"matmul ceilings (GFLOP/s; int8 GOP/s), best of the rounds: {ceilings}")
     vk = max((r["images_per_s"] for r in ok if r["peer"] == "vitkit"), default=None)

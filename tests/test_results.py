@@ -29,7 +29,13 @@ SEPARATOR = re.compile(r"^\|(?: *:?-+:? *\|)+$")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 # The peers' column headings in RESULTS.md, as peers.py names them.
-PEER_COLUMNS = {"vitkit": "vitkit", "timm": "timm", "HF sdpa": "hf-sdpa", "HF eager": "hf-eager"}
+PEER_COLUMNS = {
+    "vitkit": "vitkit",
+    "vitkit auto": "vitkit-auto",
+    "timm": "timm",
+    "HF sdpa": "hf-sdpa",
+    "HF eager": "hf-eager",
+}
 PEER_COLUMNS["torchvision"] = "torchvision"
 PEER_COLUMNS |= {"OpenVINO": "openvino", "ONNX Runtime": "onnxruntime", "ONNX Runtime QDQ": "onnxruntime-qdq"}
 
