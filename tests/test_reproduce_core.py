@@ -187,3 +187,41 @@ def test_a_written_report_renders_again_from_its_json(tmp_path):
     )
     assert render(report).encode("utf-8") == md.read_bytes()
     assert "**Measured (custom):**" in md.read_text() and "**more:**" in md.read_text()
+
+
+def test_width_matched_features_share_one_width():
+    from vitkit.reproduce.core.scoring import width_matched
+
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(300, 256, generator=g) @ torch.randn(256, 256, generator=g) + 5.0
+    test = torch.randn(50, 256, generator=g)
+    pool_w, test_w = width_matched(wide, [test], 64)
+    assert pool_w.shape == (300, 64) and test_w.shape == (50, 64)
+    assert pool_w.mean(0).abs().max() < 1e-3  # centred on the pool
+    var = pool_w.var(0)
+    assert (var[:-1] >= var[1:] - 1e-3).all()  # leading directions first
+    (narrow,) = width_matched(torch.randn(100, 32, generator=g), [], 64)
+    assert narrow.shape == (100, 32)  # narrower features keep their width
+    (few,) = width_matched(torch.randn(10, 256, generator=g), [], 64)
+    assert few.shape == (10, 10)  # no more directions than pool images
+
+
+def test_in_domain_fewshot_scores_a_model_on_its_own_task(tmp_path):
+    from vitkit.errors import DataError
+    from vitkit.reproduce.core.scoring import ScoreSettings, fewshot_in_domain, initial_model
+    from vitkit.reproduce.core.spec import DataInfo, Suite
+    from vitkit.reproduce.experiments.data_scaling import DataScaling
+    from vitkit.train.config import recipe_from_dict
+
+    info = DataInfo("synthetic", (32, 32), 3, [str(i) for i in range(10)], 2048)
+    suite = Suite(tmp_path, "synthetic", "smoke", None, info)
+    tree = DataScaling(suite).runs()[0].recipe
+    net = initial_model(tree, suite.info)
+    settings = ScoreSettings.of(suite)
+    assert settings.in_domain_shots == 10 and settings.in_domain_width == 64
+    got = fewshot_in_domain(net, recipe_from_dict(tree), settings, "fp32")
+    assert got["shots"] == 5  # a minival of 100 holds 10 of each class: half the shots, half the l2 choice
+    assert got["width"] == min(64, got["features"]) and 0.0 <= got["mean"] <= 1.0 and len(got["per_seed"]) == 5
+    tree["data"]["minival"] = 0
+    with pytest.raises(DataError, match="data.minival is 0"):
+        fewshot_in_domain(net, recipe_from_dict(tree), settings, "fp32")

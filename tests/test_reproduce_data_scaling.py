@@ -430,3 +430,71 @@ def test_every_run_diverged_claims_nothing(tmp_path, no_control):
     assert not re.findall(r"\b(nan|inf)\b", text, re.IGNORECASE)
     assert "every rate of its grid diverged: the smallest is used" in text
     assert "leads" not in text and "Figure 4's direction is" not in text
+
+
+# -- in-domain few-shot ---------------------------------------------------------------------------
+
+
+def _with_in_domain(results: dict, exp: DataScaling, accuracy) -> dict:
+    """Give every finished run an in-domain few-shot result, ``accuracy(role, n, seed)``."""
+    role_of = {m: r for r, m in exp.roles().items()}
+    for spec in exp.runs():
+        res = exp.result_of(spec)
+        seed, n = spec.recipe["seed"], spec.recipe["data"]["subset"]
+        width = 256 if role_of[spec.model] == "cnn" else 64
+        res["fewshot_in_domain"] = {
+            "shots": 10,
+            "width": 64,
+            "features": width,
+            "l2": 1.0,
+            "mean": accuracy(role_of[spec.model], n, seed),
+            "std": 0.0,
+            "per_seed": [],
+        }
+        _finish(exp, spec, res)
+        results[spec.key] = res
+    return results
+
+
+@pytest.fixture
+def no_in_domain_control(monkeypatch):
+    monkeypatch.setattr(DataScaling, "untrained_in_domain", lambda self, model, seed: 0.40)
+
+
+def test_in_domain_transfer_is_said_size_by_size_and_step_by_step(tmp_path, no_control, no_in_domain_control):
+    pytest.importorskip("matplotlib")
+    exp = DataScaling(_suite(tmp_path))
+    results = _finish_all(exp, {"cnn": -0.15, "vit": -0.30, "larger_vit": -0.40})
+    # the ResNet ahead by 10 points at 580 images, the ViT's deficit shrinking by 2.5 points a size
+    # up to 17,400 and level from there
+    lead = {580: 0.10, 1740: 0.075, 5800: 0.05, 17400: 0.025, 58000: 0.025}
+
+    def accuracy(role, n, seed):
+        base = 0.70 + 0.01 * seed + 0.002 * math.sin(n + 3 * seed)
+        return base + lead[n] if role == "cnn" else base + 0.001 * seed
+
+    section = exp.summarise(_with_in_domain(results, exp, accuracy))
+    num, text = section.numbers, section.verdict
+    assert num["in_domain_setup"] == {"shots": 10, "width": 64, "features": [64, 256]}
+    assert num["in_domain_vit_minus_cnn"][580]["interval"]["high"] < 0
+    assert "In-domain transfer (10-shot on the pre-training task's classes, features of width 64, paired" in text
+    assert "at 580 images the ResNet leads the ViT by " in text
+    assert "the ViT-minus-ResNet difference rises from 580 to 1,740" in text
+    assert "is not distinguishable from 17,400 to 58,000" in text and "not a trend over the range" in text
+    assert "the pre-trained ResNet leads the untrained ResNet" in text
+    caption, header, rows = section.tables[1]
+    assert caption.startswith("In-domain transfer (%): 10-shot linear accuracy")
+    assert "(the models' own widths: 64, 256)" in caption
+    assert header[1] == "untrained (control)" and rows[-1][0] == "ViT − ResNet (points)"
+    assert rows[0][1] == "40.00 ± 0.00" and rows[-1][2].startswith("-9.9 (")
+    assert section.tables[2][0].startswith("Control")
+    json.dumps(json_safe(num), allow_nan=False)
+
+
+def test_results_without_in_domain_transfer_leave_it_out(tmp_path, no_control, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(DataScaling, "untrained_in_domain", lambda *a: pytest.fail("not measured without runs"))
+    exp = DataScaling(_suite(tmp_path))
+    section = exp.summarise(_finish_all(exp, {"cnn": -0.15, "vit": -0.30, "larger_vit": -0.40}))
+    assert section.numbers["in_domain_setup"] is None and "In-domain" not in section.verdict
+    assert len(section.tables) == 2

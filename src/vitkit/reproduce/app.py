@@ -203,6 +203,7 @@ def _reproduce(
     meta = {
         "command": command, "call": call, "date": now(), "budget": budget, "data": data, "seeds": suite.seeds,
         "img_size": list(suite.img_size), "fewshot": f"{settings.shots}-shot {settings.fewshot_data}",
+        "in_domain": {"shots": settings.in_domain_shots, "width": settings.in_domain_width},
         "machine": machine(), "seconds": time.perf_counter() - start, "experiments": [s.name for s in sections],
     }  # fmt: skip
     md, _ = write_report(suite.out, sections, meta, runs)

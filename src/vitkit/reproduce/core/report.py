@@ -209,7 +209,16 @@ def render(report: dict[str, Any]) -> str:
         *([provenance(runs, m.get("code"))] if runs else []),
         "Protocol: each run keeps its best checkpoint by a minival carved from the training split (the paper's early "
         f"stopping); that checkpoint alone is scored on the test split and by {meta['fewshot']} linear transfer "
-        "(closed-form ridge, its l2 chosen on the transfer task's training images). Nothing is chosen on a test split.",
+        "(closed-form ridge, its l2 chosen on the transfer task's training images)"
+        + (
+            f", and by {meta['in_domain']['shots']}-shot linear accuracy on the pre-training task's own classes (the "
+            "shots, fewer where a run's minival holds fewer than twice as many of a class, and the l2 from the run's "
+            "minival; every model's features projected to their "
+            f"{meta['in_domain']['width']} leading principal directions)"
+            if meta.get("in_domain")
+            else ""
+        )
+        + ". Nothing is chosen on a test split.",
     ]
     body = ["## Summary\n\n" + headline_table(experiments)] if experiments else []
     body += [_section_md(name, s) for name, s in experiments.items()]

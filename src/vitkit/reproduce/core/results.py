@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the scoring changes: results of an older scoring are scored again (not retrained).
-SCORE_VERSION = 2
+SCORE_VERSION = 3
 
 
 def machine_seconds(res: dict[str, Any]) -> float:
@@ -86,7 +86,11 @@ def check_result(res: Any) -> str | None:
         return f"fewshot is {_short(fewshot)}, not an object"
     if "mean" not in fewshot or "shots" not in fewshot:
         return f"fewshot has no {' or '.join(k for k in ('mean', 'shots') if k not in fewshot)}"
+    own = res.get("fewshot_in_domain")
+    if own is not None and not (isinstance(own, dict) and "mean" in own):
+        return f"fewshot_in_domain is {_short(own)}, not an object with a mean"
     problems = [
+        None if own is None else _check_accuracy("fewshot_in_domain.mean", own["mean"]),
         _check_accuracy("test_top1", res["test_top1"]),
         _check_accuracy("minival_top1", res.get("minival_top1"), optional=True),
         _check_accuracy("fewshot.mean", fewshot["mean"]),
@@ -174,7 +178,8 @@ def nonfinite_fields(res: dict[str, Any]) -> list[str]:
         Each as ``test top-1 not a number`` or ``few-shot mean infinite``.
     """
     fields = (("test top-1", res.get("test_top1")), ("minival top-1", res.get("minival_top1")),
-              ("few-shot mean", (res.get("fewshot") or {}).get("mean")))  # fmt: skip
+              ("few-shot mean", (res.get("fewshot") or {}).get("mean")),
+              ("in-domain few-shot mean", (res.get("fewshot_in_domain") or {}).get("mean")))  # fmt: skip
     return [
         f"{name} {'not a number' if math.isnan(value) else 'infinite'}"
         for name, value in fields

@@ -211,6 +211,8 @@ class Runner:
             if bad
             else f"test top-1 {100 * res['test_top1']:.2f}%, {fs['shots']}-shot {100 * fs['mean']:.2f}%"
         )
+        if (own := res.get("fewshot_in_domain")) and not bad:
+            numbers += f", in-domain {own['shots']}-shot {100 * own['mean']:.2f}%"
         self.report(
             f"[{self._count}/{self._total}] {spec.label}: {numbers} ({res['wall_seconds']:.0f} s); "
             f"ETA {_duration(left)}"

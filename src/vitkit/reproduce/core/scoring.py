@@ -2,7 +2,9 @@
 checkpoint scored once and the numbers written to ``result.json``.
 
 Scoring uses only the checkpoint the minival chose (``best.safetensors``): top-1 on the test
-split, and few-shot linear accuracy on a task the model never saw (:func:`fewshot_transfer`).
+split, few-shot linear accuracy on a task the model never saw (:func:`fewshot_transfer`), and
+few-shot linear accuracy on the pre-training task itself, on features of one width for every
+model (:func:`fewshot_in_domain`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import copy
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,9 @@ class ScoreSettings:
         shots: the training images per class of the few-shot task.
         fewshot_seeds: the seeds of the few-shot samples.
         data_options: the data source's options, as (name, value) pairs.
+        in_domain_shots: the images per class of the in-domain few-shot task (fewer where a
+            run's minival has fewer than twice as many of a class).
+        in_domain_width: the width every model's features are projected to for it.
     """
 
     data: str
@@ -57,6 +63,8 @@ class ScoreSettings:
     shots: int
     fewshot_seeds: int
     data_options: tuple[tuple[str, Any], ...] = ()  # how the data source loads (hashable: cached per process)
+    in_domain_shots: int = 10
+    in_domain_width: int = 64
 
     @classmethod
     def of(cls, suite: Suite) -> ScoreSettings:
@@ -66,9 +74,11 @@ class ScoreSettings:
             suite: the suite.
 
         Returns:
-            The settings; the few-shot task defaults to "digits", 10 shots, 5 seeds.
+            The settings; the few-shot task defaults to "digits", 10 shots, 5 seeds; the
+            in-domain task to 10 shots on features of width 64.
         """
         fs = suite.common.get("fewshot") or {}
+        own = fs.get("in_domain") or {}
         return cls(
             data=suite.data,
             test_images=suite.common.get("test_images"),
@@ -76,6 +86,8 @@ class ScoreSettings:
             shots=int(fs.get("shots", 10)),
             fewshot_seeds=int(fs.get("seeds", 5)),
             data_options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in suite.data_options().items()),
+            in_domain_shots=int(own.get("shots", 10)),
+            in_domain_width=int(own.get("width", 64)),
         )
 
 
@@ -133,15 +145,101 @@ def fewshot_transfer(model: Any, settings: ScoreSettings, precision: Precision) 
     train, test = _split(settings.fewshot_data, "train"), _split(settings.fewshot_data, "test")
     train_x, train_y = extract_features(model, train, precision=precision)
     test_x, test_y = extract_features(model, test, precision=precision)
-    halves = [o[: len(o) // 2] for o in class_orders(train_y, train.num_classes, seed=1)]
+    return _ridge_transfer(train_x, train_y, test_x, test_y, train.num_classes, settings.shots, settings.fewshot_seeds)
+
+
+def _ridge_transfer(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+    num_classes: int,
+    shots: int,
+    seeds: int,
+) -> dict[str, Any]:
+    """The closed-form few-shot score with its l2 strength chosen on the training pool alone:
+    half of each class holds the shots, the other half scores them; then the shots come from the
+    whole pool and the test features score them."""
+
+    halves = [o[: len(o) // 2] for o in class_orders(train_y, num_classes, seed=1)]
     a = torch.cat(halves)
     b = torch.ones(len(train_y), dtype=torch.bool)
     b[a] = False
-    k, shots, seeds = train.num_classes, [settings.shots], settings.fewshot_seeds
-    pick = fewshot_eval(train_x[a], train_y[a], train_x[b], train_y[b], shots, seeds, DEFAULT_L2_GRID, num_classes=k)
+    k = num_classes
+    pick = fewshot_eval(train_x[a], train_y[a], train_x[b], train_y[b], [shots], seeds, DEFAULT_L2_GRID, num_classes=k)
     l2 = pick["best"][0]["l2"]
-    res = fewshot_eval(train_x, train_y, test_x, test_y, shots, seeds, l2, num_classes=k)["results"][0]
-    return {"shots": settings.shots, "l2": l2, "mean": res["mean"], "std": res["std"], "per_seed": res["per_seed"]}
+    res = fewshot_eval(train_x, train_y, test_x, test_y, [shots], seeds, l2, num_classes=k)["results"][0]
+    return {"shots": shots, "l2": l2, "mean": res["mean"], "std": res["std"], "per_seed": res["per_seed"]}
+
+
+def width_matched(pool: torch.Tensor, others: Sequence[torch.Tensor], width: int) -> list[torch.Tensor]:
+    """Features brought to one width: centred on the pool's mean and projected onto the pool's
+    ``width`` leading principal directions (all of them where the features are narrower), so that
+    models of different widths are read by linear classifiers of the same size.
+
+    Args:
+        pool: the features the projection is fitted on (N, F): unlabelled use only.
+        others: more features (M, F) projected the same way.
+        width: the width wanted.
+
+    Returns:
+        ``pool`` and each of ``others`` projected, (N, w) and (M, w) float32, with
+        ``w = min(width, F, N)``.
+    """
+
+    mean = pool.mean(0, dtype=torch.float64)
+    centred = pool.double() - mean
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    basis = vh[: min(width, vh.shape[0])].T
+    return [((x.double() - mean) @ basis).float() for x in (pool, *others)]
+
+
+def fewshot_in_domain(model: Any, recipe: Any, settings: ScoreSettings, precision: Precision) -> dict[str, Any]:
+    """Few-shot linear accuracy on the pre-training task itself, on width-matched features.
+
+    The shots, and the images that choose the l2 strength, come from the run's own minival
+    (images it never trained on); the suite's test split scores them. Every model's pre-logits
+    features are first projected to ``settings.in_domain_width`` dimensions
+    (:func:`width_matched`, fitted on the minival's features), so that a wider representation
+    does not win by its width alone.
+
+    Args:
+        model: the model whose pre-logits features are scored.
+        recipe: the run's recipe (a :class:`vitkit.train.Recipe`): its data and minival.
+        settings: the suite's scoring (the test split, the in-domain shots and width, the seeds).
+        precision: what the features are extracted in.
+
+    Returns:
+        ``shots`` (the configured count, or half the minival's smallest class where that is
+        fewer), ``width`` (of the projected features), ``features`` (the model's own width),
+        ``l2``, and the test accuracy over the seeds as ``mean``, ``std`` and ``per_seed``.
+
+    Raises:
+        DataError: the run has no minival, or its minival has fewer than two images of a class.
+    """
+
+    d = recipe.data
+    if not d.minival:
+        raise DataError(f"{d.name}: in-domain few-shot takes its shots from the minival, and data.minival is 0")
+    pool = build_dataset(d.name, "minival", minival=d.minival, subset=d.subset, subset_seed=d.subset_seed,
+                         **d.options)  # fmt: skip
+    test = _split(settings.data, "test", settings.data_options)
+    pool_x, pool_y = extract_features(model, pool, precision=precision)
+    test_x, test_y = extract_features(model, test, precision=precision, max_images=settings.test_images)
+    smallest = int(pool_y.bincount(minlength=pool.num_classes).min())
+    shots = min(settings.in_domain_shots, smallest // 2)
+    if shots < 1:
+        raise DataError(
+            f"{d.name}: in-domain few-shot needs two minival images of every class; a class has {smallest} "
+            f"(raise data.minival above {d.minival})"
+        )
+    if not (torch.isfinite(pool_x).all() and torch.isfinite(test_x).all()):  # a diverged run: nothing to project
+        nan, wide = float("nan"), int(pool_x.shape[1])
+        return {"width": min(settings.in_domain_width, wide), "features": wide, "shots": shots, "l2": None,
+                "mean": nan, "std": nan, "per_seed": [nan] * settings.fewshot_seeds}  # fmt: skip
+    pool_w, test_w = width_matched(pool_x, [test_x], settings.in_domain_width)
+    out = _ridge_transfer(pool_w, pool_y, test_w, test_y, pool.num_classes, shots, settings.fewshot_seeds)
+    return {"width": int(pool_w.shape[1]), "features": int(pool_x.shape[1]), **out}
 
 
 def initial_model(tree: dict[str, Any], info: Any) -> torch.nn.Module:
@@ -191,7 +289,8 @@ def score(run_dir: Path, settings: ScoreSettings, precision: Precision, recipe: 
     Returns:
         ``test_top1`` and ``test_images``, ``fewshot`` (:func:`fewshot_transfer`), ``best_step``
         and ``minival_top1`` (of the checkpoint, None where it does not say), ``flops_per_image``,
-        ``params``, ``img_size``, ``train_top1`` (None without ``recipe``) and ``minival_curve``
+        ``params``, ``img_size``, ``train_top1`` and ``fewshot_in_domain``
+        (:func:`fewshot_in_domain`; both None without ``recipe``) and ``minival_curve``
         (``[step, top1]`` pairs). Accuracies are fractions in [0, 1].
 
     Raises:
@@ -215,6 +314,7 @@ def score(run_dir: Path, settings: ScoreSettings, precision: Precision, recipe: 
         "params": count_params(model),
         "img_size": list(model.cfg.img_size),
         "train_top1": None if recipe is None else train_accuracy(model, recipe, precision),
+        "fewshot_in_domain": None if recipe is None else fewshot_in_domain(model, recipe, settings, precision),
         "minival_curve": minival_curve(run_dir),
     }
 

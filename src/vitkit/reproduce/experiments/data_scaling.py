@@ -20,6 +20,7 @@ same models untrained.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from dataclasses import asdict
@@ -34,11 +35,11 @@ from ..core import stats
 from ..core.experiment import Experiment, Section, finite, mean_of, sentence_from, shots_label
 from ..core.registry import register
 from ..core.scaling import fit_families
-from ..core.scoring import ScoreSettings, fewshot_transfer, initial_model
+from ..core.scoring import ScoreSettings, fewshot_in_domain, fewshot_transfer, initial_model
 from ..core.spec import RunSpec, deep_merge
 from ..core.wording import convergence
 from .attention_measure import load_test_images
-from .data_scaling_text import FAMILIES, PAPER_CROSSOVER, control_table, grid_table, rows, verdict
+from .data_scaling_text import FAMILIES, PAPER_CROSSOVER, control_table, grid_table, in_domain_table, rows, verdict
 from .figures import plot_scaling
 
 ATTENTION_BATCH = 16  # test images a forward pass takes when attention is measured
@@ -254,6 +255,8 @@ class DataScaling(Experiment):
             "ratios and differences: mean over seeds with its 95% t interval, paired by seed)"
         )
         section.tables = [grid_table(numbers), control_table(numbers, shots)]
+        if own := in_domain_table(numbers):
+            section.tables.insert(1, own)
         section.figures.append(plot_scaling(numbers, self.suite.out / "figures" / "data_scaling.png", shots))
         return section
 
@@ -272,6 +275,7 @@ class DataScaling(Experiment):
         sizes, roles = self.sizes(), self.roles()
         small, large = sizes[0], sizes[-1]
         models: dict[str, Any] = {}
+        own_setup = _in_domain_setup(got)
         for role, model in roles.items():
             entry: dict[str, Any] = {
                 "model": model,
@@ -286,6 +290,9 @@ class DataScaling(Experiment):
             }  # the generalisation gap of the best checkpoint, per seed
             entry["fewshot"] = {n: self.fewshot(got[(role, n)]) for n in entry["sizes"]}
             entry["fewshot_untrained"] = [self.untrained_fewshot(model, seed) for seed in self.seeds]
+            if own_setup is not None:  # results of a scoring without it leave it out
+                entry["in_domain"] = {n: [_in_domain(r) for r in got[(role, n)]] for n in entry["sizes"]}
+                entry["in_domain_untrained"] = [self.untrained_in_domain(model, seed) for seed in self.seeds]
             entry["steps"] = {n: cells[(role, n)][0].recipe["train"]["steps"] for n in entry["sizes"]}
             best = [
                 (b, entry["steps"][n])
@@ -304,6 +311,10 @@ class DataScaling(Experiment):
         log_err = {r: [y for n in sizes for y in log_errors(models[r]["test_top1"][n])] for r in FAMILIES}
         log_ratio = [a - b for a, b in zip(log_err["vit"], log_err["cnn"])]  # nan where a side is
         gaps = {n: [a - b for a, b in zip(models["vit"]["gap"][n], models["cnn"]["gap"][n])] for n in sizes}
+        own = {
+            n: [_num(v) - _num(c) for v, c in zip(models["vit"]["in_domain"][n], models["cnn"]["in_domain"][n])]
+            for n in sizes
+        } if own_setup is not None else {n: [] for n in sizes}  # fmt: skip
         ends = models["larger_vit"]["sizes"]  # the sizes the larger ViT trains at (all, or the two ends)
         bigger = {n: [_num(b) - _num(v) for b, v in zip(big[n], vit[n])] for n in ends}
         attention = {n: [self.attention(s, r) for s, r in zip(cells[("vit", n)], got[("vit", n)])] for n in sizes}
@@ -332,6 +343,11 @@ class DataScaling(Experiment):
                 stats.paired_difference(bigger[ends[-1]], bigger[ends[0]]) if len(ends) > 1 else None
             ),
             "gap_vit_minus_cnn": {n: _per_seed(gaps[n]) for n in sizes},
+            "in_domain_vit_minus_cnn": {n: _per_seed(own[n]) for n in sizes},
+            "in_domain_steps": [
+                [a, b, _interval_dict(stats.paired_difference(own[b], own[a]))] for a, b in itertools.pairwise(sizes)
+            ],  # how the ViT's in-domain few-shot lead (or deficit) changes over each step of the range
+            "in_domain_setup": own_setup,
             "attention": {n: {**att[n], "layers": [a["layers"] for a in attention[n]]} for n in sizes},
             "attention_change": {
                 k: _interval_dict(stats.paired_difference(att[large][k], att[small][k]) if two_ends else None)
@@ -374,6 +390,30 @@ class DataScaling(Experiment):
         spec = self.base_spec(model, seed)
         net = initial_model(spec.recipe, self.suite.info)
         return fewshot_transfer(net, ScoreSettings.of(self.suite), spec.recipe["train"]["precision"])["mean"]
+
+    def untrained_in_domain(self, model: str, seed: int) -> float:
+        """The in-domain few-shot accuracy of ``model`` as its run starts (random features,
+        projected to the same width)."""
+        spec = self.base_spec(model, seed)
+        net = initial_model(spec.recipe, self.suite.info)
+        recipe = recipe_from_dict(copy.deepcopy(spec.recipe))
+        return fewshot_in_domain(net, recipe, ScoreSettings.of(self.suite), spec.recipe["train"]["precision"])["mean"]
+
+
+def _in_domain(result: dict[str, Any]) -> float:
+    """A run's in-domain few-shot accuracy (nan where its result has none: a diverged run)."""
+    own = result.get("fewshot_in_domain")
+    return math.nan if not own else _num(own.get("mean"))
+
+
+def _in_domain_setup(got: dict[tuple[str, int], list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The shots and the width of the in-domain few-shot task, as the runs record them (None
+    where no run does), with each model's own feature width."""
+    found = [r["fewshot_in_domain"] for rs in got.values() for r in rs if r.get("fewshot_in_domain")]
+    if not found:
+        return None
+    return {"shots": min(f["shots"] for f in found), "width": min(f["width"] for f in found),
+            "features": sorted({f.get("features", f["width"]) for f in found})}  # fmt: skip
 
 
 def attention_summary(path: Path, suite: Any, images: int) -> dict[str, Any]:

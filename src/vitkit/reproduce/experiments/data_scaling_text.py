@@ -154,6 +154,63 @@ def control_table(num: dict[str, Any], shots: str) -> tuple[str, list[str], list
     return caption, header, rows
 
 
+def in_domain_label(num: dict[str, Any]) -> str | None:
+    """How the in-domain few-shot task is set, for a caption or a sentence (None where no run
+    recorded it)."""
+    setup = num.get("in_domain_setup")
+    if not setup:
+        return None
+    own = ", ".join(str(f) for f in setup["features"])
+    return (
+        f"{setup['shots']}-shot linear accuracy on the pre-training task's own classes (the shots and the l2 "
+        f"strength from each run's minival, scored on the test split), every model's features projected to "
+        f"their {setup['width']} leading principal directions (the models' own widths: {own})"
+    )
+
+
+def in_domain_table(num: dict[str, Any]) -> tuple[str, list[str], list[list[str]]] | None:
+    """The in-domain few-shot transfer per model and size, beside the same models untrained, and
+    the ViT minus the ResNet paired by seed (None where no run recorded it)."""
+    label = in_domain_label(num)
+    if label is None:
+        return None
+    sizes = num["sizes"]
+    header = ["model", "untrained (control)", *[f"{n:,} images" for n in sizes]]
+    rows = [
+        [m["title"], pct(m["in_domain_untrained"]), *[pct(m["in_domain"][n]) if n in m["in_domain"] else "—"
+                                                       for n in sizes]]
+        for m in num["models"].values()
+    ]  # fmt: skip
+    diff = num["in_domain_vit_minus_cnn"]
+    rows.append(["ViT − ResNet (points)", "", *[_ci_cell(diff[n], 1, 100) for n in sizes]])
+    return f"In-domain transfer (%): {label}", header, rows
+
+
+def in_domain_text(num: dict[str, Any]) -> str | None:
+    """The in-domain few-shot sentences: the ViT against the ResNet at each size, how that
+    difference changes over each step of the range, and what pre-training adds to the same models
+    untrained at the largest size (None where no run recorded the task)."""
+    setup = num.get("in_domain_setup")
+    if not setup:
+        return None
+    models, sizes = num["models"], num["sizes"]
+    large = sizes[-1]
+    own = {r: m["in_domain"] for r, m in models.items()}
+    leads = "; ".join(f"at {n:,} images {lead('the ViT', own['vit'][n], 'the ResNet', own['cnn'][n])}" for n in sizes)
+    steps = [(f"{a:,}", f"{b:,}", None if iv is None else _iv(iv).scaled(100)) for a, b, iv in num["in_domain_steps"]]
+    change = stepwise(steps, "the ViT-minus-ResNet difference", digits=1, unit=" points")
+    added = "; ".join(
+        lead(f"the pre-trained {SHORT[r]}", models[r]["in_domain"][large], f"the untrained {SHORT[r]}",
+             models[r]["in_domain_untrained"])
+        for r in FAMILIES
+    )  # fmt: skip
+    return (
+        f"In-domain transfer ({setup['shots']}-shot on the pre-training task's classes, features of width "
+        f"{setup['width']}, paired by seed): {leads}. Step by step, {change} Against the same models untrained, "
+        f"at {large:,} images: {added}."
+    )
+
+
 def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
     """The section's sentences, each computed from ``num``."""
     sizes, models, g = num["sizes"], num["models"], num["learning_rate"]
@@ -212,6 +269,8 @@ def verdict(num: dict[str, Any], shots: str, seeds: int) -> str:
         out += [larger(num), overfitting(num)]
     out += [convergence_text(num), attention_text(num)]
     if paired:
+        if own := in_domain_text(num):
+            out.append(own)
         out.append(control(num, shots))
     return " ".join(out)
 

@@ -109,11 +109,27 @@ def _ratio_panel(ax: Any, numbers: dict[str, Any]) -> None:
     ax.set_title("error ratio (95% interval over seeds; 1: equal)", fontsize=9)
 
 
+def _transfer_panel(ax: Any, models: dict[str, Any], sizes: list[int], key: str, ylabel: str, title: str) -> None:
+    """A few-shot measure per model against the training images, each model's untrained value
+    (``KEY_untrained``) as a dashed line of its colour."""
+    drawn = False
+    for entry in models.values():
+        line = _scaling_line(ax, entry.get(key) or {}, entry["title"])
+        drawn = line is not None or drawn
+        untrained = _ms(entry.get(f"{key}_untrained") or [])[0]
+        if line is not None and math.isfinite(untrained):
+            ax.axhline(untrained, ls="--", lw=1, color=line.get_color())
+    _log_x(ax, drawn, sizes)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+
+
 def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     """The data-scaling study (after Figure 4): against the number of training images, test error
     per model (log-log, with each family's slope), the ViT/ResNet error ratio with its 95% interval,
-    the generalisation gap, the ViT's attention locality and class-token share, and the few-shot
-    transfer control beside the same models untrained.
+    the generalisation gap, the ViT's attention locality and class-token share, in-domain few-shot
+    transfer on width-matched features and the few-shot transfer control, each beside the same
+    models untrained.
 
     Args:
         numbers: :meth:`vitkit.reproduce.data_scaling.DataScaling.measure`'s numbers.
@@ -123,8 +139,8 @@ def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     Returns:
         ``path``.
     """
-    fig = _new_figure(15.0, 8.0)
-    axes = fig.subplots(2, 3)
+    fig = _new_figure(20.0, 8.0)
+    axes = fig.subplots(2, 4)
     models, sizes = numbers["models"], numbers["sizes"]
     xlabel = "training images (class-balanced subsets)"
 
@@ -158,17 +174,15 @@ def plot_scaling(numbers: dict[str, Any], path: Path, shots: str) -> Path:
     ax.set_ylabel("patch attention on the class token (%)")
     ax.set_title("ViT class-token share", fontsize=9)
 
-    ax = axes[1][2]
-    drawn = False
-    for entry in models.values():
-        line = _scaling_line(ax, entry["fewshot"], entry["title"])
-        drawn = line is not None or drawn
-        untrained = _ms(entry.get("fewshot_untrained") or [])[0]
-        if line is not None and math.isfinite(untrained):
-            ax.axhline(untrained, ls="--", lw=1, color=line.get_color())
-    _log_x(ax, drawn, sizes)
-    ax.set_ylabel(f"{shots} transfer accuracy (%)")
-    ax.set_title("control: transfer (dashed: the same model untrained)", fontsize=9)
+    _transfer_panel(axes[1][2], models, sizes, "fewshot", f"{shots} transfer accuracy (%)",
+                    "control: transfer to digits (dashed: the same model untrained)")  # fmt: skip
+    setup = numbers.get("in_domain_setup")
+    if setup:
+        _transfer_panel(axes[0][3], models, sizes, "in_domain", f"{setup['shots']}-shot in-domain accuracy (%)",
+                        f"in-domain transfer, features of width {setup['width']} (dashed: untrained)")  # fmt: skip
+    else:
+        axes[0][3].set_visible(False)
+    axes[1][3].set_visible(False)
 
     for ax in (a for row in axes for a in row):
         ax.set_xlabel(xlabel)
