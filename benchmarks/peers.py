@@ -1,9 +1,10 @@
 """vitkit against timm, Hugging Face transformers and torchvision, in one run.
 
-Contenders are interleaved (A B C A B C ...) over several rounds and each gets the median of its
-timed iterations per round, then the median over rounds: load on a shared machine hits them all
-alike, and the ratios are what to read. Same shapes, same weights count, same precision; each
-peer also runs in its own best mode (bf16 weights, its fused attention, torch.compile on request).
+Contenders are interleaved (A B C A B C ...) over several rounds and each gets, after one untimed
+iteration, the median of its timed iterations per round, then the median over rounds: load on a
+shared machine hits them all alike, and the ratios are what to read. Same shapes, same weights
+count, same precision; each peer also runs in its own best mode (bf16 weights, its fused
+attention, torch.compile on request).
 Peers that are not installed are skipped and listed. vitkit serves through
 ``vitkit.inference.prepare_inference`` (oneDNN-packed layers); the peers run their own modules.
 The rows "timm+vitkit-serving" give timm's model vitkit's serving path, to show how much of the
@@ -460,6 +461,8 @@ def run_suite(
         for ct in contenders:  # interleaved
             if ct.step is None:
                 continue
+            ct.step()  # untimed: the ceiling's large matrices (or the previous contender) have just left the caches
+            _sync(device)
             ts = []
             for _ in range(iters):
                 t = time.perf_counter()
