@@ -275,7 +275,6 @@ class DataScaling(Experiment):
         sizes, roles = self.sizes(), self.roles()
         small, large = sizes[0], sizes[-1]
         models: dict[str, Any] = {}
-        own_setup = _in_domain_setup(got)
         for role, model in roles.items():
             entry: dict[str, Any] = {
                 "model": model,
@@ -290,9 +289,6 @@ class DataScaling(Experiment):
             }  # the generalisation gap of the best checkpoint, per seed
             entry["fewshot"] = {n: self.fewshot(got[(role, n)]) for n in entry["sizes"]}
             entry["fewshot_untrained"] = [self.untrained_fewshot(model, seed) for seed in self.seeds]
-            if own_setup is not None:  # results of a scoring without it leave it out
-                entry["in_domain"] = {n: [_in_domain(r) for r in got[(role, n)]] for n in entry["sizes"]}
-                entry["in_domain_untrained"] = [self.untrained_in_domain(model, seed) for seed in self.seeds]
             entry["steps"] = {n: cells[(role, n)][0].recipe["train"]["steps"] for n in entry["sizes"]}
             best = [
                 (b, entry["steps"][n])
@@ -311,10 +307,6 @@ class DataScaling(Experiment):
         log_err = {r: [y for n in sizes for y in log_errors(models[r]["test_top1"][n])] for r in FAMILIES}
         log_ratio = [a - b for a, b in zip(log_err["vit"], log_err["cnn"])]  # nan where a side is
         gaps = {n: [a - b for a, b in zip(models["vit"]["gap"][n], models["cnn"]["gap"][n])] for n in sizes}
-        own = {
-            n: [_num(v) - _num(c) for v, c in zip(models["vit"]["in_domain"][n], models["cnn"]["in_domain"][n])]
-            for n in sizes
-        } if own_setup is not None else {n: [] for n in sizes}  # fmt: skip
         ends = models["larger_vit"]["sizes"]  # the sizes the larger ViT trains at (all, or the two ends)
         bigger = {n: [_num(b) - _num(v) for b, v in zip(big[n], vit[n])] for n in ends}
         attention = {n: [self.attention(s, r) for s, r in zip(cells[("vit", n)], got[("vit", n)])] for n in sizes}
@@ -343,11 +335,7 @@ class DataScaling(Experiment):
                 stats.paired_difference(bigger[ends[-1]], bigger[ends[0]]) if len(ends) > 1 else None
             ),
             "gap_vit_minus_cnn": {n: _per_seed(gaps[n]) for n in sizes},
-            "in_domain_vit_minus_cnn": {n: _per_seed(own[n]) for n in sizes},
-            "in_domain_steps": [
-                [a, b, _interval_dict(stats.paired_difference(own[b], own[a]))] for a, b in itertools.pairwise(sizes)
-            ],  # how the ViT's in-domain few-shot lead (or deficit) changes over each step of the range
-            "in_domain_setup": own_setup,
+            **self.in_domain_numbers(models, got, sizes),
             "attention": {n: {**att[n], "layers": [a["layers"] for a in attention[n]]} for n in sizes},
             "attention_change": {
                 k: _interval_dict(stats.paired_difference(att[large][k], att[small][k]) if two_ends else None)
@@ -390,6 +378,29 @@ class DataScaling(Experiment):
         spec = self.base_spec(model, seed)
         net = initial_model(spec.recipe, self.suite.info)
         return fewshot_transfer(net, ScoreSettings.of(self.suite), spec.recipe["train"]["precision"])["mean"]
+
+    def in_domain_numbers(
+        self, models: dict[str, Any], got: dict[tuple[str, int], list[dict[str, Any]]], sizes: list[int]
+    ) -> dict[str, Any]:
+        """The in-domain few-shot numbers: each model's entry gains ``in_domain`` (per size, per
+        seed) and ``in_domain_untrained``; returned are the ViT minus the ResNet per size, its
+        change over each step of the range, and the task's setup (None, and nothing added, where
+        the results were scored without it)."""
+        setup = _in_domain_setup(got)
+        if setup is None:
+            return {"in_domain_setup": None, "in_domain_vit_minus_cnn": {}, "in_domain_steps": []}
+        for role, entry in models.items():
+            entry["in_domain"] = {n: [_in_domain(r) for r in got[(role, n)]] for n in entry["sizes"]}
+            entry["in_domain_untrained"] = [self.untrained_in_domain(entry["model"], seed) for seed in self.seeds]
+        vit, cnn = models["vit"]["in_domain"], models["cnn"]["in_domain"]
+        own = {n: [_num(v) - _num(c) for v, c in zip(vit[n], cnn[n])] for n in sizes}
+        return {
+            "in_domain_setup": setup,
+            "in_domain_vit_minus_cnn": {n: _per_seed(own[n]) for n in sizes},
+            "in_domain_steps": [
+                [a, b, _interval_dict(stats.paired_difference(own[b], own[a]))] for a, b in itertools.pairwise(sizes)
+            ],  # how the ViT's lead (or deficit) changes over each step of the range
+        }
 
     def untrained_in_domain(self, model: str, seed: int) -> float:
         """The in-domain few-shot accuracy of ``model`` as its run starts (random features,
