@@ -12,10 +12,13 @@ its share of the cores, in the precision ``auto`` resolves to):
 - each call's minutes: per run of the call (those an earlier call trains are left out) its kind's
   training seconds scaled to the run's steps, plus its scoring seconds, summed and divided by the
   runs at once. Scaling the short run's whole training time counts its start-up (model, data)
-  once per 200 steps rather than once per run, so the estimate errs long by a few percent.
+  once per 200 steps rather than once per run, so the estimate errs long by a few percent;
+- ``longest``: the same with every run the plateau rule may add (data-scaling's runs again at
+  twice the steps, where they had not converged) trained: the most a call can take.
 
-The calls are read from the Makefile (``reproduce-N: ...`` and its ``$(REPRODUCE) EXPERIMENTS``
-line). Every figure names the CPU and the precision it ran in.
+The calls are read from the Makefile (``reproduce-N: ...`` and its ``$(REPRODUCE) [--stop-after
+MINUTES] EXPERIMENTS`` line); a call with ``--stop-after`` takes at most that, and what it leaves
+goes to the next call. Every figure names the CPU and the precision it ran in.
 
     python benchmarks/reproduce_budget.py                       # this CPU as it is
     ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
@@ -42,8 +45,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _call_lines(makefile: Path) -> list[tuple[str, list[str]]]:
+    text = makefile.read_text()
+    found = re.findall(r"^(reproduce-\d+):[^\n]*\n\t\$\(REPRODUCE\)\s+([^\n]+)$", text, flags=re.M)
+    return [(name, line.split()) for name, line in found]
+
+
 def make_calls(makefile: Path = ROOT / "Makefile") -> dict[str, list[str]]:
-    """The ``reproduce-N`` targets of the Makefile and the experiments each names.
+    """The ``reproduce-N`` targets of the Makefile and the experiments each names (an experiment
+    may be named by consecutive calls, the earlier ones stopped by ``--stop-after``).
 
     Args:
         makefile: the Makefile to read.
@@ -51,9 +61,26 @@ def make_calls(makefile: Path = ROOT / "Makefile") -> dict[str, list[str]]:
     Returns:
         Target name to its experiments, in the Makefile's order.
     """
-    text = makefile.read_text()
-    found = re.findall(r"^(reproduce-\d+):[^\n]*\n\t\$\(REPRODUCE\)\s+([^\n]+)$", text, flags=re.M)
-    return {name: line.split() for name, line in found}
+    calls = {}
+    for name, words in _call_lines(makefile):
+        calls[name] = [w for i, w in enumerate(words) if not w.startswith("--") and not words[i - 1].startswith("--")]
+    return calls
+
+
+def make_limits(makefile: Path = ROOT / "Makefile") -> dict[str, float]:
+    """The ``--stop-after`` minutes of the ``reproduce-N`` calls that have one.
+
+    Args:
+        makefile: the Makefile to read.
+
+    Returns:
+        Target name to its limit in minutes.
+    """
+    return {
+        name: float(words[words.index("--stop-after") + 1])
+        for name, words in _call_lines(makefile)
+        if "--stop-after" in words
+    }
 
 
 def kind_of(spec: Any) -> str:
@@ -65,7 +92,7 @@ def kind_of(spec: Any) -> str:
     return f"{spec.model} {size} px{rel}"
 
 
-def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list[Any]]]:
+def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list[Any]], dict[str, list[Any]]]:
     """Every run of each call on a fresh suite (those an earlier call trains left out).
 
     Args:
@@ -73,19 +100,30 @@ def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list
         calls: target name to experiments (:func:`make_calls`).
 
     Returns:
-        The suite and, per call, its runs' specs.
+        The suite; per call, its runs' specs; per call, the runs the plateau rule may train
+        again at twice the steps (an experiment's ``cells`` where it has ``longer``).
     """
     from vitkit.reproduce.app import _classes, _unique, data_info
     from vitkit.reproduce.core.spec import Suite
 
     suite = Suite(tempfile.mkdtemp(prefix="budget-plan-"), data, "desktop", None, data_info(data))
     suite.planning = True  # a grid's choice is taken as its first value: costs do not depend on it
-    classes, seen, per = _classes(), set(), {}
+    classes, seen, per, longer = _classes(), set(), {}, {}
     for name, experiments in calls.items():
-        specs = [s for s in _unique([s for e in experiments for s in classes[e](suite).runs()]) if s.key not in seen]
-        seen |= {s.key for s in specs}
+        chosen = [classes[e](suite) for e in experiments]
+        specs = [s for s in _unique([s for e in chosen for s in e.runs()]) if s.key not in seen]
+        keys = {s.key for s in specs}
+        longer[name] = [
+            s
+            for e in chosen
+            if int(e.cfg.get("longer", 0)) > 0 and hasattr(e, "cells")
+            for cell in e.cells().values()
+            for s in cell
+            if s.key in keys
+        ]
+        seen |= keys
         per[name] = specs
-    return suite, per
+    return suite, per, longer
 
 
 def short_recipe(spec: Any, steps: int) -> dict[str, Any]:
@@ -145,17 +183,40 @@ def _cpu_line() -> dict[str, Any]:
 
 
 def estimate(
-    per: dict[str, list[Any]], calls: dict[str, list[str]], rates: dict[str, Any], steps: int, jobs: int
+    per: dict[str, list[Any]],
+    calls: dict[str, list[str]],
+    rates: dict[str, Any],
+    steps: int,
+    jobs: int,
+    longer: dict[str, list[Any]] | None = None,
+    limits: dict[str, float] | None = None,
 ) -> list:
     """Each call's runs and minutes: per run its kind's training seconds scaled from ``steps`` to
-    the run's, plus its scoring seconds; summed and divided by the runs trained at once."""
-    rows = []
-    for name, specs in per.items():
+    the run's, plus its scoring seconds; summed and divided by the runs trained at once.
+    ``minutes_longest`` adds the plateau rule's runs where every one of them trains (``longer``:
+    per call, the runs it may train again at twice the steps). A call with a ``--stop-after``
+    limit (``limits``) ends there; what it leaves goes on in the next call."""
+    longer, limits = longer or {}, limits or {}
+
+    def minutes(specs: list[Any], factor: int = 1) -> float:
         seconds = 0.0
         for s in specs:
             kind = rates[kind_of(s)]
-            seconds += kind["train_s"] * s.recipe["train"]["steps"] / steps + kind["score_s"]
-        rows.append({"call": name, "experiments": calls[name], "runs": len(specs), "minutes": seconds / jobs / 60})
+            seconds += kind["train_s"] * factor * s.recipe["train"]["steps"] / steps + kind["score_s"]
+        return seconds / jobs / 60
+
+    rows, carry, carry_longest = [], 0.0, 0.0
+    for name, specs in per.items():
+        planned = minutes(specs) + carry
+        longest = planned + minutes(longer.get(name, []), factor=2) + carry_longest - carry
+        limit = limits.get(name)
+        carry = max(0.0, planned - limit) if limit else 0.0
+        carry_longest = max(0.0, longest - limit) if limit else 0.0
+        row = {"call": name, "experiments": calls[name], "runs": len(specs),
+               "minutes": planned - carry, "minutes_longest": longest - carry_longest}  # fmt: skip
+        if limit:
+            row["stop_after"] = limit
+        rows.append(row)
     return rows
 
 
@@ -170,8 +231,8 @@ def main() -> None:
     from vitkit.reproduce.core.pool import auto_jobs, usable_cores
     from vitkit.reproduce.core.scoring import ScoreSettings
 
-    calls = make_calls()
-    suite, per = planned(args.data, calls)
+    calls, limits = make_calls(), make_limits()
+    suite, per, longer = planned(args.data, calls)
     settings = ScoreSettings.of(suite)
     jobs = auto_jobs("desktop")
     threads = max(1, usable_cores() // jobs)
@@ -190,11 +251,15 @@ def main() -> None:
             rates[kind] = {**m, "img_per_s": args.steps * tree["train"]["batch_size"] / m["train_s"]}
             print(f"  {kind:<28} {rates[kind]['img_per_s']:7.0f} img/s a run", end="  ")
             print(f"(train {m['train_s']:.1f} s, score {m['score_s']:.1f} s)", flush=True)
-    rows = estimate(per, calls, rates, args.steps, jobs)
-    print(f"\n{'call':<13} {'runs':>4} {'minutes':>8}  experiments")
+    rows = estimate(per, calls, rates, args.steps, jobs, longer, limits)
+    print(f"\n{'call':<13} {'runs':>4} {'minutes':>8} {'longest':>8}  experiments")
     for r in rows:
-        print(f"{r['call']:<13} {r['runs']:>4} {r['minutes']:>8.1f}  {' '.join(r['experiments'])}")
-    print(f"{'suite':<13} {sum(r['runs'] for r in rows):>4} {sum(r['minutes'] for r in rows):>8.1f}")
+        limit = f"  (stops after {r['stop_after']:g} min; the next call goes on)" if "stop_after" in r else ""
+        print(f"{r['call']:<13} {r['runs']:>4} {r['minutes']:>8.1f} {r['minutes_longest']:>8.1f}  "
+              f"{' '.join(r['experiments'])}{limit}")  # fmt: skip
+    total, longest = sum(r["minutes"] for r in rows), sum(r["minutes_longest"] for r in rows)
+    print(f"{'suite':<13} {sum(r['runs'] for r in rows):>4} {total:>8.1f} {longest:>8.1f}")
+    print("longest: every run of the plateau rule trained again at twice the steps")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     record = {"meta": {**cpu, "jobs": jobs, "threads": threads, "steps": args.steps}, "kinds": rates, "calls": rows}
     write_json(args.json, record)

@@ -275,16 +275,22 @@ def test_the_cli_takes_jobs_auto_by_default_and_the_api_refuses_a_bad_value(tmp_
 
 
 def test_the_make_targets_run_every_experiment_once():
-    """``make reproduce`` is its ``reproduce-N`` calls, which name every experiment exactly once
+    """``make reproduce`` is its ``reproduce-N`` calls, which name every experiment; one named by
+    several calls is named by consecutive ones, each but the last stopped by ``--stop-after``
     (benchmarks/reproduce_budget.py reads the same lines to estimate each call's time)."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
     try:
-        from reproduce_budget import make_calls
+        from reproduce_budget import make_calls, make_limits
     finally:
         sys.path.pop(0)
-    calls = make_calls()
-    named = [e for experiments in calls.values() for e in experiments]
-    assert sorted(named) == sorted(EXPERIMENTS) and len(calls) >= 2, calls
+    calls, limits = make_calls(), make_limits()
+    names = list(calls)
+    assert sorted({e for experiments in calls.values() for e in experiments}) == sorted(EXPERIMENTS), calls
+    for e in EXPERIMENTS:
+        at = [i for i, n in enumerate(names) if e in calls[n]]
+        assert at == list(range(at[0], at[-1] + 1)), f"{e} is named by calls that are not consecutive"
+        assert all(names[i] in limits for i in at[:-1]), f"{e}: a call before its last has no --stop-after"
+    assert all(0 < m <= 120 for m in limits.values()) and len(calls) >= 2, (calls, limits)
     makefile = (Path(__file__).parent.parent / "Makefile").read_text()
     assert f"reproduce: {' '.join(calls)}\n" in makefile
 
@@ -307,8 +313,10 @@ def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
-    assert [c["call"] for c in data["calls"]] == ["reproduce-1", "reproduce-2", "reproduce-3"]
-    assert sum(c["runs"] for c in data["calls"]) == 145 and all(c["minutes"] > 0 for c in data["calls"])
+    assert [c["call"] for c in data["calls"]] == ["reproduce-1", "reproduce-2", "reproduce-3", "reproduce-4"]
+    assert sum(c["runs"] for c in data["calls"]) == 145
+    assert all(c["minutes_longest"] >= c["minutes"] > 0 for c in data["calls"] if c["runs"])
+    assert data["calls"][0]["stop_after"] == 110 and data["calls"][0]["minutes_longest"] <= 110
     assert "vit-tiny 28x28 px relative" in data["kinds"] and data["meta"]["jobs"] >= 1
 
 

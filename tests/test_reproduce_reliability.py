@@ -601,3 +601,65 @@ def test_statistics_use_finite_values_and_say_how_many_were_dropped():
     text = lead("A", [math.nan, math.nan], "B", [0.7, 0.7])
     assert "leads" not in text and "A: no finite result" in text
     assert "A and B: no finite result" in lead("A", [math.inf], "B", [math.nan])
+
+
+def test_stop_after_raises_interrupted_on_time_and_leaves_no_timer():
+    from vitkit.errors import UsageError
+    from vitkit.reproduce.core.signals import Interrupted, stop_after
+
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted) as e, stop_after(0.001):  # 60 ms
+        time.sleep(5)
+    assert time.monotonic() - t0 < 2
+    assert e.value.limit_minutes == 0.001 and e.value.signal_name == "SIGALRM"
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with stop_after(None):
+        time.sleep(0.05)
+    with stop_after(1.0):  # left before the limit: the timer is off, nothing is raised later
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with pytest.raises(UsageError, match="above 0 minutes"), stop_after(0.0):
+        pass
+
+
+def test_the_line_of_a_call_stopped_by_its_limit_says_how_to_go_on():
+    from vitkit.cli.reproduce import interrupted_line
+    from vitkit.reproduce.core.signals import Interrupted
+
+    e = Interrupted("SIGALRM")
+    e.limit_minutes, e.finished, e.total = 110.0, 30, 54
+    line = interrupted_line(e, "runs/r", "vitkit reproduce --stop-after 110 data-scaling")
+    assert line == (
+        "stopped after 110 min (--stop-after); 30 of 54 runs are finished and kept in runs/r; to go on, "
+        "run: vitkit reproduce --stop-after 110 data-scaling"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_stop_after_ends_the_call_on_time_with_exit_0_and_the_runs_resumable(tmp_path):
+    """``--stop-after`` ends the call as Ctrl-C does, on time and with exit status 0 (so that
+    ``make reproduce`` goes on to its next call): the run processes are gone, every result kept is
+    whole, and the next call finishes the suite."""
+    out = tmp_path / "boxed"
+    cmd = [*_cmd(out, 2), "--stop-after", "0.05"]  # 3 s: within the first runs
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: set[int] = set()
+    while proc.poll() is None and time.monotonic() - t0 < 120:
+        children |= _children(proc.pid)
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate(timeout=60)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 0, stderr
+    assert seconds < 3 + 15, f"the call took {seconds:.1f} s to stop at its 3 s limit"
+    assert "stops after 0.05 min (--stop-after)" in stdout
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("vitkit reproduce: stopped after 0.05 min (--stop-after); "), stderr
+    assert last.endswith(f"to go on, run: vitkit reproduce {' '.join(SUITE)} --jobs 2 --out {out} --stop-after 0.05")
+    assert children and not [p for p in children if _alive(p)], "a run process outlived the call"
+    kept = _results(out)
+    assert len(kept) < 4 and not (out / "report.md").exists()
+    assert all(check_result(json.loads(text)) is None for text in kept.values())
+    again = subprocess.run(_cmd(out, 2), env=_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert (out / "report.md").exists() and all(_results(out)[k] == v for k, v in kept.items())

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from ..reproduce.names import BUDGETS, EXPERIMENTS
-from .common import count, count_or_auto
+from .common import count, count_or_auto, real
 
 HELP = "rerun the paper's experiments (data scaling, compute, position embeddings, ...) and write a report"
 
@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budget",
         choices=BUDGETS,
         default="desktop",
-        help="smoke: under 2 minutes; desktop: the study, 2.5-3.8 hours on 2 CPU cores (make reproduce splits it into "
-        "calls of under 2 hours); full: for a GPU",
+        help="smoke: under 2 minutes; desktop: the study, 3-6 hours on 2 CPU cores (make reproduce splits it into "
+        "four calls); full: for a GPU",
     )
     p.add_argument(
         "--seeds", type=count(1, 100), help="seeds of the experiments that compare across seeds (default: the budget's)"
@@ -41,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--publish",
         metavar="DIR",
         help="also copy report.md, report.json and the figures into DIR (e.g. docs/reproduce)",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=real(above=0),
+        metavar="MINUTES",
+        help="stop after MINUTES as Ctrl-C does (finished runs kept, the running ones resume) and exit 0; "
+        "the same command again goes on",
     )
     p.add_argument(
         "--plan",
@@ -71,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
             report=lambda line: print(line, flush=True),
             command=command,
             publish=args.publish,
+            stop_after=args.stop_after,
         )
     except KeyboardInterrupt as e:
         print(f"vitkit reproduce: {interrupted_line(e, args.out, command)}", file=sys.stderr, flush=True)
-        return 130
+        return 0 if getattr(e, "limit_minutes", None) is not None else 130
     return 0
 
 
@@ -106,8 +114,8 @@ def interrupted_line(e: KeyboardInterrupt, out: str, command: str) -> str:
     """The one line a stopped suite ends with: what stopped it, what is kept, how to resume.
 
     Args:
-        e: the interruption (:class:`vitkit.reproduce.core.signals.Interrupted` when a signal stopped
-            the runs; a plain ``KeyboardInterrupt`` otherwise).
+        e: the interruption (:class:`vitkit.reproduce.core.signals.Interrupted` when a signal or
+            ``--stop-after`` stopped the runs; a plain ``KeyboardInterrupt`` otherwise).
         out: the suite's folder.
         command: the command line that resumes the suite (the one that was run).
 
@@ -115,10 +123,13 @@ def interrupted_line(e: KeyboardInterrupt, out: str, command: str) -> str:
         The line, without the ``vitkit reproduce:`` prefix.
     """
     name = getattr(e, "signal_name", "SIGINT")
+    limit = getattr(e, "limit_minutes", None)
     finished, total = getattr(e, "finished", None), getattr(e, "total", None)
     kept = (
         f"{finished} of {total} runs are finished and kept in {out}"
         if finished is not None and total is not None
         else f"finished runs are kept in {out}"
     )
+    if limit is not None:
+        return f"stopped after {limit:g} min (--stop-after); {kept}; to go on, run: {command}"
     return f"stopped by {name}; {kept}; to resume (interrupted runs go on from their checkpoints), run: {command}"

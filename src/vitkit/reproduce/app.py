@@ -22,6 +22,7 @@ from .core.report import publish as publish_report
 from .core.results import load_result, machine_seconds
 from .core.runner import Runner
 from .core.scoring import ScoreSettings, check_fewshot_data
+from .core.signals import stop_after as stop_after_limit
 from .core.signals import stop_on_signals
 from .core.spec import DataInfo, RunSpec, Suite, check_experiments
 from .names import EXPERIMENTS
@@ -104,6 +105,7 @@ def reproduce(
     report: Callable[[str], None] = print,
     command: str = "vitkit reproduce",
     publish: str | Path | None = None,
+    stop_after: float | None = None,
 ) -> Path:
     """Run ``experiments`` (all by default) at ``budget`` on ``data`` into ``out``; returns the
     path of ``report.md``. Finished runs are skipped and interrupted ones resumed. The report
@@ -121,16 +123,18 @@ def reproduce(
         report: called with each line of progress.
         command: the command line the report names (and that resumes the suite).
         publish: a folder (e.g. ``docs/reproduce``) to copy the report and figures into.
+        stop_after: minutes after which the call stops as SIGINT stops it (finished runs kept,
+            the running ones resumable, no report); the next call goes on. None: no limit.
 
     Returns:
         The path of ``report.md``.
 
     Raises:
-        vitkit.reproduce.core.signals.Interrupted: SIGINT or SIGTERM stopped the call; finished runs
-            are kept and the next call resumes the others.
+        vitkit.reproduce.core.signals.Interrupted: SIGINT, SIGTERM or ``stop_after`` stopped the
+            call; finished runs are kept and the next call resumes the others.
     """
     with stop_on_signals():  # SIGTERM stops the call as Ctrl-C does, with the runs kept
-        md = _reproduce(experiments, out, data, budget, seeds, jobs, report, command)
+        md = _reproduce(experiments, out, data, budget, seeds, jobs, report, command, stop_after)
     if publish is not None:
         report(f"published: {publish_report(md.parent, Path(publish))}")
     return md
@@ -154,6 +158,7 @@ def _reproduce(
     jobs: int | str,
     report: Callable[[str], None],
     command: str,
+    stop_after: float | None = None,
 ) -> Path:
     start = time.perf_counter()
     jobs = resolve_jobs(jobs, budget, report)
@@ -167,12 +172,15 @@ def _reproduce(
     runner = Runner(suite, jobs, report, call)
     planned = _planned_cost(names, suite, runner)
     seen: set[str] = set()
-    while True:  # a phased experiment plans its next runs once the earlier ones are finished
-        specs = _unique([s for e in chosen for s in e.runs()])
-        if not {s.key for s in specs} - seen:
-            break
-        runner.run(specs, later_cost=planned - sum(runner.cost(s) for s in specs))
-        seen |= {s.key for s in specs}
+    if stop_after is not None:
+        report(f"stops after {stop_after:g} min (--stop-after) with its finished runs kept; the next call goes on")
+    with stop_after_limit(stop_after):
+        while True:  # a phased experiment plans its next runs once the earlier ones are finished
+            specs = _unique([s for e in chosen for s in e.runs()])
+            if not {s.key for s in specs} - seen:
+                break
+            runner.run(specs, later_cost=planned - sum(runner.cost(s) for s in specs))
+            seen |= {s.key for s in specs}
     sections, runs = [], {}
     told: set[Path] = set()  # damaged files already named
     for name in EXPERIMENTS:  # every experiment whose runs are finished, asked for now or before
