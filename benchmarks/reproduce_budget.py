@@ -24,6 +24,8 @@ goes to the next call. Every figure names the CPU and the precision it ran in.
     ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
         python benchmarks/reproduce_budget.py --json benchmarks/out/reproduce_budget_avx2.json
     python benchmarks/reproduce_budget.py --steps 20            # a check that it runs
+    python benchmarks/reproduce_budget.py --rates benchmarks/results/reproduce_budget_zen5.json \\
+        --json benchmarks/out/again.json                         # the same rates, the calls planned again
 
 Run it alone: two processes that each use both cores make each other crawl.
 """
@@ -225,6 +227,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="steps of each measuring run")
     ap.add_argument("--data", default="fashion-mnist")
     ap.add_argument("--json", default="benchmarks/out/reproduce_budget.json")
+    ap.add_argument(
+        "--rates",
+        metavar="JSON",
+        help="take the rates of an earlier run's JSON (same machine) instead of measuring: the calls "
+        "estimated again after the Makefile or the plan changed",
+    )
     args = ap.parse_args()
 
     from vitkit.files import write_json
@@ -241,11 +249,21 @@ def main() -> None:
         for s in specs:
             kinds.setdefault(kind_of(s), s)
     cpu = _cpu_line()
+    if args.rates:
+        earlier = json.loads(Path(args.rates).read_text())
+        cpu = {**earlier["meta"], "rates_from": args.rates}
+        jobs, threads, args.steps = cpu["jobs"], cpu["threads"], cpu["steps"]
+        missing = sorted(set(kinds) - set(earlier["kinds"]))
+        if missing:
+            raise SystemExit(f"{args.rates}: no rates for {', '.join(missing)}; measure them (leave out --rates)")
     print(f"{cpu['cpu']}, {cpu['cores']} cores, precision auto -> {cpu['precision']} ({cpu['bf16']});", end=" ")
     print(f"{jobs} runs at once, {threads} thread(s) each", flush=True)
     rates: dict[str, dict[str, float]] = {}
+    if args.rates:
+        rates = {k: earlier["kinds"][k] for k in sorted(kinds)}
+        print(f"  rates of {args.rates}: " + ", ".join(f"{k} {v['img_per_s']:.0f} img/s" for k, v in rates.items()))
     with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
-        for i, (kind, spec) in enumerate(sorted(kinds.items())):
+        for i, (kind, spec) in enumerate(sorted(kinds.items()) if not args.rates else []):
             tree = short_recipe(spec, args.steps)
             m = measure(tree, settings, jobs, threads, Path(tmp) / str(i))
             rates[kind] = {**m, "img_per_s": args.steps * tree["train"]["batch_size"] / m["train_s"]}

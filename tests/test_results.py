@@ -201,7 +201,7 @@ def _check_embed_speed(table: Table, data: dict, args: dict[str, str]) -> None:
 
 def _check_reproduce_budget(table: Table, data: dict, args: dict[str, str]) -> None:
     """reproduce_budget.py: one row a make target (its name in backticks in the first cell); the
-    experiments, the runs and the estimated minutes."""
+    experiments, the runs and the estimated minutes (and, where shown, the longest case's)."""
     assert "runs" in table.header[2] and "minutes" in table.header[3]
     rows = {re.search(r"`([^`]+)`", row[0]).group(1): row for row in table.rows}
     assert set(rows) == {c["call"] for c in data["calls"]}, "one row per call in the JSON"
@@ -209,6 +209,8 @@ def _check_reproduce_budget(table: Table, data: dict, args: dict[str, str]) -> N
         row = rows[call["call"]]
         assert row[1] == ", ".join(call["experiments"]), row
         assert shown_equals(row[2], call["runs"]) and shown_equals(row[3], call["minutes"]), row
+        if len(table.header) > 4:  # the plateau rule's longest case
+            assert "longest" in table.header[4] and shown_equals(row[4], call["minutes_longest"]), row
 
 
 def _check_loop_overhead(table: Table, data: dict, args: dict[str, str]) -> None:
