@@ -65,7 +65,8 @@ def make_calls(makefile: Path = ROOT / "Makefile") -> dict[str, list[str]]:
     """
     calls = {}
     for name, words in _call_lines(makefile):
-        calls[name] = [w for i, w in enumerate(words) if not w.startswith("--") and not words[i - 1].startswith("--")]
+        flag_value = [i > 0 and words[i - 1].startswith("--") for i in range(len(words))]
+        calls[name] = [w for w, value in zip(words, flag_value, strict=True) if not w.startswith("--") and not value]
     return calls
 
 
