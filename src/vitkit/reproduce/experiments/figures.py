@@ -349,13 +349,15 @@ def plot_pooling(numbers: dict[str, Any], path: Path) -> Path:
 
 
 def plot_resolution(numbers: dict[str, Any], path: Path) -> Path:
-    """Section 3.2's comparison: test top-1 of the pre-trained model, the zero-step control and the
-    two fine-tunings (each scored at its own size; spread over seeds), the fine-tuning runs'
-    minival top-1 against steps at the chosen rates, and the grid of fine-tuning rates."""
+    """Section 3.2's comparison: test top-1 of the pre-trained model, the zero-step control, the
+    two fine-tunings and the from-scratch arm (each scored at its own size; spread over seeds),
+    their minival top-1 against steps (the fine-tunings at the chosen rates), and the grid of
+    fine-tuning rates."""
     fig = _new_figure(15.0, 4.2)
     axes = fig.subplots(1, 3)
     arms = numbers["arms"]
-    order = ("pretrained", "zero_step", "finetuned_low", "finetuned_native")
+    order = ("pretrained", "zero_step", "finetuned_low", "finetuned_native", "scratch_native")
+    order = tuple(a for a in order if a in arms)
     ms = [_ms([v for v in arms[a]["test_top1"] if v is not None]) for a in order]
     ax = axes[0]
     ax.bar(range(len(order)), [m for m, _ in ms], yerr=[s for _, s in ms], capsize=3, color="tab:blue")
@@ -378,7 +380,13 @@ def plot_resolution(numbers: dict[str, Any], path: Path) -> Path:
             n = len(arm["curves"])
             label = f"{h}x{w} px, lr {arm['lr']:g} ({n} seed{'s' if n > 1 else ''})"
             ax.plot(steps, mean, marker="o", ms=3, label=label)
-    _finish_curves(ax, curves, "fine-tuning step", "fine-tuning at the chosen rates", 8)
+    scratch = arms.get("scratch_native") or {}
+    steps, mean = _mean_minival_curve(scratch.get("curves") or [])
+    if steps:
+        curves = True
+        n = len(scratch["curves"])
+        ax.plot(steps, mean, marker="s", ms=3, ls="--", label=f"from scratch ({n} seed{'s' if n > 1 else ''})")
+    _finish_curves(ax, curves, "step", "fine-tuning at the chosen rates, and from scratch", 8)
     lines = {}
     for which in ("low", "native"):
         h, w = numbers["sizes"][which]
