@@ -4,6 +4,7 @@ made-up results, diverged runs and intervals that hold zero included."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -12,9 +13,19 @@ from typing import Any
 
 import pytest
 
+from vitkit.reproduce.core.results import SCORE_VERSION
 from vitkit.reproduce.core.spec import DataInfo, RunSpec, Suite
 from vitkit.reproduce.experiments.compute import Compute, scaled_length
-from vitkit.reproduce.experiments.frontier import accuracy_at, cost_to_reach, frontier, matched, pareto_front
+from vitkit.reproduce.experiments.frontier import (
+    accuracy_at,
+    cost_to_reach,
+    error_cut,
+    frontier,
+    frontier_slope,
+    matched,
+    pareto_front,
+)
+from vitkit.reproduce.experiments.pooling import Pooling
 from vitkit.reproduce.experiments.pos_embed import PosEmbed, change, reading
 
 pytest.importorskip("matplotlib")
@@ -38,12 +49,32 @@ def _results(specs: list[RunSpec], top1: Callable[[RunSpec], float]) -> dict[str
         steps, batch = spec.recipe["train"]["steps"], spec.recipe["train"]["batch_size"]
         acc = top1(spec)
         out[spec.key] = {
-            "key": spec.key, "label": spec.label, "seed": spec.recipe["seed"], "steps": steps,
+            "score_version": SCORE_VERSION, "key": spec.key, "label": spec.label, "seed": spec.recipe["seed"],
+            "steps": steps,
             "test_top1": acc, "minival_top1": acc, "fewshot": {"mean": acc - 0.2, "shots": 10},
             "train_flops": 3 * MFLOPS.get(spec.model, 16.0) * 1e6 * steps * batch,
             "train_seconds": MS_PER_STEP.get(spec.model, 100) * steps / 1000, "wall_seconds": 1.0,
         }  # fmt: skip
     return out
+
+
+def _grid(exp: Compute, best: dict[str, float] | None = None) -> None:
+    """Phase 1's results on disk: each family's minival peaks at ``best[role]`` (the common rate
+    unless given), one point lower a step away."""
+    best = best or {}
+    for role, cells in exp.grid().items():
+        top = best.get(role, 1e-3)
+        for lr, spec in cells.items():
+            minival = 0.8 - 0.01 * abs(math.log2(lr / top))
+            path = exp.suite.run_dir(spec) / "result.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(_results([spec], lambda _, m=minival: m)[spec.key]))
+
+
+def _compute_results(exp: Compute, top1: Callable[[RunSpec], float], best: dict[str, float] | None = None):
+    """The grid written (:func:`_grid`), then made-up results of every run of the plan."""
+    _grid(exp, best)
+    return _results(exp.runs(), top1)
 
 
 def _text(section: Any) -> str:
@@ -53,39 +84,79 @@ def _text(section: Any) -> str:
 # -- run plans -----------------------------------------------------------------------------------
 
 
-def test_compute_plans_two_lengths_per_model_and_shares_the_longer_with_base_spec(tmp_path):
+def test_compute_tunes_each_family_then_plans_three_lengths_sharing_the_common_run(tmp_path):
     exp = Compute(_suite(tmp_path))
-    runs = exp.runs()
     assert exp.seeds == [0, 1, 2]  # the desktop budget's seeds: compute.yaml sets none of its own
     assert "seeds" not in exp.cfg
     assert [f["title"] for f in exp.families().values()] == ["BiT ResNet", "ViT", "R+ViT hybrid"]
-    assert len(runs) == 7 * 2 * 3 and len({r.key for r in runs}) == len(runs)
+    grid = exp.runs()  # phase 1 only: each family's cheapest model at every rate, seed 0, 800 steps
+    assert not exp.planned() and len(grid) == 3 * 5
+    assert {(r.model, r.recipe["seed"], r.recipe["train"]["steps"]) for r in grid} == {
+        (m, 0, 800) for m in ("bit-r5", "vit-tiny", "hybrid-tiny")
+    }
+    assert {exp.base_spec(m, 0).key for m in ("bit-r5", "vit-tiny", "hybrid-tiny")} <= {r.key for r in grid}
+    pooling = Pooling(_suite(tmp_path))  # the ViT's grid is the class token's of pooling: the same runs
+    assert {s.key for s in exp.grid()["vit"].values()} == {s.key for s in pooling.grid()["token"].values()}
+    _grid(exp)  # every family chooses the common rate
+    runs = exp.runs()
+    assert exp.planned() and exp.chosen() == {"cnn": 1e-3, "vit": 1e-3, "hybrid": 1e-3}
+    assert len(runs) == 3 * 4 + 7 * 3 * 3 and len({r.key for r in runs}) == len(runs)
     by_steps: dict[int, list[RunSpec]] = {}
     for r in runs:
-        by_steps.setdefault(r.recipe["train"]["steps"], []).append(r)
-    assert sorted(by_steps) == [400, 800]
+        if math.isclose(r.recipe["optim"]["lr"], 1e-3):
+            by_steps.setdefault(r.recipe["train"]["steps"], []).append(r)
+    assert sorted(by_steps) == [400, 800, 1600]
     base = {exp.base_spec(r.model, r.recipe["seed"]).key for r in runs}
     assert {r.key for r in by_steps[800]} == base  # the shared runs of the common recipe
     for r in by_steps[400]:
         assert r.recipe["train"]["batch_size"] == 128 and r.recipe["data"]["subset"] is None  # every image
         assert r.recipe["optim"]["warmup_steps"] == 40
         assert r.recipe["log"]["eval_every"] == 50 and r.recipe["log"]["checkpoint_every"] == 50
+    assert {r.recipe["optim"]["warmup_steps"] for r in by_steps[1600]} == {160}
     names = {m for f in exp.cfg["families"].values() for m in f["models"]}
     assert {"vit-base", "hybrid-base"} <= names  # the YAML can name them; the desktop budget leaves them out
     assert not {"vit-base", "hybrid-base"} & {r.model for r in runs}
     full = Compute(_suite(tmp_path, "full"))
+    full.suite.planning = True
     assert {"vit-base", "hybrid-base"} <= {r.model for r in full.runs()}
+
+
+def test_a_family_trains_at_its_own_chosen_rate_and_an_edge_extends_its_grid(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    _grid(exp, {"vit": 4e-3, "cnn": 5e-4})
+    assert exp.rates()[0] < 5e-4 and not exp.planned()  # the ResNets' best is the lowest rate: one more below
+    _grid(exp, {"vit": 4e-3, "cnn": 5e-4})
+    assert exp.planned() and exp.chosen() == {"cnn": 5e-4, "vit": 4e-3, "hybrid": 1e-3}
+    runs = exp.runs()
+    vit = [r for r in runs if r.model.startswith("vit") and r.recipe["seed"] > 0]
+    assert len(vit) == 2 * 3 * 2 and {r.recipe["optim"]["lr"] for r in vit} == {4e-3}
+    assert exp.run_spec("vit-tiny", 1.0, 0, 4e-3).key == Pooling(_suite(tmp_path)).cell_spec("token", 4e-3, 0).key
+    section = exp.summarise(_results(runs, lambda s: 0.8 + 0.001 * s.recipe["seed"]))
+    g = section.numbers["grid"]["families"]
+    assert g["vit"]["chosen"] == 4e-3 and g["vit"]["position"] == "interior" and g["cnn"]["position"] == "interior"
+    assert "the ViT family (vit-tiny) at 4e-3 (interior to the grid)" in section.verdict
+    assert {r[2] for r in section.rows if r[0] == "ViT"} == {"4e-3"}
+
+
+def test_frontier_slope_is_the_exponent_of_error_in_compute():
+    pts = [(c, 1 - 0.5 * c**-0.3) for c in (1e9, 4e9, 1.6e10)]
+    assert frontier_slope(pts) == pytest.approx(-0.3)
+    assert frontier_slope([*pts, (2e10, 0.1)]) == pytest.approx(-0.3)  # off the frontier: left out
+    assert math.isnan(frontier_slope(pts[:1])) and math.isnan(frontier_slope([]))
+    assert error_cut(-1.0) == pytest.approx(50.0) and error_cut(0.0) == 0.0 and math.isnan(error_cut(math.nan))
 
 
 def test_smoke_plans_are_tiny_and_seeds_given_win(tmp_path):
     compute = Compute(_suite(tmp_path, "smoke"))
-    assert len(compute.runs()) == 4  # two models of two families, two short lengths, one seed
+    compute.suite.planning = True
+    assert len(compute.runs()) == 4  # two models of two families, two short lengths, one seed, one rate
     assert sorted({r.recipe["train"]["steps"] for r in compute.runs()}) == [6, 12]
     pos = PosEmbed(_suite(tmp_path, "smoke"))
     assert len(pos.runs()) == 4 and pos.seeds == [0]
     assert sorted({r.recipe["train"]["steps"] for r in pos.runs()}) == [12, 24]
     for cls, n in ((Compute, 4 * 2), (PosEmbed, 4 * 2)):
         exp = cls(_suite(tmp_path, "smoke", seeds=2))
+        exp.suite.planning = True
         assert exp.seeds == [0, 1] and len(exp.runs()) == n
     assert Compute(_suite(tmp_path, "desktop", seeds=5)).seeds == list(range(5))
 
@@ -144,7 +215,7 @@ def test_matched_reads_both_frontiers_over_their_shared_range():
 
 def test_pareto_on_flops_and_on_seconds(tmp_path):
     exp = Compute(_suite(tmp_path))
-    results = _results(exp.runs(), lambda s: 0.80 + 0.01 * math.log(MFLOPS[s.model] * s.recipe["train"]["steps"]))
+    results = _compute_results(exp, lambda s: 0.80 + 0.01 * math.log(MFLOPS[s.model] * s.recipe["train"]["steps"]))
     section = exp.summarise(results)
     fronts = section.numbers["fronts"]
     by_flops = pareto_front(_mean_points(exp, results, "train_flops"))
@@ -190,15 +261,17 @@ def _compute_top1(vit_lead: float, hybrid_bump: float, vit_jitter: list[float] |
 
 def test_compute_verdict_vit_ahead_agrees_with_figure_5(tmp_path):
     exp = Compute(_suite(tmp_path))
-    section = exp.summarise(_results(exp.runs(), _compute_top1(vit_lead=0.02, hybrid_bump=0.03)))
+    section = exp.summarise(_compute_results(exp, _compute_top1(vit_lead=0.02, hybrid_bump=0.03)))
     v = section.verdict
     assert "the ViT family leads the BiT ResNet family by 2.0 points (95% CI" in v
     assert "on ViTs against ResNets this agrees with it: the ViTs are ahead here too" in v
     assert "the hybrids lead at the cheap end and not at the costly end" in v
     assert "Figure 5 finds ViTs ahead of ResNets at equal compute, and hybrids ahead of ViTs at small budgets only" in v
-    assert (
-        "at the costly end the R+ViT hybrid family and the ViT family are not distinguishable" in v
-    )  # at the costly end
+    costly = section.numbers["contrasts"]["others"]["train_flops:hybrid-vit:high"]
+    assert not costly["claimed"] and "the R+ViT hybrid family against the ViT family at the costly end" in v
+    assert "The other 11 contrasts, Holm-corrected together" in v
+    slopes = section.numbers["slopes"]["families"]
+    assert set(slopes) == {"cnn", "vit", "hybrid"} and all(s["mean"]["n"] == 3 for s in slopes.values())
     assert "test top-1 (the best mean that every family reaches" in v and "(the paper: 2-4x less)" in v
     assert "million times the costliest here" in v
     cmp = section.numbers["matched"]["train_flops"]["vit-cnn"]
@@ -207,16 +280,22 @@ def test_compute_verdict_vit_ahead_agrees_with_figure_5(tmp_path):
 
 def test_compute_verdict_resnet_ahead_disagrees(tmp_path):
     exp = Compute(_suite(tmp_path))
-    section = exp.summarise(_results(exp.runs(), _compute_top1(vit_lead=-0.03, hybrid_bump=0.0)))
-    assert "the BiT ResNet family leads the ViT family by 3.0 points" in section.verdict
-    assert "this disagrees with it: here the ResNets are ahead" in section.verdict
-    assert "Ahead at equal training compute here: the BiT ResNet family" in section.verdict
+    section = exp.summarise(_compute_results(exp, _compute_top1(vit_lead=-0.03, hybrid_bump=0.0)))
+    v = section.verdict
+    assert "Primary contrast, at matched training FLOPs" in v
+    assert "the BiT ResNet family leads the ViT family by 3.0 points" in v  # the primary: at the plain level
+    assert "this disagrees with it: here the ResNets are ahead" in v
+    # the ResNets against the hybrids: p 0.013 alone, 0.09 after Holm's correction over 11 contrasts
+    others = section.numbers["contrasts"]["others"]["train_flops:hybrid-cnn:mean"]
+    assert others["p"] < 0.05 < others["adjusted"] and not others["claimed"]
+    assert "Holm-adjusted 0.092: not distinguishable after the correction" in v
+    assert "No family leads every other" in v and "Ahead at equal training compute" not in v
 
 
 def test_compute_interval_holding_zero_is_not_distinguishable(tmp_path):
     exp = Compute(_suite(tmp_path))
     top1 = _compute_top1(vit_lead=0.0, hybrid_bump=0.0, vit_jitter=[0.01, -0.012, 0.003])
-    section = exp.summarise(_results(exp.runs(), top1))
+    section = exp.summarise(_compute_results(exp, top1))
     v = section.verdict
     assert "the ViT family and the BiT ResNet family are not distinguishable" in v
     assert "does not show its ViT lead: here the two are not distinguishable" in v
@@ -226,7 +305,7 @@ def test_compute_interval_holding_zero_is_not_distinguishable(tmp_path):
 
 def test_compute_with_a_diverged_run(tmp_path):
     exp = Compute(_suite(tmp_path))
-    results = _results(exp.runs(), _compute_top1(vit_lead=0.02, hybrid_bump=0.03))
+    results = _compute_results(exp, _compute_top1(vit_lead=0.02, hybrid_bump=0.03))
     bad = exp.run_spec("vit-small", 1.0, 1).key
     results[bad].update(test_top1=math.nan, minival_top1=math.nan)
     results[bad]["fewshot"]["mean"] = math.nan
@@ -240,7 +319,7 @@ def test_compute_with_a_diverged_run(tmp_path):
 
 def test_compute_smoke_with_one_seed_weighs_nothing(tmp_path):
     exp = Compute(_suite(tmp_path, "smoke"))
-    section = exp.summarise(_results(exp.runs(), lambda s: 0.5 + 0.001 * s.recipe["train"]["steps"]))
+    section = exp.summarise(_compute_results(exp, lambda s: 0.5 + 0.001 * s.recipe["train"]["steps"]))
     assert "not weighed" in section.verdict and " leads " not in section.verdict
     assert "cannot be weighed" in section.verdict
 

@@ -1,5 +1,6 @@
 """``compute`` (Figure 5): accuracy against total training compute for BiT ResNets, ViTs and
-R+ViT hybrids, each model trained on the whole split at two lengths (the paper: 7 and 14 epochs).
+R+ViT hybrids, each model trained on the whole split at three lengths (the paper: 7 and 14 epochs)
+at its family's learning rate, chosen on the minival of the family's cheapest model.
 
 Compute is counted two ways: training FLOPs (3 x forward FLOPs x images seen) and training
 seconds on the machine at hand. Each seed's runs of a family make a frontier (the best accuracy
@@ -13,12 +14,33 @@ import math
 from typing import Any
 
 from ...errors import UsageError
-from ..core.experiment import Experiment, Section, finite, lead, mean_of, pct, sentence_from, shots_label
+from ..core.experiment import (
+    Experiment,
+    Section,
+    finite,
+    grid_arms,
+    mean_of,
+    pct,
+    sentence_from,
+    shots_label,
+)
 from ..core.registry import register
 from ..core.spec import RunSpec
-from ..core.stats import Interval, paired_difference
+from ..core.stats import holm, mean_interval, paired_difference, paired_p
+from ..core.wording import Contrast
+from .compute_text import (
+    agreement,
+    contrast_name,
+    contrast_text,
+    leader,
+    primary_text,
+    rates_text,
+    scale_text,
+    target_text,
+)
 from .figures import plot_compute
-from .frontier import cost_to_reach, matched, pareto_front
+from .frontier import cost_to_reach, error_cut, frontier_slope, matched, pareto_front
+from .pooling import grid_position, rate_text
 
 
 def scaled_length(recipe: dict[str, Any], factor: float) -> dict[str, Any]:
@@ -45,23 +67,6 @@ def scaled_length(recipe: dict[str, Any], factor: float) -> dict[str, Any]:
     return extra
 
 
-def si(value: float, unit: str) -> str:
-    """``2.4 TFLOPs``: a number with the SI prefix that keeps it between 1 and 1000.
-
-    Args:
-        value: the number (FLOPs).
-        unit: the unit after the prefix.
-
-    Returns:
-        The text.
-    """
-    prefixes = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-    for scale, p in prefixes:
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {p}{unit}"
-    return f"{value:.3g} {unit}"
-
-
 def _seconds(res: dict[str, Any]) -> float:
     """A run's training time (the wall time with scoring where the training time was not logged)."""
     t = res.get("train_seconds")
@@ -76,6 +81,10 @@ def _fastest(seconds: list[float]) -> list[float]:
     return [min(finite_times)] * len(seconds) if finite_times else seconds
 
 
+def _minival(results: dict[str, dict[str, Any]], spec: RunSpec) -> float | None:
+    return (results.get(spec.key) or {}).get("minival_top1")
+
+
 def _seconds_cell(seconds: float | None) -> str:
     if seconds is None:
         return "—"
@@ -86,14 +95,6 @@ def _diff(a: list[float], b: list[float]) -> dict[str, Any] | None:
     """The paired interval of ``a - b`` in points, as JSON-ready numbers (None below two pairs)."""
     d = paired_difference(a, b)
     return None if d is None else d.scaled(100).to_dict()
-
-
-def _sign(d: dict[str, Any] | None) -> int | None:
-    """1 or -1 when the interval (:func:`_diff`) excludes zero on that side, 0 when it holds zero,
-    None when it was not weighed."""
-    if d is None:
-        return None
-    return 0 if not Interval(**d).excludes_zero else (1 if d["estimate"] > 0 else -1)
 
 
 @register
@@ -118,45 +119,88 @@ class Compute(Experiment):
         """The training lengths, as fractions of the budget's steps, shortest first."""
         return sorted({float(x) for x in self.cfg["lengths"]})
 
-    def run_spec(self, model: str, length: float, seed: int) -> RunSpec:
-        """``model`` trained on every image for ``length`` times the budget's steps.
+    def base_lr(self) -> float:
+        """The common recipe's learning rate (the runs at it and the common length are shared)."""
+        return float(self.suite.recipe(next(iter(self.families().values()))["models"][0], 0)["optim"]["lr"])
+
+    def run_spec(self, model: str, length: float, seed: int, lr: float | None = None) -> RunSpec:
+        """``model`` trained on every image for ``length`` times the budget's steps at rate ``lr``.
 
         Args:
             model: a role of common.yaml.
-            length: a fraction of the budget's steps (1.0: the shared run of the common recipe).
+            length: a fraction of the budget's steps (1.0 at the common rate: the shared run of
+                the common recipe).
             seed: the run's seed.
+            lr: the learning rate (None: the common recipe's).
 
         Returns:
             The run.
         """
-        if length == 1.0:
+        at_base = lr is None or math.isclose(lr, self.base_lr())
+        if length == 1.0 and at_base:
             return self.base_spec(model, seed)  # the shared run
-        extra = scaled_length(self.suite.recipe(model, seed), length)
-        label = f"{model}, all images, {extra['train']['steps']} steps, seed {seed}"
-        return self.spec(model, seed, label, extra=extra)
+        recipe = self.suite.recipe(model, seed)
+        extra = {} if length == 1.0 else scaled_length(recipe, length)
+        if not at_base:
+            extra["optim"] = {**extra.get("optim", {}), "lr": lr}
+        steps = extra.get("train", {}).get("steps", recipe["train"]["steps"])
+        rate = "" if at_base else f", lr {rate_text(float(lr))}"
+        return self.spec(model, seed, f"{model}, all images, {steps} steps{rate}, seed {seed}", extra=extra)
+
+    def rates(self) -> list[float]:
+        """The learning rates of the grid, ascending: the configured ones and those it gained past
+        an edge."""
+        return self.bracketed(self.cfg["learning_rates"], lambda rates: grid_arms(self.grid(rates)))
+
+    def grid(self, rates: list[float] | None = None) -> dict[str, dict[float, RunSpec]]:
+        """Phase 1: each family's cheapest model at every rate (:meth:`rates` unless given), at the
+        common length and the first seed."""
+        rates = self.rates() if rates is None else rates
+        return {
+            role: {lr: self.run_spec(f["models"][0], 1.0, self.seeds[0], lr) for lr in rates}
+            for role, f in self.families().items()
+        }
+
+    def planned(self) -> bool:
+        return self.finished(s for cells in self.grid().values() for s in cells.values())
+
+    def chosen(self) -> dict[str, float | None] | None:
+        """Each family's rate, chosen on its grid's minival once the grid is finished (else None);
+        None for a family none of whose grid runs has a finite minival."""
+        if not self.planned():
+            return None
+        grid = self.grid()
+        return {role: self.choose_on_minival({lr: [s] for lr, s in cells.items()}) for role, cells in grid.items()}
+
+    def family_runs(self, role: str, lr: float) -> list[RunSpec]:
+        """Phase 2: every model of a family at every length and seed, at the family's rate."""
+        models = self.families()[role]["models"]
+        return [self.run_spec(m, length, s, lr) for m in models for length in self.lengths() for s in self.seeds]
 
     def runs(self) -> list[RunSpec]:
-        return [
-            self.run_spec(m, length, s)
-            for f in self.families().values()
-            for m in f["models"]
-            for length in self.lengths()
-            for s in self.seeds
-        ]
+        out = [s for cells in self.grid().values() for s in cells.values()]
+        for role, lr in (self.chosen() or {}).items():
+            if lr is not None:
+                out += self.family_runs(role, lr)
+        return list({s.key: s for s in out}.values())
 
     def summarise(self, results: dict[str, dict[str, Any]]) -> Section:
         shots = shots_label(results)
-        header = ["family", "model", "steps", "training GFLOPs", "training s", "test top-1", shots]
+        header = ["family", "model", "lr", "steps", "training GFLOPs", "training s", "test top-1", shots]
         rows, families = [], {}
+        chosen = self.chosen() or {}
         for role, fam in self.families().items():
+            lr = chosen.get(role)
+            if lr is None:  # every grid run diverged: the family has no rate, and no runs
+                continue
             entries = []
             for m in fam["models"]:
                 for length in self.lengths():
-                    specs = [self.run_spec(m, length, s) for s in self.seeds]
+                    specs = [self.run_spec(m, length, s, lr) for s in self.seeds]
                     res = [results[s.key] for s in specs]
                     steps = int(specs[0].recipe["train"]["steps"])
                     e = {
-                        "model": m, "title": self.suite.model_title(m), "length": length, "steps": steps,
+                        "model": m, "title": self.suite.model_title(m), "length": length, "steps": steps, "lr": lr,
                         "label": f"{m} at {steps} steps",
                         "train_flops": [float(r["train_flops"]) for r in res],
                         "train_seconds": _fastest([_seconds(r) for r in res]),
@@ -165,26 +209,135 @@ class Compute(Experiment):
                     entries.append(e)
                     flops, secs = mean_of(e["train_flops"]), mean_of(e["train_seconds"])
                     rows.append([
-                        fam["title"], e["title"], str(steps), "—" if flops is None else f"{flops / 1e9:,.0f}",
-                        _seconds_cell(secs), pct(e["test_top1"]), pct(e["fewshot"]),
+                        fam["title"], e["title"], rate_text(lr), str(steps),
+                        "—" if flops is None else f"{flops / 1e9:,.0f}", _seconds_cell(secs),
+                        pct(e["test_top1"]), pct(e["fewshot"]),
                     ])  # fmt: skip
             families[role] = {"title": fam["title"], "entries": entries}
-        numbers: dict[str, Any] = {"lengths": self.lengths(), "families": families}
+        numbers: dict[str, Any] = {"lengths": self.lengths(), "grid": self.grid_numbers(results), "families": families}
         numbers["fronts"] = {cost: self.front(families, cost) for cost in ("train_flops", "train_seconds")}
         numbers["matched"] = {
             cost: {f"{a}-{b}": self.compare(families, a, b, cost) for a, b in self.pairs(families)}
             for cost in ("train_flops", "train_seconds")
         }
+        numbers["slopes"] = self.slopes(families)
         numbers["target"] = self.target(families)
+        numbers["contrasts"] = self.contrast_numbers(self.contrasts(numbers))
         figure = plot_compute(numbers, self.suite.out / "figures" / "compute.png", shots)
         section = self.section(header, rows, numbers, self.verdict(numbers))
         section.headline = sentence_from(section.verdict, "Figure 5 finds")
         section.caption = (
-            "Measured (mean ± standard deviation over seeds, in percent; training s: the machine's training time, "
-            "the fastest of the seeds', as other work on the machine only adds to it)"
+            "Measured (mean ± standard deviation over seeds, in percent; lr: the family's rate, chosen on the "
+            "minival; training s: the machine's training time, the fastest of the seeds', as other work on the "
+            "machine only adds to it)"
         )
         section.figures.append(figure)
         return section
+
+    def grid_numbers(self, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Phase 1 as numbers: the rates, each family's model and minival top-1 at each rate, the
+        rate chosen and where it lies in the grid.
+
+        Args:
+            results: the finished runs by key.
+
+        Returns:
+            ``{"rates", "seed", "families": {role: {"model", "minival_top1", "chosen", "position"}}}``.
+        """
+        rates, chosen = self.rates(), self.chosen() or {}
+        out: dict[str, Any] = {"rates": rates, "seed": self.seeds[0], "families": {}}
+        for role, cells in self.grid(rates).items():
+            lr = chosen.get(role)
+            out["families"][role] = {
+                "model": self.families()[role]["models"][0],
+                "minival_top1": {rate_text(r): _minival(results, s) for r, s in cells.items()},
+                "chosen": lr,
+                "position": grid_position(lr, rates),
+            }
+        return out
+
+    def slopes(self, families: dict[str, Any]) -> dict[str, Any]:
+        """Each family's frontier slope per seed (:func:`frontier_slope` on training FLOPs), their
+        mean with its interval, and the paired difference of each pair of families.
+
+        Args:
+            families: ``numbers["families"]`` of :meth:`summarise`.
+
+        Returns:
+            ``{"families": {role: {"per_seed", "mean"}}, "pairs": {"a-b": interval or None}}``.
+        """
+        per = {role: [frontier_slope(pts) for pts in self._points(f["entries"], "train_flops")]
+               for role, f in families.items()}  # fmt: skip
+        out: dict[str, Any] = {"families": {}, "pairs": {}}
+        for role, values in per.items():
+            iv = mean_interval(values)
+            out["families"][role] = {"per_seed": values, "mean": None if iv is None else iv.to_dict()}
+        for a, b in self.pairs(families):
+            d = paired_difference(per[a], per[b])
+            out["pairs"][f"{a}-{b}"] = None if d is None else d.to_dict()
+        out["per_seed"] = per
+        return out
+
+    def contrasts(self, numbers: dict[str, Any]) -> dict[str, Any]:
+        """The primary contrast (the ViTs against the ResNets at matched training FLOPs, over the
+        range both span) at the plain level, and every other comparison the verdict makes
+        Holm-adjusted together: the other pairs at matched FLOPs, the hybrids against the ViTs at
+        each end of their range, the ViTs against the ResNets at matched seconds, and the pairs'
+        frontier slopes.
+
+        Args:
+            numbers: :meth:`summarise`'s numbers so far (``families``, ``matched``, ``slopes``).
+
+        Returns:
+            ``{"primary": Contrast or None, "others": {name: Contrast}}``; a contrast's ``diff`` in
+            points (slopes: in exponent units).
+        """
+        fams = numbers["families"]
+        points: dict[str, tuple[list[Any], list[Any], float]] = {}
+        for cost in ("train_flops", "train_seconds"):
+            for pair, cmp in numbers["matched"][cost].items():
+                for where in ("mean", "low", "high"):
+                    if cost == "train_seconds" and (pair != "vit-cnn" or where != "mean"):
+                        continue
+                    if where != "mean" and pair != "hybrid-vit":
+                        continue
+                    points[f"{cost}:{pair}:{where}"] = (cmp[f"a_{where}"], cmp[f"b_{where}"], 100.0)
+        cuts = {role: [error_cut(b) for b in values] for role, values in numbers["slopes"]["per_seed"].items()}
+        for role, values in cuts.items():
+            points[f"slope0:{role}"] = (values, [0.0 if math.isfinite(v) else math.nan for v in values], 1.0)
+        for a, b in self.pairs(fams):
+            points[f"slope:{a}-{b}"] = (cuts[a], cuts[b], 1.0)
+        primary_key = "train_flops:vit-cnn:mean"
+        primary = None
+        if primary_key in points:
+            x, y, scale = points.pop(primary_key)
+            d, p = paired_difference(x, y), paired_p(x, y)
+            name = contrast_name(primary_key, numbers)
+            primary = Contrast(name, None if d is None else d.scaled(scale), p, p)
+        raw = {k: paired_p(x, y) for k, (x, y, _) in points.items()}
+        adjusted = holm(raw)
+        others = {}
+        for k, (x, y, scale) in points.items():
+            d = paired_difference(x, y)
+            name = contrast_name(k, numbers)
+            others[k] = Contrast(name, None if d is None else d.scaled(scale), raw[k], adjusted[k])
+        return {"primary": primary, "others": others}
+
+    @staticmethod
+    def contrast_numbers(weighed: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`contrasts` as JSON-ready numbers, each with its name.
+
+        Args:
+            weighed: :meth:`contrasts`' result.
+
+        Returns:
+            ``{"primary": {...} or None, "others": {key: {...}}}``.
+        """
+
+        def one(c: Contrast | None) -> dict[str, Any] | None:
+            return None if c is None else {"name": c.name, **c.to_dict()}
+
+        return {"primary": one(weighed["primary"]), "others": {k: one(c) for k, c in weighed["others"].items()}}
 
     @staticmethod
     def pairs(families: dict[str, Any]) -> list[tuple[str, str]]:
@@ -260,129 +413,20 @@ class Compute(Experiment):
 
     def verdict(self, numbers: dict[str, Any]) -> str:
         fams = numbers["families"]
-        title = {role: f"the {f['title']} family" for role, f in fams.items()}
+        title = {role: f"the {f['title']} family" for role, f in self.families().items()}
+        weighed = self.contrasts(numbers)
+        primary, others = weighed["primary"], weighed["others"]
         fronts = numbers["fronts"]
-        parts = [
-            "The Pareto front of mean test top-1 (no run at most as costly is as accurate) is, by training FLOPs, "
+        parts = [rates_text(numbers["grid"], title)]
+        if missing := [title[r] for r in numbers["grid"]["families"] if r not in fams]:
+            parts.append(f"{', '.join(missing)} had no rate to train at and is left out")
+        parts.append(
+            "the Pareto front of mean test top-1 (no run at most as costly is as accurate) is, by training FLOPs, "
             + (", ".join(fronts["train_flops"]) or "empty (no finite result)")
             + "; by training seconds on this machine, "
             + (", ".join(fronts["train_seconds"]) or "empty (no finite result)")
-        ]
-        flops = numbers["matched"]["train_flops"]
-        for pair, cmp in flops.items():
-            a, b = pair.split("-")
-            parts.append(
-                f"at matched training FLOPs ({self._range(cmp)}) {self._lead(cmp, 'mean', title[a], title[b])}"
-            )
-        if "hybrid-vit" in flops:
-            cmp = flops["hybrid-vit"]
-            parts.append(
-                f"at the cheap end of that range {self._lead(cmp, 'low', title['hybrid'], title['vit'])}, "
-                f"at the costly end {self._lead(cmp, 'high', title['hybrid'], title['vit'])}"
-            )
-        secs = numbers["matched"]["train_seconds"]
-        if "vit-cnn" in secs:
-            cmp = secs["vit-cnn"]
-            vit_cnn = self._lead(cmp, "mean", title["vit"], title["cnn"])
-            parts.append(f"at matched training seconds ({self._range(cmp, 's')}) {vit_cnn}")
-        parts.append(self._target_text(numbers["target"], title))
-        text = "; ".join(parts) + ". " + self._leader(flops, title) + " " + self._agreement(flops)
-        return text + " " + self._scale(fams)
-
-    @staticmethod
-    def _range(cmp: dict[str, Any], unit: str = "FLOPs") -> str:
-        lo, hi = mean_of(cmp["low"]), mean_of(cmp["high"])
-        if lo is None or hi is None:
-            return "no cost range both families span"
-        ends = f"{si(lo, 'FLOPs')} to {si(hi, 'FLOPs')}" if unit == "FLOPs" else f"{lo:,.0f} to {hi:,.0f} s"
-        return f"each seed's frontiers averaged over {ends}, the range both span"
-
-    @staticmethod
-    def _lead(cmp: dict[str, Any], where: str, name_a: str, name_b: str) -> str:
-        return lead(name_a, cmp[f"a_{where}"], name_b, cmp[f"b_{where}"])
-
-    @staticmethod
-    def _target_text(target: dict[str, Any], title: dict[str, str]) -> str:
-        if target["top1"] is None:
-            return "no target accuracy can be set (a family has no finite result)"
-        need = []
-        for role, (cost, how) in target["flops"].items():
-            if how == "cheapest":
-                need.append(f"{title[role]} needs at most {si(cost, 'FLOPs')} (its cheapest run reaches it)")
-            elif cost is None:
-                need.append(f"{title[role]} does not reach it")
-            else:
-                need.append(f"{title[role]} needs {si(cost, 'FLOPs')}")
-        text = (
-            f"to reach {100 * target['top1']:.2f}% test top-1 (the best mean that every family reaches; "
-            f"means over seeds, interpolated on log FLOPs, no interval) {', '.join(need)}"
         )
-        f = target["flops"]
-        if "vit" in f and "cnn" in f and f["vit"][1] == f["cnn"][1] == "interpolated":
-            ratio = f["cnn"][0] / f["vit"][0]
-            text += (
-                f": the ViTs need {ratio:.1f}x less compute than the ResNets"
-                if ratio >= 1
-                else f": the ViTs need {1 / ratio:.1f}x more compute than the ResNets"
-            ) + " (the paper: 2-4x less)"
-        return text
-
-    @staticmethod
-    def _leader(flops: dict[str, Any], title: dict[str, str]) -> str:
-        """Which family leads every other at matched FLOPs, by intervals that exclude zero."""
-        roles = {r for pair in flops for r in pair.split("-")}
-        if len(roles) < 2:
-            return "Only one family ran, so no family is compared at equal compute."
-        if all(cmp["mean"] is None for cmp in flops.values()):
-            return "Which family is ahead at equal training compute cannot be weighed here (too few seeds)."
-        wins = {r: 0 for r in roles}
-        for pair, cmp in flops.items():
-            a, b = pair.split("-")
-            s = _sign(cmp["mean"])
-            if s:
-                wins[a if s > 0 else b] += 1
-        ahead = [r for r in roles if wins[r] == len(roles) - 1]
-        if ahead:
-            return f"Ahead at equal training compute here: {title[ahead[0]]}, which leads every other family."
-        return "No family leads every other at equal training compute here (intervals that exclude zero)."
-
-    @staticmethod
-    def _agreement(flops: dict[str, Any]) -> str:
-        """Whether the comparisons at matched FLOPs agree with Figure 5's, said for each."""
-        parts = []
-        if "vit-cnn" in flops:
-            parts.append("on ViTs against ResNets this " + {
-                None: "cannot be weighed (too few seeds with finite results)",
-                1: "agrees with it: the ViTs are ahead here too",
-                -1: "disagrees with it: here the ResNets are ahead",
-                0: "does not show its ViT lead: here the two are not distinguishable",
-            }[_sign(flops["vit-cnn"]["mean"])])  # fmt: skip
-        if "hybrid-vit" in flops:
-            low, high = _sign(flops["hybrid-vit"]["at_low"]), _sign(flops["hybrid-vit"]["at_high"])
-            if low is None or high is None:
-                parts.append("on hybrids against ViTs it cannot be weighed (too few seeds with finite results)")
-            elif low == 1 and high != 1:
-                parts.append(
-                    "on hybrids against ViTs it agrees: the hybrids lead at the cheap end and not at the costly end"
-                )
-            elif low == 1:
-                parts.append(
-                    "on hybrids against ViTs it agrees in part: the hybrids lead at the cheap end, but also at the "
-                    "costly end, where Figure 5's hybrid lead closes"
-                )
-            else:
-                parts.append("on hybrids against ViTs it does not show the hybrids' lead at the cheap end")
-        paper = "Figure 5 finds ViTs ahead of ResNets at equal compute, and hybrids ahead of ViTs at small budgets only"
-        return f"{paper}; " + ("; ".join(parts) or "none of its comparisons can be made here") + "."
-
-    def _scale(self, fams: dict[str, Any]) -> str:
-        costs = [c for f in fams.values() for e in f["entries"] for c in finite(e["train_flops"])]
-        low = float(self.cfg.get("paper_exaflops", [50, 5000])[0]) * 1e18
-        if not costs:
-            return ""
-        ratio = low / max(costs)
-        if ratio < 10:
-            return "The costliest runs here come within 10x of Figure 5's cheapest."
-        big = [(1e12, "trillion"), (1e9, "billion"), (1e6, "million")]
-        words = next((f"{ratio / n:,.0f} {w}" for n, w in big if ratio >= n), f"{ratio:,.0f}")
-        return f"Figure 5's cheapest run costs about {words} times the costliest here."
+        parts.append(target_text(numbers["target"], title))
+        text = "; ".join(parts) + ". " + contrast_text(primary_text(numbers, title), others)
+        text += " " + leader(primary, others, fams, title) + " " + agreement(primary, others)
+        return text + " " + scale_text(fams, self.cfg.get("paper_exaflops", [50, 5000]))

@@ -211,7 +211,9 @@ def plot_compute(numbers: dict[str, Any], path: Path, shots: str) -> Path:
                     ax.errorbar([x], [m], yerr=[s], marker="o", capsize=3, color=color,
                                 markerfacecolor=color if full else "white")  # fmt: skip
                 front = frontier((x, m) for x, m, _, _ in pts)
-                ax.plot([p[0] for p in front], [p[1] for p in front], color=color, label=fam["title"])
+                lr = fam["entries"][0].get("lr") if fam["entries"] else None
+                legend = fam["title"] if lr is None else f"{fam['title']} (lr {lr:g})"
+                ax.plot([p[0] for p in front], [p[1] for p in front], color=color, label=legend)
             _log_x(ax, drawn, None)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(label.format(shots=shots))

@@ -1,6 +1,7 @@
 """Accuracy against cost as a frontier: the best accuracy reached for at most a cost, linear in log
 cost between the runs on it; two families compared on their frontiers at matched cost, seed by
-seed; the Pareto front of named points (Figure 5's reading)."""
+seed; a frontier's slope (the exponent of error in cost); the Pareto front of named points
+(Figure 5's reading)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,37 @@ def matched(a: list[list[tuple[Any, Any]]], b: list[list[tuple[Any, Any]]]) -> d
         for k in keys:
             out[k].append(row[k])
     return out
+
+
+def frontier_slope(points: list[tuple[Any, Any]]) -> float:
+    """The exponent ``b`` of test error against training FLOPs on one seed's frontier of a family
+    (error ~ FLOPs^b): the least-squares slope of log error on log cost through the frontier's
+    points (:func:`frontier`). A more negative ``b`` is a frontier still gaining faster; 0 is one
+    that has stopped.
+
+    Args:
+        points: ``(cost, accuracy)`` of the family's runs in one seed.
+
+    Returns:
+        ``b``, or nan where the frontier has fewer than two points or an accuracy of 1.
+    """
+    front = [(math.log(c), math.log(1 - a)) for c, a in frontier(points) if a < 1]
+    if len(front) < 2:
+        return math.nan
+    mx = sum(x for x, _ in front) / len(front)
+    my = sum(y for _, y in front) / len(front)
+    sxx = sum((x - mx) ** 2 for x, _ in front)
+    return sum((x - mx) * (y - my) for x, y in front) / sxx
+
+
+def error_cut(b: float) -> float:
+    """The share of the test error that a doubling of training FLOPs removes on a frontier of
+    exponent ``b`` (:func:`frontier_slope`), in percent: ``100 * (1 - 2^b)``.
+
+    Args:
+        b: the exponent (nan stays nan).
+
+    Returns:
+        The percent.
+    """
+    return 100 * (1 - 2**b) if math.isfinite(b) else math.nan
