@@ -30,9 +30,9 @@ demo-5min: venv data
 # The paper's findings at desktop scale (vitkit reproduce) in four calls on 2 CPU cores
 # (benchmarks/reproduce_budget.py estimates each on the machine at hand; docs/reproduce.md gives
 # the figures); each call resumes what is finished and publishes the report into docs/reproduce.
-# data-scaling is longer than one sitting (how much longer depends on how many of its runs the
-# plateau rule trains again): the first two calls stop after 110 minutes each, the third finishes
-# it before the next experiments.
+# data-scaling and compute are longer than two sittings (how much longer depends on how many of
+# their runs the plateau rule trains again and on the rates the grids choose): the first three
+# calls stop after 110 minutes each, the fourth finishes them and runs the other experiments.
 REPRODUCE = $(BIN)/vitkit reproduce --out runs/reproduce --budget desktop --publish docs/reproduce
 reproduce: reproduce-1 reproduce-2 reproduce-3 reproduce-4
 
@@ -43,10 +43,10 @@ reproduce-2: venv data
 	$(REPRODUCE) --stop-after 110 data-scaling
 
 reproduce-3: venv data
-	$(REPRODUCE) data-scaling compute pooling attention
+	$(REPRODUCE) --stop-after 110 data-scaling compute
 
 reproduce-4: venv data
-	$(REPRODUCE) pos-embed resolution
+	$(REPRODUCE) data-scaling compute pooling attention pos-embed resolution
 
 # pytest-xdist runs a worker a core (tests/conftest.py gives each its share of the threads)
 test: venv

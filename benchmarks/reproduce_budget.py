@@ -104,7 +104,7 @@ def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list
 
     Returns:
         The suite; per call, its runs' specs; per call, the runs the plateau rule may train
-        again at twice the steps (an experiment's ``cells`` where it has ``longer``).
+        again (:func:`plateau_runs`), each with the factor of its steps.
     """
     from vitkit.reproduce.app import _classes, _unique, data_info
     from vitkit.reproduce.core.spec import Suite
@@ -116,17 +116,37 @@ def planned(data: str, calls: dict[str, list[str]]) -> tuple[Any, dict[str, list
         chosen = [classes[e](suite) for e in experiments]
         specs = [s for s in _unique([s for e in chosen for s in e.runs()]) if s.key not in seen]
         keys = {s.key for s in specs}
-        longer[name] = [
-            s
-            for e in chosen
-            if int(e.cfg.get("longer", 0)) > 0 and hasattr(e, "cells")
-            for cell in e.cells().values()
-            for s in cell
-            if s.key in keys
-        ]
+        longer[name] = [pair for e in chosen for pair in plateau_runs(e) if pair[0].key not in seen]
         seen |= keys
         per[name] = specs
     return suite, per, longer
+
+
+def plateau_runs(e: Any) -> list[tuple[Any, int]]:
+    """The runs an experiment's plateau rule may add, as ``(run, factor)``: the run trained again
+    at ``factor`` times its steps in all (every doubling up to ``longer`` made; a negative factor
+    is a planned run that the longest case replaces).
+
+    Args:
+        e: an experiment of a planning suite.
+
+    Returns:
+        The pairs; none where the experiment has no plateau rule.
+    """
+    doublings = int(e.cfg.get("longer", 0))
+    if doublings < 1:
+        return []
+    factor = sum(2**k for k in range(1, doublings + 1))  # 2, then 2 + 4, ...
+    if hasattr(e, "cells"):  # data-scaling: each model and size
+        return [(s, factor) for cell in e.cells().values() for s in cell]
+    if hasattr(e, "finetune"):  # resolution: each size's fine-tunings, and the scratch arm they set
+        lr = e.rates()[0]  # a planning suite's choice
+        out = [(e.finetune(w, lr, s), factor) for w in e.sizes() for s in e.seeds]
+        steps = int(e.finetune("native", lr, 0).recipe["train"]["steps"])
+        for s in e.seeds:
+            out += [(e.scratch(s, steps * 2**doublings), 1), (e.scratch(s, steps), -1)]
+        return out
+    return []
 
 
 def short_recipe(spec: Any, steps: int) -> dict[str, Any]:
@@ -197,21 +217,23 @@ def estimate(
     """Each call's runs and minutes: per run its kind's training seconds scaled from ``steps`` to
     the run's, plus its scoring seconds; summed and divided by the runs trained at once.
     ``minutes_longest`` adds the plateau rule's runs where every one of them trains (``longer``:
-    per call, the runs it may train again at twice the steps). A call with a ``--stop-after``
-    limit (``limits``) ends there; what it leaves goes on in the next call."""
+    per call, ``(run, factor)``: the runs it may train again, at ``factor`` times their steps in
+    all). A call with a ``--stop-after`` limit (``limits``) ends there; what it leaves goes on in
+    the next call."""
     longer, limits = longer or {}, limits or {}
 
-    def minutes(specs: list[Any], factor: int = 1) -> float:
+    def minutes(specs: list[Any]) -> float:
         seconds = 0.0
         for s in specs:
+            s, factor = s if isinstance(s, tuple) else (s, 1)
             kind = rates[kind_of(s)]
-            seconds += kind["train_s"] * factor * s.recipe["train"]["steps"] / steps + kind["score_s"]
+            seconds += factor * (kind["train_s"] * s.recipe["train"]["steps"] / steps + kind["score_s"])
         return seconds / jobs / 60
 
     rows, carry, carry_longest = [], 0.0, 0.0
     for name, specs in per.items():
         planned = minutes(specs) + carry
-        longest = planned + minutes(longer.get(name, []), factor=2) + carry_longest - carry
+        longest = planned + minutes(longer.get(name, [])) + carry_longest - carry
         limit = limits.get(name)
         carry = max(0.0, planned - limit) if limit else 0.0
         carry_longest = max(0.0, longest - limit) if limit else 0.0
@@ -231,8 +253,8 @@ def main() -> None:
     ap.add_argument(
         "--rates",
         metavar="JSON",
-        help="take the rates of an earlier run's JSON (same machine) instead of measuring: the calls "
-        "estimated again after the Makefile or the plan changed",
+        help="take the rates of an earlier run's JSON (same machine) instead of measuring them: the calls "
+        "estimated again after the Makefile or the plan changed (a kind of run the JSON lacks is measured)",
     )
     args = ap.parse_args()
 
@@ -255,16 +277,17 @@ def main() -> None:
         cpu = {**earlier["meta"], "rates_from": args.rates}
         jobs, threads, args.steps = cpu["jobs"], cpu["threads"], cpu["steps"]
         missing = sorted(set(kinds) - set(earlier["kinds"]))
-        if missing:
-            raise SystemExit(f"{args.rates}: no rates for {', '.join(missing)}; measure them (leave out --rates)")
+        if missing:  # a kind the plan gained since: measured now, beside the earlier rates
+            print(f"{args.rates} has no rates for {', '.join(missing)}: measuring them")
+            cpu["measured_now"] = missing
     print(f"{cpu['cpu']}, {cpu['cores']} cores, precision auto -> {cpu['precision']} ({cpu['bf16']});", end=" ")
     print(f"{jobs} runs at once, {threads} thread(s) each", flush=True)
     rates: dict[str, dict[str, float]] = {}
     if args.rates:
-        rates = {k: earlier["kinds"][k] for k in sorted(kinds)}
+        rates = {k: earlier["kinds"][k] for k in sorted(kinds) if k in earlier["kinds"]}
         print(f"  rates of {args.rates}: " + ", ".join(f"{k} {v['img_per_s']:.0f} img/s" for k, v in rates.items()))
     with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
-        for i, (kind, spec) in enumerate(sorted(kinds.items()) if not args.rates else []):
+        for i, (kind, spec) in enumerate(k for k in sorted(kinds.items()) if k[0] not in rates):
             tree = short_recipe(spec, args.steps)
             m = measure(tree, settings, jobs, threads, Path(tmp) / str(i))
             rates[kind] = {**m, "img_per_s": args.steps * tree["train"]["batch_size"] / m["train_s"]}
@@ -278,7 +301,7 @@ def main() -> None:
               f"{' '.join(r['experiments'])}{limit}")  # fmt: skip
     total, longest = sum(r["minutes"] for r in rows), sum(r["minutes_longest"] for r in rows)
     print(f"{'suite':<13} {sum(r['runs'] for r in rows):>4} {total:>8.1f} {longest:>8.1f}")
-    print("longest: every run of the plateau rule trained again at twice the steps")
+    print("longest: every run the plateau rules may add, trained at every length they allow")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     record = {"meta": {**cpu, "jobs": jobs, "threads": threads, "steps": args.steps}, "kinds": rates, "calls": rows}
     write_json(args.json, record)

@@ -296,7 +296,7 @@ def test_the_make_targets_run_every_experiment_once():
 
 
 @pytest.mark.slow  # ten kinds of run, each trained for 3 steps and scored twice at once: minutes
-def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
+def test_the_budget_benchmark_estimates_every_make_target(tmp_path, monkeypatch):
     """benchmarks/reproduce_budget.py measures every kind of desktop run and writes each make
     target's runs and minutes (on a Fashion-MNIST of the real one's size)."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -314,7 +314,14 @@ def test_the_budget_benchmark_estimates_every_make_target(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
     assert [c["call"] for c in data["calls"]] == ["reproduce-1", "reproduce-2", "reproduce-3", "reproduce-4"]
-    assert sum(c["runs"] for c in data["calls"]) == 145
+    # the calls split the whole desktop suite (its --plan count), each run in one call
+    from vitkit.reproduce.app import _classes, _unique, data_info
+
+    monkeypatch.setenv("VITKIT_DATA", str(tmp_path / "data"))
+    suite = Suite(tmp_path / "plan", "fashion-mnist", "desktop", None, data_info("fashion-mnist"))
+    suite.planning = True
+    every = _unique([s for cls in _classes().values() for s in cls(suite).runs()])
+    assert sum(c["runs"] for c in data["calls"]) == len(every) > 150
     assert all(c["minutes_longest"] >= c["minutes"] > 0 for c in data["calls"] if c["runs"])
     assert data["calls"][0]["stop_after"] == 110 and data["calls"][0]["minutes_longest"] <= 110
     assert "vit-tiny 28x28 px relative" in data["kinds"] and data["meta"]["jobs"] >= 1

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budget",
         choices=BUDGETS,
         default="desktop",
-        help="smoke: under 2 minutes; desktop: the study, 3-6 hours on 2 CPU cores (make reproduce splits it into "
+        help="smoke: under 2 minutes; desktop: the study, 4-7 hours on 2 CPU cores (make reproduce splits it into "
         "four calls); full: for a GPU",
     )
     p.add_argument(
