@@ -26,8 +26,9 @@ from ..core.experiment import (
 )
 from ..core.registry import register
 from ..core.spec import RunSpec
-from ..core.stats import holm, mean_interval, paired_difference, paired_p
+from ..core.stats import mean_interval, paired_difference
 from ..core.wording import Contrast
+from ..core.wording import contrasts as weigh_contrasts
 from .compute_text import (
     agreement,
     contrast_name,
@@ -79,6 +80,11 @@ def _fastest(seconds: list[float]) -> list[float]:
     other work on a shared machine only adds: the fastest is the best estimate of the run's cost."""
     finite_times = [s for s in seconds if math.isfinite(s)]
     return [min(finite_times)] * len(seconds) if finite_times else seconds
+
+
+def _points_of(values: list[Any]) -> list[float]:
+    """Fractions as points (nan stays nan)."""
+    return [100 * float(v) for v in values]
 
 
 def _minival(results: dict[str, dict[str, Any]], spec: RunSpec) -> float | None:
@@ -275,7 +281,6 @@ class Compute(Experiment):
         for a, b in self.pairs(families):
             d = paired_difference(per[a], per[b])
             out["pairs"][f"{a}-{b}"] = None if d is None else d.to_dict()
-        out["per_seed"] = per
         return out
 
     def contrasts(self, numbers: dict[str, Any]) -> dict[str, Any]:
@@ -301,26 +306,19 @@ class Compute(Experiment):
                         continue
                     if where != "mean" and pair != "hybrid-vit":
                         continue
-                    points[f"{cost}:{pair}:{where}"] = (cmp[f"a_{where}"], cmp[f"b_{where}"], 100.0)
-        cuts = {role: [error_cut(b) for b in values] for role, values in numbers["slopes"]["per_seed"].items()}
+                    points[f"{cost}:{pair}:{where}"] = (_points_of(cmp[f"a_{where}"]), _points_of(cmp[f"b_{where}"]))
+        slopes = numbers["slopes"]["families"]
+        cuts = {role: [error_cut(b) for b in f["per_seed"]] for role, f in slopes.items()}
         for role, values in cuts.items():
-            points[f"slope0:{role}"] = (values, [0.0 if math.isfinite(v) else math.nan for v in values], 1.0)
+            points[f"slope0:{role}"] = (values, [0.0 if math.isfinite(v) else math.nan for v in values])
         for a, b in self.pairs(fams):
-            points[f"slope:{a}-{b}"] = (cuts[a], cuts[b], 1.0)
+            points[f"slope:{a}-{b}"] = (cuts[a], cuts[b])
+        names = {k: contrast_name(k, numbers) for k in points}
         primary_key = "train_flops:vit-cnn:mean"
-        primary = None
-        if primary_key in points:
-            x, y, scale = points.pop(primary_key)
-            d, p = paired_difference(x, y), paired_p(x, y)
-            name = contrast_name(primary_key, numbers)
-            primary = Contrast(name, None if d is None else d.scaled(scale), p, p)
-        raw = {k: paired_p(x, y) for k, (x, y, _) in points.items()}
-        adjusted = holm(raw)
-        others = {}
-        for k, (x, y, scale) in points.items():
-            d = paired_difference(x, y)
-            name = contrast_name(k, numbers)
-            others[k] = Contrast(name, None if d is None else d.scaled(scale), raw[k], adjusted[k])
+        first = (names[primary_key], *points.pop(primary_key)) if primary_key in points else ("", [], [])
+        weighed, rest = weigh_contrasts(first, {names[k]: ab for k, ab in points.items()}, scale=1.0)
+        primary = weighed if primary_key in names else None
+        others = dict(zip(points, rest, strict=True))
         return {"primary": primary, "others": others}
 
     @staticmethod
