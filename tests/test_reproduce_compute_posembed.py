@@ -124,7 +124,8 @@ def test_compute_tunes_each_family_then_plans_three_lengths_sharing_the_common_r
 def test_a_family_trains_at_its_own_chosen_rate_and_an_edge_extends_its_grid(tmp_path):
     exp = Compute(_suite(tmp_path))
     _grid(exp, {"vit": 4e-3, "cnn": 5e-4})
-    assert exp.rates()[0] < 5e-4 and not exp.planned()  # the ResNets' best is the lowest rate: one more below
+    assert exp.rates("cnn")[0] < 5e-4 and not exp.planned()  # the ResNets' best is the lowest rate: one more below
+    assert exp.rates("vit") == exp.rates("hybrid") == sorted(exp.cfg["learning_rates"])  # theirs stay
     _grid(exp, {"vit": 4e-3, "cnn": 5e-4})
     assert exp.planned() and exp.chosen() == {"cnn": 5e-4, "vit": 4e-3, "hybrid": 1e-3}
     runs = exp.runs()
@@ -134,8 +135,24 @@ def test_a_family_trains_at_its_own_chosen_rate_and_an_edge_extends_its_grid(tmp
     section = exp.summarise(_results(runs, lambda s: 0.8 + 0.001 * s.recipe["seed"]))
     g = section.numbers["grid"]["families"]
     assert g["vit"]["chosen"] == 4e-3 and g["vit"]["position"] == "interior" and g["cnn"]["position"] == "interior"
-    assert "the ViT family (vit-tiny) at 4e-3 (interior to the grid)" in section.verdict
+    assert "the ViT family (vit-tiny) at 4e-3 (interior to the grid);" in section.verdict
+    assert "(bit-r5) at 5e-4 (interior to the grid), its grid extended to span 3e-4 to 8e-3" in section.verdict
     assert {r[2] for r in section.rows if r[0] == "ViT"} == {"4e-3"}
+
+
+def test_a_family_far_above_the_grid_extends_its_own_grid_at_most_extend_grid_steps(tmp_path):
+    exp = Compute(_suite(tmp_path))
+    configured = sorted(exp.cfg["learning_rates"])
+    for _ in range(exp.cfg["extend_grid"] + 2):  # one rate joins per finished grid, until the limit
+        _grid(exp, {"cnn": 10.0, "vit": 4e-3, "hybrid": 2e-3})
+    cnn = exp.rates("cnn")
+    assert cnn[: len(configured)] == configured and len(cnn) == len(configured) + exp.cfg["extend_grid"]
+    assert cnn[len(configured) :] == [0.02, 0.04, 0.1, 0.2, 0.5, 1.0]
+    assert exp.rates("vit") == exp.rates("hybrid") == configured  # no runs of theirs at the ResNets' rates
+    assert exp.planned() and exp.chosen() == {"cnn": 1.0, "vit": 4e-3, "hybrid": 2e-3}
+    section = exp.summarise(_results(exp.runs(), lambda s: 0.8))
+    assert section.numbers["grid"]["families"]["cnn"]["position"] == "high edge"
+    assert "at the high edge of the grid 5e-4 to 1: the grid does not bracket its optimum" in section.verdict
 
 
 def test_frontier_slope_is_the_exponent_of_error_in_compute():

@@ -54,7 +54,14 @@ def _text(section: Any) -> str:
 
 
 def test_rate_text_and_grid_position():
-    assert [rate_text(x) for x in (5e-4, 1e-3, 8e-3, 2.5e-4)] == ["5e-4", "1e-3", "8e-3", "2.5e-4"]
+    assert [rate_text(x) for x in (5e-4, 1e-3, 8e-3, 2.5e-4, 1.0, 0.5)] == [
+        "5e-4",
+        "1e-3",
+        "8e-3",
+        "2.5e-4",
+        "1",
+        "5e-1",
+    ]
     grid = [5e-4, 1e-3, 2e-3]
     assert grid_position(5e-4, grid) == "low edge" and grid_position(2e-3, grid) == "high edge"
     assert grid_position(1e-3, grid) == "interior" and grid_position(None, grid) is None

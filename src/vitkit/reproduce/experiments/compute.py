@@ -153,19 +153,20 @@ class Compute(Experiment):
         rate = "" if at_base else f", lr {rate_text(float(lr))}"
         return self.spec(model, seed, f"{model}, all images, {steps} steps{rate}, seed {seed}", extra=extra)
 
-    def rates(self) -> list[float]:
-        """The learning rates of the grid, ascending: the configured ones and those it gained past
-        an edge."""
-        return self.bracketed(self.cfg["learning_rates"], lambda rates: grid_arms(self.grid(rates)))
+    def rates(self, role: str) -> list[float]:
+        """One family's learning rates, ascending: the configured grid and the rates it gained
+        past an edge where that family's best sat (each family brackets its own optimum, so that a
+        family whose best lies far from the others' costs no runs of theirs)."""
+        return self.bracketed(self.cfg["learning_rates"], lambda rates: grid_arms({role: self.cells(role, rates)}))
 
-    def grid(self, rates: list[float] | None = None) -> dict[str, dict[float, RunSpec]]:
-        """Phase 1: each family's cheapest model at every rate (:meth:`rates` unless given), at the
-        common length and the first seed."""
-        rates = self.rates() if rates is None else rates
-        return {
-            role: {lr: self.run_spec(f["models"][0], 1.0, self.seeds[0], lr) for lr in rates}
-            for role, f in self.families().items()
-        }
+    def cells(self, role: str, rates: list[float]) -> dict[float, RunSpec]:
+        """A family's cheapest model at each of ``rates``, at the common length and the first seed."""
+        model = self.families()[role]["models"][0]
+        return {lr: self.run_spec(model, 1.0, self.seeds[0], lr) for lr in rates}
+
+    def grid(self) -> dict[str, dict[float, RunSpec]]:
+        """Phase 1: each family's cheapest model at every rate of its grid (:meth:`rates`)."""
+        return {role: self.cells(role, self.rates(role)) for role in self.families()}
 
     def planned(self) -> bool:
         return self.finished(s for cells in self.grid().values() for s in cells.values())
@@ -241,24 +242,28 @@ class Compute(Experiment):
         return section
 
     def grid_numbers(self, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Phase 1 as numbers: the rates, each family's model and minival top-1 at each rate, the
-        rate chosen and where it lies in the grid.
+        """Phase 1 as numbers: the configured rates, each family's model, its grid (the configured
+        rates and those it gained), its minival top-1 at each rate, the rate chosen and where it
+        lies in the family's grid.
 
         Args:
             results: the finished runs by key.
 
         Returns:
-            ``{"rates", "seed", "families": {role: {"model", "minival_top1", "chosen", "position"}}}``.
+            ``{"rates", "seed", "families": {role: {"model", "rates", "minival_top1", "chosen",
+            "position"}}}``.
         """
-        rates, chosen = self.rates(), self.chosen() or {}
+        chosen = self.chosen() or {}
+        rates = sorted(float(r) for r in self.cfg["learning_rates"])
         out: dict[str, Any] = {"rates": rates, "seed": self.seeds[0], "families": {}}
-        for role, cells in self.grid(rates).items():
-            lr = chosen.get(role)
+        for role, cells in self.grid().items():
+            lr, own = chosen.get(role), sorted(cells)
             out["families"][role] = {
                 "model": self.families()[role]["models"][0],
+                "rates": own,
                 "minival_top1": {rate_text(r): _minival(results, s) for r, s in cells.items()},
                 "chosen": lr,
-                "position": grid_position(lr, rates),
+                "position": grid_position(lr, own),
             }
         return out
 

@@ -48,14 +48,19 @@ def contrast_name(key: str, numbers: dict[str, Any]) -> str:
 
 
 def rates_text(grid: dict[str, Any], title: dict[str, str]) -> str:
-    rates = grid["rates"]
+    """Phase 1 in words: the configured grid, and each family's choice in its own grid (which
+    gains a rate past an edge where the family's best sits)."""
     said = []
     for role, g in grid["families"].items():
-        name = title.get(role, role)
-        said.append(position_clause(f"{name} ({g['model']})", g["chosen"], g["position"], rates))
+        own = g.get("rates", grid["rates"])
+        clause = position_clause(f"{title.get(role, role)} ({g['model']})", g["chosen"], g["position"], own)
+        if own != grid["rates"] and g["position"] == "interior":
+            clause += f", its grid extended to span {rate_text(min(own))} to {rate_text(max(own))}"
+        said.append(clause)
     return (
-        "Each family's learning rate, chosen on the minival of its cheapest model at "
-        f"{', '.join(map(rate_text, rates))} (seed {grid['seed']}): " + "; ".join(said)
+        "Each family's learning rate, chosen on the minival of its cheapest model from "
+        f"{', '.join(map(rate_text, grid['rates']))} (seed {grid['seed']}), a rate added past an edge "
+        "where the family's best sat on it: " + "; ".join(said)
     )
 
 

@@ -25,7 +25,7 @@ NAMES = {"token": "the class token", "gap": "GAP"}  # in sentences
 
 
 def rate_text(lr: float) -> str:
-    """A learning rate as the paper writes it: ``8e-4``, ``2.5e-3``.
+    """A learning rate as the paper writes it: ``8e-4``, ``2.5e-3``, ``1``.
 
     Args:
         lr: the learning rate.
@@ -34,7 +34,7 @@ def rate_text(lr: float) -> str:
         Mantissa and exponent, without padding.
     """
     mantissa, exponent = f"{lr:.2e}".split("e")
-    return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{float(mantissa):g}" + (f"e{int(exponent)}" if int(exponent) else "")
 
 
 def grid_position(lr: float | None, grid: list[float]) -> str | None:
